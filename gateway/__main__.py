@@ -1,0 +1,49 @@
+"""Run the gateway: `python -m gateway --config <file>` (the supervisor does this)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config as HypercornConfig
+
+from gateway.app import build_app
+from protocol.config import read_config_file
+from protocol.logs import setup_logging
+
+log = logging.getLogger("gateway")
+
+
+async def _serve(config_path: Path) -> None:
+    config = read_config_file(config_path)
+    setup_logging("gateway", config.log_level, config.log_format)
+    hc = HypercornConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hc.bind = [f"{host}:{config.port}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = 2.0
+    hc.keep_alive_timeout = 75.0
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("listening on http://%s:%d", config.host, config.port)
+    await serve(build_app(config), hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway")
+    parser.add_argument("--config", required=True, type=Path)
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Small helpers shared by the API modules."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from gateway.errors import GatewayError, invalid
+from gateway.router import new_id
+
+T = TypeVar("T")
+
+
+def request_id(request: Request) -> str:
+    """The id the client sent in X-Request-ID, else a new one; echoed back in the response."""
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        sent = request.headers.get("x-request-id", "")
+        rid = sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
+        request.state.request_id = rid
+    return str(rid)
+
+
+async def decode_body(request: Request, kind: type[T], strict: bool = True) -> T:
+    body = await request.body()
+    if not body:
+        raise invalid("the request body is empty; a JSON object is required")
+    try:
+        return msgspec.json.decode(body, type=kind, strict=strict)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        param = text.rsplit("`$.", 1)[-1].rstrip("`") if "`$." in text else None
+        raise invalid(f"invalid request: {text}", param=param) from exc
+    except msgspec.DecodeError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from exc
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and so aborting the worker) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, GatewayError):
+            await task
+        raise GatewayError(499, "aborted", "client disconnected")
+    return task.result()
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def dumps(obj: Any) -> bytes:
+    return msgspec.json.encode(obj)

@@ -1,0 +1,80 @@
+"""The Starlette application: routes of every API, health, request ids."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.broker import Broker
+from gateway.openai_api import OpenAIRoutes
+from gateway.router import Router, new_id
+from protocol.config import Config
+
+log = logging.getLogger(__name__)
+
+
+class RequestIdMiddleware:
+    """Every response carries X-Request-ID: the client's own, or a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = ""
+        for key, value in scope.get("headers", []):
+            if key == b"x-request-id":
+                sent = value.decode("latin-1")
+        rid = sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", rid.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class Gateway:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.broker = Broker(config)
+        self.router = Router(config, self.broker)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    def routes(self) -> list[Any]:
+        return [
+            Route("/health", self.health, methods=["GET", "HEAD"]),
+            *OpenAIRoutes(self.router).routes(),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.broker.start()
+        try:
+            yield
+        finally:
+            await self.broker.stop()
+
+    def app(self) -> ASGIApp:
+        starlette = Starlette(routes=self.routes(), lifespan=self.lifespan)
+        return RequestIdMiddleware(starlette)
+
+
+def build_app(config: Config) -> ASGIApp:
+    return Gateway(config).app()

@@ -1,0 +1,226 @@
+"""The gateway's side of ZeroMQ: one link per worker, frames dispatched by request id.
+
+A request's frames carry consecutive sequence numbers; a gap means PUB dropped a frame and
+the request fails with a clear error instead of delivering corrupted text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from protocol.config import Config, WorkerSpec
+from protocol.messages import (
+    ErrorCode,
+    Failed,
+    Heartbeat,
+    RequestFrame,
+    WorkerExited,
+    WorkerState,
+    encode,
+    event_decoder,
+    reply_decoder,
+)
+from protocol.sockets import (
+    configure_push,
+    configure_sub,
+    events_endpoint,
+    worker_endpoint,
+)
+
+log = logging.getLogger(__name__)
+
+
+class WorkerUnavailable(Exception):
+    pass
+
+
+@dataclass
+class RequestStream:
+    id: str
+    worker: str
+    frames: asyncio.Queue[RequestFrame] = field(default_factory=asyncio.Queue)
+    next_seq: int = 0
+
+
+@dataclass
+class WorkerLink:
+    spec: WorkerSpec
+    push: zmq.asyncio.Socket
+    sub: zmq.asyncio.Socket
+    heartbeat: Heartbeat | None = None
+    seen_at: float = 0.0
+    requests: dict[str, RequestStream] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def state(self) -> WorkerState:
+        if self.heartbeat is None:
+            return WorkerState.STARTING
+        return self.heartbeat.state
+
+    def heartbeat_age(self) -> float:
+        return time.monotonic() - self.seen_at if self.seen_at else float("inf")
+
+    @property
+    def serving(self) -> bool:
+        return self.state.serving and self.heartbeat_age() < self.spec.heartbeat_timeout
+
+
+class Broker:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.ctx = zmq.asyncio.Context()
+        self.links: dict[str, WorkerLink] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.listeners: list[object] = []
+
+    async def start(self) -> None:
+        for spec in self.config.workers:
+            if not spec.enabled:
+                continue
+            push = self.ctx.socket(zmq.PUSH)
+            configure_push(push)
+            push.connect(worker_endpoint(self.config, spec.name, "in"))
+            sub = self.ctx.socket(zmq.SUB)
+            configure_sub(sub)
+            sub.connect(worker_endpoint(self.config, spec.name, "out"))
+            link = WorkerLink(spec=spec, push=push, sub=sub)
+            self.links[spec.name] = link
+            self._tasks.append(asyncio.create_task(self._read(link)))
+        self._tasks.append(asyncio.create_task(self._watch()))
+        self._tasks.append(asyncio.create_task(self._events()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for link in self.links.values():
+            link.push.close(0)
+            link.sub.close(0)
+        self.ctx.term()
+
+    # --- sending -------------------------------------------------------------------------
+
+    def open(self, worker: str, request_id: str, msg: msgspec.Struct) -> RequestStream:
+        """Send a request and register the stream its frames arrive on."""
+        link = self.links[worker]
+        stream = RequestStream(id=request_id, worker=worker)
+        link.requests[request_id] = stream
+        try:
+            link.push.send(encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again as exc:
+            del link.requests[request_id]
+            raise WorkerUnavailable(f"worker {worker} is not connected") from exc
+        return stream
+
+    def close(self, stream: RequestStream) -> None:
+        link = self.links.get(stream.worker)
+        if link is not None:
+            link.requests.pop(stream.id, None)
+
+    def send(self, worker: str, msg: msgspec.Struct) -> None:
+        """Fire and forget (aborts). Never awaits, so it is safe in a cancelled task."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.links[worker].push.send(encode(msg), flags=zmq.NOBLOCK)
+
+    # --- receiving -----------------------------------------------------------------------
+
+    async def _read(self, link: WorkerLink) -> None:
+        decoder = reply_decoder()
+        while True:
+            _topic, raw = await link.sub.recv_multipart()
+            try:
+                msg = decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                log.error("undecodable frame from %s: %s", link.name, exc)
+                continue
+            if isinstance(msg, Heartbeat):
+                self._on_heartbeat(link, msg)
+                continue
+            stream = link.requests.get(msg.id)
+            if stream is None:
+                continue
+            if msg.seq != stream.next_seq:
+                log.error("frame gap on request_id=%s: expected seq %d, got %d",
+                          msg.id, stream.next_seq, msg.seq)
+                self._fail(link, stream, ErrorCode.INTERNAL,
+                           "frames from the worker were lost; the output would be corrupt")
+                continue
+            stream.next_seq += 1
+            stream.frames.put_nowait(msg)
+
+    def _on_heartbeat(self, link: WorkerLink, beat: Heartbeat) -> None:
+        previous = link.heartbeat
+        link.heartbeat = beat
+        link.seen_at = time.monotonic()
+        if previous is None or previous.state != beat.state or previous.pid != beat.pid:
+            log.info("worker %s pid %d is %s", link.name, beat.pid, beat.state.label,
+                     extra={"worker": link.name, "device": beat.device})
+        if previous is not None and previous.pid != beat.pid:
+            self._fail_all(link, f"worker {link.name} restarted")
+        elif beat.state in (WorkerState.FAILED, WorkerState.STOPPED, WorkerState.STARTING,
+                            WorkerState.LOADING):
+            self._fail_all(link, f"worker {link.name} is {beat.state.label}")
+        for listener in self.listeners:
+            callback = getattr(listener, "on_heartbeat", None)
+            if callback is not None:
+                callback(link, beat)
+
+    def _fail(self, link: WorkerLink, stream: RequestStream, code: ErrorCode,
+              message: str) -> None:
+        link.requests.pop(stream.id, None)
+        stream.frames.put_nowait(Failed(id=stream.id, seq=stream.next_seq, code=code,
+                                        message=message))
+
+    def _fail_all(self, link: WorkerLink, message: str) -> None:
+        for stream in list(link.requests.values()):
+            self._fail(link, stream, ErrorCode.WORKER_LOST, message)
+
+    def worker_lost(self, name: str, reason: str) -> None:
+        link = self.links.get(name)
+        if link is None:
+            return
+        if link.heartbeat is not None:
+            link.heartbeat = msgspec.structs.replace(link.heartbeat, state=WorkerState.STOPPED)
+        if link.requests:
+            log.error("worker %s lost (%s); failing %d request(s)", name, reason,
+                      len(link.requests), extra={"worker": name})
+        self._fail_all(link, f"worker {name} {reason}")
+
+    async def _watch(self) -> None:
+        """Fail requests on a worker whose heartbeats stopped (hung or silently dead)."""
+        while True:
+            await asyncio.sleep(0.2)
+            for link in self.links.values():
+                if link.requests and link.heartbeat_age() > link.spec.heartbeat_timeout:
+                    self.worker_lost(link.name, "stopped sending heartbeats")
+
+    async def _events(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        configure_sub(sub)
+        sub.connect(events_endpoint(self.config))
+        decoder = event_decoder()
+        try:
+            while True:
+                raw = await sub.recv()
+                try:
+                    event = decoder.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(event, WorkerExited):
+                    self.worker_lost(event.worker, f"exited (code {event.returncode})")
+        finally:
+            sub.close(0)

@@ -1,0 +1,58 @@
+"""Errors the gateway raises, independent of API; each API module renders them its own way."""
+
+from __future__ import annotations
+
+from protocol.messages import ErrorCode, Failed
+
+
+class GatewayError(Exception):
+    """A request that cannot be served, with the HTTP status and a stable kind.
+
+    kind is one of: invalid_request, model_not_found, context_length_exceeded, unavailable,
+    worker_lost, timeout, authentication, internal, not_found, unsupported.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+
+def invalid(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, "invalid_request", message, param=param)
+
+
+def model_not_found(model: str) -> GatewayError:
+    return GatewayError(404, "model_not_found", f"model '{model}' not found", param="model")
+
+
+def unavailable(message: str, retry_after: int = 2) -> GatewayError:
+    return GatewayError(503, "unavailable", message, retry_after=retry_after)
+
+
+def from_failed(frame: Failed) -> GatewayError:
+    """Map a worker's Failed frame to a gateway error."""
+    code = frame.code
+    if code == ErrorCode.PROMPT_TOO_LONG:
+        return GatewayError(400, "context_length_exceeded", frame.message, param="messages")
+    if code == ErrorCode.BAD_REQUEST:
+        return GatewayError(400, "invalid_request", frame.message)
+    if code in (ErrorCode.QUEUE_FULL, ErrorCode.NOT_READY, ErrorCode.MODEL_NOT_LOADED):
+        return unavailable(frame.message)
+    if code == ErrorCode.WORKER_LOST:
+        return GatewayError(503, "worker_lost", frame.message, retry_after=2)
+    if code == ErrorCode.DEADLINE_EXCEEDED:
+        return GatewayError(504, "timeout", frame.message)
+    if code == ErrorCode.ABORTED:
+        return GatewayError(499, "aborted", frame.message)
+    return GatewayError(500, "internal", frame.message)

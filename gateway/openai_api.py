@@ -1,0 +1,357 @@
+"""OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
+
+Translates the wire format to a Generate request and the worker's frames back to OpenAI's
+JSON and SSE shapes; routing, streaming and errors below are shared with the other APIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway._utils import decode_body, dumps, now, request_id, unless_disconnected
+from gateway.errors import GatewayError, invalid
+from gateway.params import json_schema_text, openai_params
+from gateway.router import Generation, Router, ServedModel, new_id
+from protocol.messages import ChatMessage, Generate, SamplingParams
+
+FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
+
+
+# --- request shapes ----------------------------------------------------------------------
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(msgspec.Struct):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    type: str
+    json_schema: JsonSchemaSpec | None = None
+
+
+class SamplingFields(msgspec.Struct):
+    model: str = ""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: Any = None
+    # Extensions some clients send (vLLM style).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+class ChatRequest(SamplingFields):
+    messages: list[Message] = []
+    max_completion_tokens: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | None = None
+    suffix: str | None = None
+    echo: bool | None = False
+
+
+# --- errors ------------------------------------------------------------------------------
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          429: "rate_limit_error", 503: "server_error", 504: "timeout"}
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    code = exc.kind if exc.kind != "invalid_request" else None
+    if exc.kind == "authentication":
+        code = "invalid_api_key"
+    return {"error": {"message": exc.message, "type": _TYPES.get(exc.status, "server_error"),
+                      "param": exc.param, "code": code}}
+
+
+def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
+
+
+# --- translation -------------------------------------------------------------------------
+
+
+def _text(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.type == "text":
+            parts.append(part.text or "")
+        elif part.type in ("image_url", "input_image", "image"):
+            raise invalid("this model does not support images", param="messages")
+    return "".join(parts)
+
+
+def chat_messages(messages: list[Message]) -> list[ChatMessage]:
+    if not messages:
+        raise invalid("messages must be a non-empty list", param="messages")
+    out = []
+    for m in messages:
+        role = "system" if m.role == "developer" else m.role
+        if role not in ("system", "user", "assistant", "tool", "function"):
+            raise invalid(f"unknown message role '{m.role}'", param="messages")
+        out.append(ChatMessage(role=role, content=_text(m.content), name=m.name,
+                               tool_call_id=m.tool_call_id, tool_calls=m.tool_calls))
+    return out
+
+
+def _check_common(req: SamplingFields) -> None:
+    if req.n not in (None, 1):
+        raise invalid("only n=1 is supported", param="n")
+    if req.logprobs:
+        raise invalid("logprobs are not supported by this server", param="logprobs")
+
+
+def _response_schema(fmt: ResponseFormat | None) -> str | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_schema_text(None)
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema is None:
+            raise invalid("response_format.json_schema.schema is required",
+                          param="response_format")
+        return json_schema_text(fmt.json_schema.schema)
+    raise invalid(f"unknown response_format type '{fmt.type}'", param="response_format")
+
+
+def _params(req: SamplingFields, max_tokens: int | None, schema: str | None) -> SamplingParams:
+    return openai_params(
+        max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
+        seed=req.seed, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, top_k=req.top_k, min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty, json_schema=schema)
+
+
+def _usage(gen: Generation) -> dict[str, int]:
+    fin = gen.finished
+    prompt = fin.prompt_tokens if fin else gen.accepted.prompt_tokens
+    completion = fin.completion_tokens if fin else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _finish_reason(gen: Generation) -> str:
+    return FINISH.get(gen.finished.finish_reason if gen.finished else "stop", "stop")
+
+
+# --- routes ------------------------------------------------------------------------------
+
+
+class OpenAIRoutes:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
+        ]
+
+    def _model_card(self, model: ServedModel) -> dict[str, Any]:
+        return {"id": model.name, "object": "model", "created": self.router.started,
+                "owned_by": "npu-proxy"}
+
+    async def list_models(self, request: Request) -> Response:
+        data = [self._model_card(m) for m in self.router.models.values()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def get_model(self, request: Request) -> Response:
+        try:
+            model = self.router.resolve(request.path_params["model_id"])
+        except GatewayError as exc:
+            return error_response(exc)
+        return JSONResponse(self._model_card(model))
+
+    async def chat(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            req = await decode_body(request, ChatRequest)
+            if not req.messages:
+                raise invalid("'messages' is a required property and must be non-empty",
+                              param="messages")
+            _check_common(req)
+            model = self.router.resolve(req.model, kind="llm")
+            max_tokens = req.max_completion_tokens or req.max_tokens
+            params = _params(req, max_tokens, _response_schema(req.response_format))
+            msg = Generate(id=rid, model=model.name, params=params,
+                           deadline=self.router.deadline(),
+                           messages=chat_messages(req.messages))
+            gen = await unless_disconnected(request, self.router.generate(model, msg))
+        except GatewayError as exc:
+            return error_response(exc)
+        cid = new_id("chatcmpl-")
+        headers = gen.headers()
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._chat_stream(gen, cid, req.model, include_usage),
+                                     media_type="text/event-stream", headers=headers)
+        try:
+            text = await unless_disconnected(request, _collect(gen))
+        except GatewayError as exc:
+            return error_response(exc, headers)
+        body = {
+            "id": cid, "object": "chat.completion", "created": now(), "model": req.model,
+            "system_fingerprint": None,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": _finish_reason(gen),
+            }],
+            "usage": _usage(gen),
+        }
+        return Response(dumps(body), media_type="application/json", headers=headers)
+
+    async def _chat_stream(self, gen: Generation, cid: str, model: str,
+                           include_usage: bool) -> AsyncIterator[bytes]:
+        created = now()
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+            obj: dict[str, Any] = {
+                "id": cid, "object": "chat.completion.chunk", "created": created,
+                "model": model, "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                             "finish_reason": finish}],
+            }
+            if include_usage:
+                obj["usage"] = None
+            return b"data: " + dumps(obj) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""}, None)
+        try:
+            async for delta in gen:
+                yield chunk({"content": delta.text}, None)
+        except GatewayError as exc:
+            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
+            return
+        yield chunk({}, _finish_reason(gen))
+        if include_usage:
+            usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                     "model": model, "system_fingerprint": None, "choices": [],
+                     "usage": _usage(gen)}
+            yield b"data: " + dumps(usage) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def completions(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            req = await decode_body(request, CompletionRequest)
+            _check_common(req)
+            if req.prompt is None:
+                raise invalid("'prompt' is a required property", param="prompt")
+            prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+            if len(prompts) != 1:
+                raise invalid("exactly one prompt per request is supported", param="prompt")
+            if req.suffix:
+                raise invalid("this model has no fill-in-the-middle support; remove 'suffix'",
+                              param="suffix")
+            model = self.router.resolve(req.model, kind="llm")
+            params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
+            msg = Generate(id=rid, model=model.name, params=params,
+                           deadline=self.router.deadline(), prompt=prompts[0])
+            gen = await unless_disconnected(request, self.router.generate(model, msg))
+        except GatewayError as exc:
+            return error_response(exc)
+        cid = new_id("cmpl-")
+        prefix = prompts[0] if req.echo else ""
+        headers = gen.headers()
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                self._completion_stream(gen, cid, req.model, prefix, include_usage),
+                media_type="text/event-stream", headers=headers)
+        try:
+            text = await unless_disconnected(request, _collect(gen))
+        except GatewayError as exc:
+            return error_response(exc, headers)
+        body = {
+            "id": cid, "object": "text_completion", "created": now(), "model": req.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "text": prefix + text, "logprobs": None,
+                         "finish_reason": _finish_reason(gen)}],
+            "usage": _usage(gen),
+        }
+        return Response(dumps(body), media_type="application/json", headers=headers)
+
+    async def _completion_stream(self, gen: Generation, cid: str, model: str, prefix: str,
+                                 include_usage: bool) -> AsyncIterator[bytes]:
+        created = now()
+
+        def chunk(text: str, finish: str | None) -> bytes:
+            obj: dict[str, Any] = {
+                "id": cid, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "text": text, "logprobs": None,
+                             "finish_reason": finish}],
+            }
+            if include_usage:
+                obj["usage"] = None
+            return b"data: " + dumps(obj) + b"\n\n"
+
+        if prefix:
+            yield chunk(prefix, None)
+        try:
+            async for delta in gen:
+                yield chunk(delta.text, None)
+        except GatewayError as exc:
+            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
+            return
+        yield chunk("", _finish_reason(gen))
+        if include_usage:
+            usage = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                     "choices": [], "usage": _usage(gen)}
+            yield b"data: " + dumps(usage) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+async def _collect(gen: Generation) -> str:
+    parts = [delta.text async for delta in gen]
+    return "".join(parts)
+

@@ -1,0 +1,124 @@
+"""One mapping from each API's sampling fields to the internal SamplingParams.
+
+OpenAI, Ollama and Anthropic requests all land here, so the same request expressed through
+any API produces the same generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import msgspec
+
+from gateway.errors import invalid
+from protocol.messages import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Ollama options that exist but have no OpenVINO GenAI counterpart: accepted and ignored.
+OLLAMA_IGNORED = frozenset({
+    "mirostat", "mirostat_eta", "mirostat_tau", "tfs_z", "typical_p", "repeat_last_n",
+    "num_keep", "num_thread", "num_gpu", "main_gpu", "numa", "low_vram", "f16_kv",
+    "vocab_only", "use_mmap", "use_mlock", "num_batch", "penalize_newline", "logits_all",
+    "embedding_only", "rope_frequency_base", "rope_frequency_scale", "num_gqa",
+})
+
+
+def stop_list(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    return [s for s in items if s]
+
+
+def json_schema_text(schema: Any) -> str:
+    """A JSON schema for structured output; `True`/`None` means any JSON object."""
+    if schema is None or schema is True:
+        return json.dumps({"type": "object"})
+    if not isinstance(schema, dict):
+        raise invalid("the JSON schema must be an object", param="format")
+    return json.dumps(schema)
+
+
+def openai_params(
+    *,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    stop: str | list[str] | None,
+    seed: int | None,
+    presence_penalty: float | None,
+    frequency_penalty: float | None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    json_schema: str | None = None,
+) -> SamplingParams:
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise invalid("temperature must be between 0 and 2", param="temperature")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise invalid("top_p must be in (0, 1]", param="top_p")
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid("max_tokens must be at least 1", param="max_tokens")
+    for name, value in (("presence_penalty", presence_penalty),
+                        ("frequency_penalty", frequency_penalty)):
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise invalid(f"{name} must be between -2 and 2", param=name)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+        stop=stop_list(stop),
+        json_schema=json_schema,
+    )
+
+
+class OllamaOptions(msgspec.Struct, omit_defaults=True):
+    num_predict: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    num_ctx: int | None = None
+
+
+def ollama_params(options: dict[str, Any] | None, json_schema: str | None) -> SamplingParams:
+    options = dict(options or {})
+    for key in list(options):
+        if key in OLLAMA_IGNORED:
+            log.debug("ignoring unsupported Ollama option %s=%r", key, options.pop(key))
+    try:
+        # NOTE: lax conversion, since clients send integers as floats (1.0) and vice versa.
+        opts = msgspec.convert(options, OllamaOptions, strict=False)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"invalid option: {exc}", param="options") from exc
+    max_tokens = opts.num_predict
+    if max_tokens is not None and max_tokens < 0:
+        max_tokens = None  # -1 (and -2): until the context is full
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens != 0 else 1,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        min_p=opts.min_p,
+        repetition_penalty=opts.repeat_penalty,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+        seed=opts.seed,
+        stop=stop_list(opts.stop),
+        json_schema=json_schema,
+        num_ctx=opts.num_ctx,
+    )

@@ -1,0 +1,229 @@
+"""Picks the worker for a request and turns the worker's frames into one async iterator.
+
+Candidates for a model are the workers that serve it, NPU role first, then by device
+preference. A worker that is not serving, whose queue is full, or that answers
+`retry_elsewhere` (prompt too long for the NPU) is skipped and the next one is tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+
+from gateway.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
+from gateway.errors import GatewayError, from_failed, model_not_found, unavailable
+from protocol.config import Config
+from protocol.messages import (
+    Abort,
+    Accepted,
+    Delta,
+    Embed,
+    Embeddings,
+    ErrorCode,
+    Failed,
+    Finished,
+    Generate,
+    RequestFrame,
+    TokenCount,
+    Tokenize,
+)
+from protocol.registry import alias_table, embedded, normalize
+
+log = logging.getLogger(__name__)
+
+DEVICE_ORDER = ("NPU", "GPU", "CPU")
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
+
+
+def new_id(prefix: str = "") -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ServedModel:
+    name: str
+    kind: str  # "llm" or "embed"
+    workers: list[str]
+
+
+class Generation:
+    """A request accepted by a worker: its route, then its Delta frames and the Finished one."""
+
+    def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
+                 reason: str) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.accepted = accepted
+        self.reason = reason
+        self.finished: Finished | None = None
+        self.started = time.monotonic()
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-NPU-Proxy-Device": self.accepted.device,
+            "X-NPU-Proxy-Worker": self.accepted.worker,
+            "X-NPU-Proxy-Route-Reason": self.reason,
+            "X-NPU-Proxy-Token-Count": str(self.accepted.prompt_tokens),
+        }
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        try:
+            while True:
+                frame = await self.stream.frames.get()
+                if isinstance(frame, Delta):
+                    yield frame
+                elif isinstance(frame, Finished):
+                    self.finished = frame
+                    return
+                elif isinstance(frame, Failed):
+                    raise from_failed(frame)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop listening; if the worker was still generating, tell it to stop."""
+        if self.finished is None and self.broker.links[self.stream.worker].requests.get(
+            self.stream.id
+        ):
+            self.broker.send(self.stream.worker, Abort(id=self.stream.id))
+        self.broker.close(self.stream)
+
+
+class Router:
+    def __init__(self, config: Config, broker: Broker) -> None:
+        self.config = config
+        self.broker = broker
+        self.aliases = alias_table(config.model_aliases)
+        self.models: dict[str, ServedModel] = {}
+        self.started = int(time.time())
+        for spec in config.workers:
+            if not spec.enabled:
+                continue
+            name = self.aliases.get(normalize(spec.model_name), spec.model_name)
+            kind = ROLE_KIND[spec.role]
+            model = self.models.setdefault(name, ServedModel(name=name, kind=kind, workers=[]))
+            model.workers.append(spec.name)
+
+    # --- names ---------------------------------------------------------------------------
+
+    def resolve(self, requested: str, kind: str | None = None) -> ServedModel:
+        if not isinstance(requested, str) or not requested.strip():
+            raise GatewayError(400, "invalid_request", "model is required", param="model")
+        key = normalize(requested)
+        name = self.aliases.get(key, key)
+        model = self.models.get(name)
+        if model is None:
+            # NOTE: `x:latest` must also find a model served under the bare canonical name.
+            bare = name.removesuffix(":latest")
+            model = next((m for m in self.models.values() if m.name == bare), None)
+        if model is None:
+            raise model_not_found(requested)
+        if kind is not None and model.kind != kind:
+            what = "an embedding model" if model.kind == "embed" else "a text generation model"
+            use = "embeddings" if model.kind == "embed" else "chat or generate"
+            raise GatewayError(400, "invalid_request",
+                               f"model '{requested}' is {what}; use the {use} API for it",
+                               param="model")
+        return model
+
+    def is_embedded(self, name: str) -> bool:
+        return embedded(name) is not None
+
+    def candidates(self, model: ServedModel) -> list[WorkerLink]:
+        links = [self.broker.links[w] for w in model.workers if w in self.broker.links]
+
+        def rank(link: WorkerLink) -> tuple[int, int]:
+            device = link.spec.device.split(".")[0].upper()
+            order = DEVICE_ORDER.index(device) if device in DEVICE_ORDER else len(DEVICE_ORDER)
+            return (0 if link.spec.role == "npu" else 1, order)
+
+        return sorted(links, key=rank)
+
+    # --- dispatch ------------------------------------------------------------------------
+
+    async def _first_frame(self, stream: RequestStream, deadline: float) -> RequestFrame:
+        timeout = max(0.1, deadline - time.time())
+        try:
+            return await asyncio.wait_for(stream.frames.get(), timeout)
+        except TimeoutError:
+            self.broker.send(stream.worker, Abort(id=stream.id))
+            self.broker.close(stream)
+            raise GatewayError(504, "timeout", "the worker did not accept the request in time")\
+                from None
+
+    async def _dispatch(
+        self, model: ServedModel, request_id: str, msg: msgspec.Struct, deadline: float
+    ) -> tuple[RequestStream, RequestFrame, str]:
+        reason = "preferred"
+        too_long: Failed | None = None
+        busy = False
+        for link in self.candidates(model):
+            if not link.serving:
+                reason = reason if reason != "preferred" else "worker_unavailable"
+                continue
+            if link.heartbeat is not None and link.heartbeat.queue >= link.spec.max_queue:
+                reason = reason if reason != "preferred" else "queue_full"
+                busy = True
+                continue
+            try:
+                stream = self.broker.open(link.name, request_id, msg)
+            except WorkerUnavailable:
+                reason = reason if reason != "preferred" else "worker_unavailable"
+                continue
+            frame = await self._first_frame(stream, deadline)
+            if isinstance(frame, Failed) and frame.retry_elsewhere:
+                self.broker.close(stream)
+                if frame.code == ErrorCode.PROMPT_TOO_LONG:
+                    too_long = frame
+                    reason = reason if reason != "preferred" else "prompt_too_long"
+                else:
+                    busy = busy or frame.code == ErrorCode.QUEUE_FULL
+                    reason = reason if reason != "preferred" else (
+                        "queue_full" if frame.code == ErrorCode.QUEUE_FULL
+                        else "worker_unavailable")
+                continue
+            return stream, frame, reason
+        if too_long is not None and not busy:
+            raise GatewayError(
+                400, "context_length_exceeded",
+                f"the prompt is {too_long.prompt_tokens} tokens, longer than any worker for "
+                f"'{model.name}' takes (limit {too_long.limit})", param="messages")
+        raise unavailable(f"no worker can take a request for '{model.name}' right now"
+                          " (all busy, loading or down)")
+
+    def deadline(self) -> float:
+        return time.time() + self.config.inference_timeout
+
+    async def generate(self, model: ServedModel, msg: Generate) -> Generation:
+        stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
+        if isinstance(frame, Failed):
+            self.broker.close(stream)
+            raise from_failed(frame)
+        if not isinstance(frame, Accepted):
+            self.broker.close(stream)
+            raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
+        return Generation(self.broker, stream, frame, reason)
+
+    async def embed(self, model: ServedModel, msg: Embed) -> Embeddings:
+        stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)
+        self.broker.close(stream)
+        if isinstance(frame, Failed):
+            raise from_failed(frame)
+        if not isinstance(frame, Embeddings):
+            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        return frame
+
+    async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
+        stream, frame, _ = await self._dispatch(model, msg.id, msg, self.deadline())
+        self.broker.close(stream)
+        if isinstance(frame, Failed):
+            raise from_failed(frame)
+        if not isinstance(frame, TokenCount):
+            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        return frame.count

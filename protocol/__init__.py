@@ -1,0 +1,1 @@
+"""Wire types, configuration and socket helpers shared by every npu-proxy process."""

@@ -1,0 +1,160 @@
+"""The one typed configuration object, built once by the supervisor and handed to children.
+
+Precedence: built-in defaults < TOML file < `NPU_PROXY_*` environment < command-line flags.
+Children never read the environment: the supervisor writes the effective configuration as
+JSON into the private runtime folder and passes its path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import tomllib
+
+Role = Literal["llm", "npu", "embed"]
+
+DEFAULT_LLM_MODEL = "smollm2:135m"
+DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
+
+
+class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """Test-only fault injection; inert unless set explicitly for one worker."""
+
+    hang_in_load: bool = False
+    crash_in_load: bool = False
+    exit_after_tokens: int | None = None
+    abort_after_tokens: int | None = None
+    stall_after_tokens: int | None = None
+
+
+class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    name: str
+    role: Role = "llm"
+    device: str = "CPU"
+    model: str = ""
+    enabled: bool = True
+    # Seconds a worker may stay loading/warming before it is killed (NPU compiles are slow).
+    load_timeout: float = 600.0
+    # Seconds without a heartbeat (while serving) before the worker is declared lost.
+    heartbeat_timeout: float = 10.0
+    max_queue: int = 64
+    # Stateful (npu) role limits, in tokens.
+    max_prompt_len: int = 1024
+    min_response_len: int = 128
+    # Continuous batching (llm role).
+    max_batch_tokens: int = 2048
+    kv_cache_gb: float = 1.0
+    faults: FaultHooks = msgspec.field(default_factory=FaultHooks)
+
+    @property
+    def model_name(self) -> str:
+        if self.model:
+            return self.model
+        return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
+
+
+def _default_workers() -> list[WorkerSpec]:
+    return [WorkerSpec(name="llm", role="llm"), WorkerSpec(name="embed", role="embed")]
+
+
+def _default_runtime_dir() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return str(Path(base) / f"npu-proxy-{os.getuid()}")
+
+
+class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 11435
+    runtime_dir: str = ""
+    model_cache: str = "~/.cache/npu-proxy/models"
+    # "ipc" (POSIX default) or "tcp" on 127.0.0.1 (the Windows path).
+    transport: Literal["ipc", "tcp"] = "ipc"
+    tcp_base_port: int = 15600
+    inference_timeout: float = 180.0
+    log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    api_key: str = ""
+    heartbeat_interval: float = 0.5
+    grace_period: float = 10.0
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    embedding_cache_size: int = 1000
+    max_embed_items: int = 512
+    max_embed_chars: int = 100_000
+    model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    workers: list[WorkerSpec] = msgspec.field(default_factory=_default_workers)
+
+    def runtime_path(self) -> Path:
+        return Path(self.runtime_dir or _default_runtime_dir())
+
+    def model_cache_path(self) -> Path:
+        return Path(self.model_cache).expanduser()
+
+    def worker(self, name: str) -> WorkerSpec:
+        for spec in self.workers:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+# Environment variable -> (config field, type). The npu-proxy specification's names.
+_ENV: dict[str, tuple[str, type]] = {
+    "NPU_PROXY_HOST": ("host", str),
+    "NPU_PROXY_PORT": ("port", int),
+    "NPU_PROXY_RUNTIME_DIR": ("runtime_dir", str),
+    "NPU_PROXY_MODEL_PATH": ("model_cache", str),
+    "NPU_PROXY_TRANSPORT": ("transport", str),
+    "NPU_PROXY_INFERENCE_TIMEOUT": ("inference_timeout", float),
+    "NPU_PROXY_LOG_LEVEL": ("log_level", str),
+    "NPU_PROXY_LOG_FORMAT": ("log_format", str),
+    "NPU_PROXY_API_KEY": ("api_key", str),
+    "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
+}
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_config(
+    path: Path | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Build the effective configuration from file, environment and explicit overrides."""
+    env = dict(os.environ) if env is None else env
+    data: dict[str, Any] = {}
+    if path is None and env.get("NPU_PROXY_CONFIG"):
+        path = Path(env["NPU_PROXY_CONFIG"])
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    for var, (field, kind) in _ENV.items():
+        if var in env:
+            try:
+                data[field] = kind(env[var])
+            except ValueError as exc:
+                raise ConfigError(f"{var}={env[var]!r}: {exc}") from exc
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+
+
+def dump_config(config: Config) -> bytes:
+    return msgspec.json.encode(config)
+
+
+def read_config_file(path: Path) -> Config:
+    """Read the JSON configuration the supervisor wrote for its children."""
+    return msgspec.json.decode(path.read_bytes(), type=Config)

@@ -1,0 +1,230 @@
+"""The message catalogue exchanged between the gateway and the device workers.
+
+Every message is a tagged msgspec Struct encoded as MessagePack. Fields are only ever
+appended and new fields carry defaults, so a gateway and a freshly restarted worker of a
+slightly different version still understand each other. Hot-path frames are `array_like`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+
+class ErrorCode(enum.IntEnum):
+    """Why a request failed; the gateway maps each to a status and body per API."""
+
+    INTERNAL = 1
+    BAD_REQUEST = 2
+    PROMPT_TOO_LONG = 3
+    MODEL_NOT_LOADED = 4
+    DEADLINE_EXCEEDED = 5
+    ABORTED = 6
+    WORKER_LOST = 7
+    QUEUE_FULL = 8
+    NOT_READY = 9
+
+
+class WorkerState(enum.IntEnum):
+    STARTING = 0
+    LOADING = 1
+    WARMING = 2
+    READY = 3
+    BUSY = 4
+    DRAINING = 5
+    STOPPED = 6
+    FAILED = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def serving(self) -> bool:
+        return self in (WorkerState.READY, WorkerState.BUSY)
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True):
+    """The one internal parameter set every API is mapped to (see gateway/params.py)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] = []
+    # A JSON schema (serialised) the output must satisfy; "{}"-like generic object for json mode.
+    json_schema: str | None = None
+    num_ctx: int | None = None
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str = ""
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+# --- gateway -> worker -------------------------------------------------------------------
+
+
+class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    id: str
+    model: str
+    params: SamplingParams
+    # Absolute wall-clock time (time.time()) after which the worker stops the request.
+    deadline: float
+    messages: list[ChatMessage] | None = None
+    # A raw prompt, sent to the model as is (no chat template).
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    id: str
+    model: str
+    texts: list[str]
+    deadline: float
+    truncate: bool = True
+
+
+class Abort(msgspec.Struct, tag=True, array_like=True):
+    id: str
+
+
+class Tokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    id: str
+    model: str
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+WorkerRequest = Generate | Embed | Abort | Tokenize
+
+
+# --- worker -> gateway -------------------------------------------------------------------
+
+
+class Accepted(msgspec.Struct, tag=True, array_like=True):
+    """Sent before the first token, so the gateway can set response headers."""
+
+    id: str
+    seq: int
+    worker: str
+    device: str
+    prompt_tokens: int
+
+
+class Delta(msgspec.Struct, tag=True, array_like=True):
+    id: str
+    seq: int
+    text: str
+    tokens: int
+
+
+class Timings(msgspec.Struct, array_like=True):
+    """Nanoseconds measured in the worker."""
+
+    # From receipt until the request was handed to the pipeline (template, tokenize, queue).
+    queue_ns: int = 0
+    # From hand-over to the first generated token (prompt processing).
+    prompt_ns: int = 0
+    # From the first to the last generated token.
+    decode_ns: int = 0
+    # From receipt to the final frame.
+    total_ns: int = 0
+
+
+class Finished(msgspec.Struct, tag=True, array_like=True):
+    id: str
+    seq: int
+    # "stop", "length", "abort" or "timeout".
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    timings: Timings
+
+
+class Failed(msgspec.Struct, tag=True, array_like=True):
+    id: str
+    seq: int
+    code: ErrorCode
+    message: str
+    retry_elsewhere: bool = False
+    prompt_tokens: int | None = None
+    limit: int | None = None
+
+
+class Embeddings(msgspec.Struct, tag=True, array_like=True):
+    """Vectors as raw little-endian float32 bytes of shape (rows, dims)."""
+
+    id: str
+    seq: int
+    data: bytes
+    rows: int
+    dims: int
+    prompt_tokens: list[int]
+    timings: Timings
+
+
+class TokenCount(msgspec.Struct, tag=True, array_like=True):
+    id: str
+    seq: int
+    count: int
+
+
+class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    worker: str
+    pid: int
+    role: str
+    device: str
+    model: str
+    state: WorkerState
+    queue: int = 0
+    in_flight: int = 0
+    served: int = 0
+    generated_tokens: int = 0
+    load_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    error: str = ""
+    sent_at: float = 0.0
+
+
+WorkerReply = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Heartbeat
+RequestFrame = Accepted | Delta | Finished | Failed | Embeddings | TokenCount
+
+def request_decoder() -> msgspec.msgpack.Decoder[WorkerRequest]:
+    """One decoder per receiving socket (decoders are not shared across threads)."""
+    return msgspec.msgpack.Decoder(WorkerRequest)
+
+
+def reply_decoder() -> msgspec.msgpack.Decoder[WorkerReply]:
+    return msgspec.msgpack.Decoder(WorkerReply)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return msgspec.msgpack.encode(msg)
+
+
+# --- supervisor -> gateway (events socket) -----------------------------------------------
+
+
+class WorkerExited(msgspec.Struct, tag=True, array_like=True):
+    """Sent the moment the supervisor reaps a worker, faster than any heartbeat timeout."""
+
+    worker: str
+    pid: int
+    returncode: int
+
+
+def event_decoder() -> msgspec.msgpack.Decoder[WorkerExited]:
+    return msgspec.msgpack.Decoder(WorkerExited)

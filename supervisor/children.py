@@ -1,0 +1,99 @@
+"""One supervised child process: spawn, state, backoff, graceful stop.
+
+States (circus/supervisord style): starting, loading, warming, ready, busy, draining,
+backoff (waiting to restart), stopped (by an operator), failed (crash loop; an operator
+must act). Worker states between starting and busy come from the worker's heartbeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: Linux sends SIGKILL to it when the supervisor dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # NOTE: not Linux; the supervisor's own exit path stops its children.
+
+
+def _tee(stream: IO[bytes], log_path: Path, echo: bool) -> None:
+    with open(log_path, "ab", buffering=0) as out:
+        for line in iter(stream.readline, b""):
+            out.write(line)
+            if echo:
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+
+
+class Child:
+    def __init__(self, name: str, kind: str, argv: list[str], log_path: Path,
+                 echo: bool) -> None:
+        self.name = name
+        self.kind = kind  # "gateway" or the worker role
+        self.argv = argv
+        self.log_path = log_path
+        self.echo = echo
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.state = "stopped"
+        self.started_at = 0.0
+        self.restarts = 0
+        self.crash_times: deque[float] = deque()
+        self.last_error = ""
+        self.next_start = 0.0
+        self.expected_exit = False
+        self.hold = False
+        self.kill_at = 0.0
+        self.heartbeat_at = 0.0
+        self.model = ""
+        self.device = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            # NOTE: own session, so a terminal's Ctrl-C reaches only the supervisor, which then
+            # stops the children in order instead of racing their restarts.
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        threading.Thread(target=_tee, args=(self.proc.stdout, self.log_path, self.echo),
+                         name=f"tee-{self.name}", daemon=True).start()
+        self.state = "starting"
+        self.started_at = time.monotonic()
+        self.heartbeat_at = 0.0
+        self.expected_exit = False
+        self.kill_at = 0.0
+        log.info("started %s pid %d", self.name, self.proc.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at if self.pid else 0.0

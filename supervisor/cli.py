@@ -1,0 +1,174 @@
+"""npx-supervisor: run npu-proxy and manage its device workers.
+
+Configuration comes from built-in defaults, a TOML file (--config or NPU_PROXY_CONFIG),
+NPU_PROXY_* environment variables and these flags, in that order of precedence.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import msgspec
+import zmq
+
+from protocol.config import Config, ConfigError, load_config
+from protocol.logs import setup_logging
+from protocol.sockets import control_endpoint
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_options(func: F) -> F:
+    for option in reversed([
+        click.option("--config", "config_file", type=click.Path(path_type=Path),
+                     help="TOML configuration file."),
+        click.option("--host", help="Address to listen on (default 127.0.0.1)."),
+        click.option("--port", type=int, help="HTTP port (default 11435)."),
+        click.option("--runtime-dir", help="Private folder for sockets and logs."),
+        click.option("--transport", type=click.Choice(["ipc", "tcp"]),
+                     help="ZeroMQ transport between processes."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _config(config_file: Path | None, host: str | None, port: int | None,
+            runtime_dir: str | None, transport: str | None) -> Config:
+    try:
+        return load_config(config_file, overrides={"host": host, "port": port,
+                                                   "runtime_dir": runtime_dir,
+                                                   "transport": transport})
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _control(config: Config, request: dict[str, Any], timeout_ms: int = 30_000) -> Any:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control_endpoint(config))
+    try:
+        sock.send(msgspec.json.encode(request))
+        if not sock.poll(timeout_ms):
+            raise click.ClickException(
+                f"no npu-proxy instance answers at {control_endpoint(config)}")
+        reply = msgspec.json.decode(sock.recv())
+    finally:
+        sock.close(0)
+    if not reply.get("ok"):
+        raise click.ClickException(reply.get("error", "failed"))
+    return reply
+
+
+@click.group()
+def main() -> None:
+    """npu-proxy: Ollama, OpenAI and Anthropic APIs on Intel NPU, GPU and CPU."""
+
+
+@main.command()
+@click.argument("worker", required=False)
+@click.option("--quiet", is_flag=True, help="Do not echo the children's logs.")
+@config_options
+def start(worker: str | None, quiet: bool, **kw: Any) -> None:
+    """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
+    config = _config(**kw)
+    if worker:
+        _control(config, {"cmd": "start", "worker": worker})
+        click.echo(f"started {worker}")
+        return
+    from supervisor.service import AlreadyRunning, Supervisor
+
+    setup_logging("supervisor", config.log_level, config.log_format)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        logging.getLogger("supervisor").warning(
+            "listening on %s without an API key: anyone who can reach it can use it; "
+            "set NPU_PROXY_API_KEY", config.host)
+    try:
+        code = Supervisor(config, echo=not quiet).run()
+    except AlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("worker", required=False)
+@config_options
+def stop(worker: str | None, **kw: Any) -> None:
+    """Stop the running instance, or only one WORKER of it (it stays stopped)."""
+    config = _config(**kw)
+    if worker:
+        _control(config, {"cmd": "stop", "worker": worker})
+        click.echo(f"stopping {worker}")
+    else:
+        _control(config, {"cmd": "shutdown"})
+        click.echo("stopping npu-proxy")
+
+
+@main.command()
+@click.argument("worker")
+@click.option("--now", is_flag=True, help="Kill at once instead of draining.")
+@config_options
+def restart(worker: str, now: bool, **kw: Any) -> None:
+    """Restart one WORKER: drain its in-flight requests first unless --now."""
+    _control(_config(**kw), {"cmd": "restart", "worker": worker, "now": now})
+    click.echo(f"restarting {worker}")
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@config_options
+def status(as_json: bool, **kw: Any) -> None:
+    """Show every process: role, device, model, state, pid, uptime, restarts, last error."""
+    reply = _control(_config(**kw), {"cmd": "status"}, timeout_ms=3000)
+    if as_json:
+        click.echo(msgspec.json.encode(reply).decode())
+        return
+    click.echo(f"npu-proxy on http://{reply['host']}:{reply['port']} (supervisor pid "
+               f"{reply['pid']})")
+    header = ("WORKER", "ROLE", "DEVICE", "MODEL", "STATE", "PID", "UPTIME", "RESTARTS",
+              "LAST ERROR")
+    rows = [header] + [
+        (c["name"], c["role"], c["device"] or "-", c["model"] or "-", c["state"],
+         str(c["pid"] or "-"), _age(c["uptime"]) if c["pid"] else "-", str(c["restarts"]),
+         c["last_error"] or "-")
+        for c in reply["children"]
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False))
+                   + "  " + row[-1])
+
+
+@main.command()
+@click.argument("worker")
+@click.option("-n", "--lines", default=50, show_default=True)
+@config_options
+def logs(worker: str, lines: int, **kw: Any) -> None:
+    """Print the tail of WORKER's log file ("gateway" for the gateway)."""
+    path = _config(**kw).runtime_path() / "logs" / f"{worker}.log"
+    if not path.exists():
+        raise click.ClickException(f"no log for {worker!r} at {path}")
+    text = path.read_bytes().decode("utf-8", "replace").splitlines()
+    click.echo("\n".join(text[-lines:]))
+
+
+@main.command("config")
+@config_options
+def show_config(**kw: Any) -> None:
+    """Print the effective configuration as TOML."""
+    config = _config(**kw)
+    click.echo(msgspec.toml.encode(config).decode())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from protocol.config import Config, dump_config
+from protocol.messages import Heartbeat, WorkerExited, WorkerState, encode, reply_decoder
+from protocol.sockets import (
+    TOPIC_HEARTBEAT,
+    configure_sub,
+    control_endpoint,
+    events_endpoint,
+    worker_endpoint,
+)
+from supervisor.children import Child
+
+log = logging.getLogger(__name__)
+
+LOADING_STATES = ("starting", "loading", "warming")
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+def prepare_runtime_dir(path: Path) -> None:
+    """A private folder (0700) for the IPC endpoints, logs and the effective config."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"runtime folder {path} belongs to another user")
+    os.chmod(path, 0o700)
+    (path / "logs").mkdir(mode=0o700, exist_ok=True)
+
+
+class Supervisor:
+    def __init__(self, config: Config, echo: bool = True) -> None:
+        self.config = config
+        self.runtime = config.runtime_path()
+        self.echo = echo
+        self.ctx = zmq.Context()
+        self.children: dict[str, Child] = {}
+        self.worker_subs: dict[zmq.Socket, str] = {}  # type: ignore[type-arg]
+        self.stopping = False
+        self.announced = False
+
+    # --- set-up --------------------------------------------------------------------------
+
+    def _check_not_running(self) -> None:
+        req = self.ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(control_endpoint(self.config))
+        req.send(b'{"cmd":"ping"}')
+        alive = req.poll(300)
+        req.close(0)
+        if alive:
+            raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
+
+    def setup(self) -> None:
+        prepare_runtime_dir(self.runtime)
+        if self.config.transport == "ipc":
+            self._check_not_running()
+        config_path = self.runtime / "config.json"
+        config_path.write_bytes(dump_config(self.config))
+        os.chmod(config_path, 0o600)
+        python = sys.executable
+        logs = self.runtime / "logs"
+        self.children["gateway"] = Child(
+            "gateway", "gateway", [python, "-m", "gateway", "--config", str(config_path)],
+            logs / "gateway.log", self.echo)
+        for spec in self.config.workers:
+            child = Child(spec.name, spec.role,
+                          [python, "-m", "workers", "--config", str(config_path),
+                           "--worker", spec.name],
+                          logs / f"{spec.name}.log", self.echo)
+            child.model = spec.model_name
+            child.device = spec.device
+            self.children[spec.name] = child
+            sub = self.ctx.socket(zmq.SUB)
+            configure_sub(sub, TOPIC_HEARTBEAT)
+            sub.connect(worker_endpoint(self.config, spec.name, "out"))
+            self.worker_subs[sub] = spec.name
+        self.control = self.ctx.socket(zmq.REP)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.bind(control_endpoint(self.config))
+        self.events = self.ctx.socket(zmq.PUB)
+        self.events.setsockopt(zmq.LINGER, 0)
+        self.events.bind(events_endpoint(self.config))
+
+    # --- loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.setup()
+        for spec in self.config.workers:
+            if spec.enabled:
+                self.children[spec.name].spawn()
+        self.children["gateway"].spawn()
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        for sub in self.worker_subs:
+            poller.register(sub, zmq.POLLIN)
+        decoder = reply_decoder()
+        while not self.stopping:
+            try:
+                ready = dict(poller.poll(50))
+            except zmq.ZMQError:
+                continue  # interrupted by a signal
+            for sub, name in self.worker_subs.items():
+                while sub in ready and sub.poll(0):
+                    _topic, raw = sub.recv_multipart()
+                    try:
+                        beat = decoder.decode(raw)
+                    except msgspec.DecodeError:
+                        continue
+                    if isinstance(beat, Heartbeat):
+                        self._on_heartbeat(name, beat)
+            if self.control in ready:
+                self._serve_control()
+            self._check_children()
+        self.shutdown()
+        return 0
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            log.info("received %s: stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _on_heartbeat(self, name: str, beat: Heartbeat) -> None:
+        child = self.children[name]
+        if child.pid is None or beat.pid != child.pid:
+            return  # a late frame from a previous incarnation
+        child.heartbeat_at = time.monotonic()
+        label = beat.state.label
+        if child.state != label and child.state not in ("backoff", "failed", "stopped"):
+            if beat.state == WorkerState.FAILED:
+                child.last_error = beat.error
+            child.state = label
+        self._announce()
+
+    def _announce(self) -> None:
+        if self.announced:
+            return
+        workers = [c for c in self.children.values() if c.kind != "gateway" and c.pid]
+        if workers and all(c.state in ("ready", "busy") for c in workers):
+            self.announced = True
+            print(f"npu-proxy listening on http://{self.config.host}:{self.config.port}"
+                  f" (workers: {', '.join(c.name for c in workers)})", file=sys.stderr,
+                  flush=True)
+
+    def _check_children(self) -> None:
+        now = time.monotonic()
+        for child in self.children.values():
+            proc = child.proc
+            if proc is not None and child.state not in ("backoff", "failed", "stopped"):
+                code = proc.poll()
+                if code is not None:
+                    self._on_exit(child, code)
+                    continue
+                if child.kill_at and now > child.kill_at:
+                    self._kill(child, "did not stop within the grace period")
+                if child.kind != "gateway":
+                    self._check_deadlines(child, now)
+            if child.state == "backoff" and now >= child.next_start:
+                child.spawn()
+
+    def _check_deadlines(self, child: Child, now: float) -> None:
+        spec = self.config.worker(child.name)
+        if child.state in LOADING_STATES:
+            # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
+            # while loading only the load deadline applies.
+            if now - child.started_at > spec.load_timeout:
+                self._kill(child, f"stuck {child.state} for more than {spec.load_timeout:.0f} s")
+        elif child.heartbeat_at and now - child.heartbeat_at > spec.heartbeat_timeout:
+            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s")
+
+    def _kill(self, child: Child, reason: str) -> None:
+        log.error("killing %s: %s", child.name, reason)
+        if not child.expected_exit:
+            child.last_error = reason
+        child.signal(signal.SIGKILL)
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        pid = child.proc.pid if child.proc else 0
+        if child.kind != "gateway":
+            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
+        if child.expected_exit:
+            log.info("%s (pid %d) exited with code %d", child.name, pid, code)
+        else:
+            if not child.last_error or code != 0:
+                child.last_error = child.last_error or f"exited with code {code}"
+            log.error("%s (pid %d) exited unexpectedly with code %d", child.name, pid, code)
+        child.kill_at = 0.0
+        if child.hold:
+            child.state = "stopped"
+            return
+        self._schedule_restart(child, counted=not child.expected_exit)
+
+    def _schedule_restart(self, child: Child, counted: bool) -> None:
+        now = time.monotonic()
+        delay = 0.0
+        if counted:
+            child.crash_times.append(now)
+            while child.crash_times and now - child.crash_times[0] > self.config.restart_window:
+                child.crash_times.popleft()
+            if len(child.crash_times) > self.config.max_restarts:
+                child.state = "failed"
+                log.error("%s failed: %d crashes within %.0f s; not restarting until an "
+                          "operator starts it (last error: %s)", child.name,
+                          len(child.crash_times), self.config.restart_window, child.last_error)
+                return
+            delay = min(self.config.backoff_max,
+                        self.config.backoff_initial * 2 ** (len(child.crash_times) - 1))
+        child.restarts += 1
+        child.state = "backoff"
+        child.next_start = now + delay
+        log.info("restarting %s in %.1f s", child.name, delay)
+
+    # --- control socket ------------------------------------------------------------------
+
+    def _serve_control(self) -> None:
+        raw = self.control.recv()
+        try:
+            req = msgspec.json.decode(raw, type=dict[str, Any])
+            reply = self._command(req)
+        except Exception as exc:
+            reply = {"ok": False, "error": str(exc)}
+        self.control.send(msgspec.json.encode(reply))
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for child in self.children.values():
+            rows.append({
+                "name": child.name, "role": child.kind, "device": child.device,
+                "model": child.model, "state": child.state, "pid": child.pid,
+                "uptime": round(child.uptime(), 1), "restarts": child.restarts,
+                "last_error": child.last_error,
+            })
+        return rows
+
+    def _command(self, req: dict[str, Any]) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        if cmd == "ping":
+            return {"ok": True, "pid": os.getpid()}
+        if cmd == "status":
+            return {"ok": True, "pid": os.getpid(), "host": self.config.host,
+                    "port": self.config.port, "children": self.status()}
+        if cmd == "shutdown":
+            self.stopping = True
+            return {"ok": True}
+        name = req.get("worker", "")
+        child = self.children.get(name)
+        if child is None:
+            return {"ok": False, "error": f"no worker named {name!r}"}
+        if cmd == "stop":
+            child.hold = True
+            if child.pid is None:
+                child.state = "stopped"
+            else:
+                self._terminate(child)
+            return {"ok": True}
+        if cmd == "start":
+            child.hold = False
+            if child.pid is None:
+                child.crash_times.clear()
+                child.last_error = ""
+                child.spawn()
+            return {"ok": True}
+        if cmd == "restart":
+            child.hold = False
+            if child.pid is None:
+                child.crash_times.clear()
+                child.spawn()
+            elif req.get("now"):
+                child.expected_exit = True
+                child.signal(signal.SIGKILL)
+            else:
+                self._terminate(child)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def _terminate(self, child: Child) -> None:
+        """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""
+        child.expected_exit = True
+        child.kill_at = time.monotonic() + self.config.grace_period
+        child.signal(signal.SIGTERM)
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        running = [c for c in self.children.values() if c.pid is not None]
+        for child in running:
+            child.expected_exit = True
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.grace_period
+        for child in running:
+            assert child.proc is not None
+            try:
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                log.warning("%s did not stop in time; killing it", child.name)
+                child.signal(signal.SIGKILL)
+                child.proc.wait(5)
+        for sock in [self.control, self.events, *self.worker_subs]:
+            sock.close(0)
+        self.ctx.term()
+        log.info("stopped")

@@ -1,0 +1,191 @@
+"""Start and stop a real npu-proxy instance (supervisor, gateway, workers) for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import tomli_w
+import zmq
+
+from protocol.config import load_config
+from protocol.sockets import control_endpoint
+
+SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
+# Shared by every test server so the embedding model is prepared once per machine.
+MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
+                                  Path.home() / ".cache" / "npu-proxy-test" / "models"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of pid, from /proc (children of children included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Server:
+    def __init__(self, tmp: Path, workers: list[dict[str, Any]] | None = None,
+                 **settings: Any) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.config_path = tmp / "npu-proxy.toml"
+        data: dict[str, Any] = {
+            "port": self.port,
+            "runtime_dir": str(tmp / "rt"),
+            "model_cache": str(MODEL_CACHE),
+            "grace_period": 5.0,
+            **settings,
+        }
+        if workers is not None:
+            data["workers"] = workers
+        self.config_path.write_text(tomli_w.dumps(data))
+        self.config = load_config(self.config_path, env={})
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = tmp / "supervisor.log"
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([SUPERVISOR, *args, "--config", str(self.config_path)],
+                              capture_output=True, text=True, check=check, timeout=60)
+
+    def start(self, wait: bool = True, timeout: float = 240.0) -> Server:
+        log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
+        self.proc = subprocess.Popen(
+            [SUPERVISOR, "start", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def control(self, request: dict[str, Any], timeout_ms: int = 5000) -> Any:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(control_endpoint(self.config))
+        try:
+            sock.send(msgspec.json.encode(request))
+            if not sock.poll(timeout_ms):
+                raise TimeoutError("supervisor did not answer")
+            return msgspec.json.decode(sock.recv())
+        finally:
+            sock.close(0)
+
+    def children(self) -> dict[str, dict[str, Any]]:
+        return {c["name"]: c for c in self.control({"cmd": "status"})["children"]}
+
+    def wait_state(self, worker: str, states: tuple[str, ...], timeout: float = 120.0,
+                   check: Any = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                last = self.children()[worker]
+            except TimeoutError:
+                time.sleep(0.2)
+                continue
+            if last["state"] in states and (check is None or check(last)):
+                return last
+            time.sleep(0.1)
+        raise TimeoutError(f"{worker} not in {states} after {timeout}s: {last}\n{self.logs()}")
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"supervisor exited ({self.proc.returncode}):\n{self.logs()}")
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                kids = self.children()
+            except (TimeoutError, zmq.ZMQError):
+                time.sleep(0.3)
+                continue
+            workers = [c for c in kids.values() if c["role"] != "gateway"]
+            if all(c["state"] in ("ready", "busy") for c in workers):
+                try:
+                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.3)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()}")
+
+    def wait_http(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + "/health", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise TimeoutError("gateway not answering")
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def worker_log(self, name: str) -> str:
+        return (Path(self.config.runtime_dir) / "logs" / f"{name}.log").read_text(
+            errors="replace")
+
+    def stop(self, timeout: float = 30.0) -> set[int]:
+        """SIGTERM the supervisor; returns the pids of its descendants that outlived it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return set()
+        kids = descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(alive(p) for p in kids):
+            time.sleep(0.1)
+        left = {p for p in kids if alive(p)}
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        return left

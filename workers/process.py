@@ -1,0 +1,219 @@
+"""The worker process: sockets, threads, signals and state around one engine.
+
+Threads: the main thread loads the model and then runs the engine loop; a receiver thread
+decodes requests from the PULL socket and hands them to the engine; a heartbeat thread
+publishes the worker's state. All PUB sends go through one lock (sockets are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Protocol
+
+import msgspec
+import zmq
+
+from protocol.config import Config, WorkerSpec
+from protocol.messages import (
+    Abort,
+    Embed,
+    ErrorCode,
+    Failed,
+    Generate,
+    Heartbeat,
+    RequestFrame,
+    Tokenize,
+    WorkerState,
+    encode,
+    request_decoder,
+)
+from protocol.sockets import TOPIC_HEARTBEAT, TOPIC_REQUEST, configure_pub, worker_endpoint
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    generated_tokens: int
+    served: int
+
+    def load(self, properties: dict[str, Any]) -> None: ...
+    def warm_up(self) -> None: ...
+    def submit(self, msg: Any) -> None: ...
+    def run(self, stop: threading.Event) -> None: ...
+    def abort_all(self, reason: str) -> None: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+
+
+class WorkerProcess:
+    def __init__(self, config: Config, spec: WorkerSpec) -> None:
+        self.config = config
+        self.spec = spec
+        self.state = WorkerState.STARTING
+        self.error = ""
+        self.load_seconds = 0.0
+        self.engine: Engine | None = None
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        configure_pub(self._pub)
+        self._pub_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._draining = threading.Event()
+
+    # --- publishing ----------------------------------------------------------------------
+
+    def publish(self, msg: msgspec.Struct) -> None:
+        data = encode(msg)
+        topic = TOPIC_HEARTBEAT if isinstance(msg, Heartbeat) else TOPIC_REQUEST
+        with self._pub_lock:
+            self._pub.send_multipart((topic, data))
+
+    def emit(self, frame: RequestFrame) -> None:
+        self.publish(frame)
+
+    def heartbeat(self) -> Heartbeat:
+        engine = self.engine
+        state = self.state
+        if state == WorkerState.READY and engine is not None and engine.in_flight:
+            state = WorkerState.BUSY
+        return Heartbeat(
+            worker=self.spec.name,
+            pid=os.getpid(),
+            role=self.spec.role,
+            device=self.spec.device,
+            model=self.spec.model_name,
+            state=state,
+            queue=engine.queue_depth if engine else 0,
+            in_flight=engine.in_flight if engine else 0,
+            served=engine.served if engine else 0,
+            generated_tokens=engine.generated_tokens if engine else 0,
+            load_seconds=self.load_seconds,
+            cache_hits=getattr(engine, "cache_hits", 0),
+            cache_misses=getattr(engine, "cache_misses", 0),
+            error=self.error,
+            sent_at=time.time(),
+        )
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.publish(self.heartbeat())
+            except zmq.ZMQError:
+                return
+            self._stop.wait(self.config.heartbeat_interval)
+
+    # --- receiving -----------------------------------------------------------------------
+
+    def _receive_loop(self) -> None:
+        pull = self._ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.bind(worker_endpoint(self.config, self.spec.name, "in"))
+        decoder = request_decoder()
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            raw = pull.recv()
+            try:
+                msg = decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                log.error("undecodable request dropped: %s", exc)
+                continue
+            self._dispatch(msg)
+        pull.close()
+
+    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize) -> None:
+        engine = self.engine
+        if isinstance(msg, Abort):
+            if engine is not None:
+                engine.submit(msg)
+            return
+        if engine is None or not self.state.serving or self._draining.is_set():
+            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.NOT_READY,
+                             message=f"worker {self.spec.name} is {self.state.label}",
+                             retry_elsewhere=True))
+            return
+        if engine.queue_depth >= self.spec.max_queue:
+            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.QUEUE_FULL,
+                             message=f"worker {self.spec.name} queue is full",
+                             retry_elsewhere=True))
+            return
+        engine.submit(msg)
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        log.info("SIGTERM: draining")
+        self._draining.set()
+
+    def _drain_watch(self) -> None:
+        """After SIGTERM: let in-flight work finish within the grace period, then stop."""
+        self._draining.wait()
+        self.state = WorkerState.DRAINING
+        deadline = time.monotonic() + max(0.0, self.config.grace_period - 1.0)
+        while time.monotonic() < deadline:
+            engine = self.engine
+            if engine is None or (engine.in_flight == 0 and engine.queue_depth == 0):
+                break
+            time.sleep(0.05)
+        engine = self.engine
+        if engine is not None and engine.in_flight:
+            engine.abort_all("abort")
+            time.sleep(0.2)
+        self._stop.set()
+
+    def run(self, build_engine: Any) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_sigterm)
+        self._pub.bind(worker_endpoint(self.config, self.spec.name, "out"))
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._drain_watch, name="drain", daemon=True).start()
+        receiver = threading.Thread(target=self._receive_loop, name="receiver", daemon=True)
+        receiver.start()
+        try:
+            self.state = WorkerState.LOADING
+            started = time.monotonic()
+            if self.spec.faults.crash_in_load:
+                raise RuntimeError("fault hook: crash in load")
+            if self.spec.faults.hang_in_load:
+                log.error("fault hook: hanging in load")
+                while not self._stop.is_set():
+                    time.sleep(0.1)
+            engine: Engine = build_engine(self)
+            engine.load(self._compile_properties())
+            self.engine = engine
+            self.state = WorkerState.WARMING
+            engine.warm_up()
+            self.load_seconds = time.monotonic() - started
+            log.info("ready in %.1f s", self.load_seconds)
+            self.state = WorkerState.READY
+            self.publish(self.heartbeat())
+            engine.run(self._stop)
+        except Exception as exc:
+            log.exception("worker failed")
+            self.state = WorkerState.FAILED
+            self.error = str(exc)
+            self.publish(self.heartbeat())
+            time.sleep(0.2)
+            self._stop.set()
+            receiver.join(1.0)
+            return 1
+        self.state = WorkerState.STOPPED
+        self.publish(self.heartbeat())
+        receiver.join(1.0)
+        time.sleep(0.05)
+        self._pub.close(linger=200)
+        self._ctx.term()
+        return 0
+
+    def _compile_properties(self) -> dict[str, Any]:
+        cache = self.config.model_cache_path() / "ov_cache" / self.spec.device.lower()
+        cache.mkdir(parents=True, exist_ok=True)
+        return {"CACHE_DIR": str(cache)}

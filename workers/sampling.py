@@ -1,0 +1,52 @@
+"""The internal SamplingParams -> openvino_genai.GenerationConfig, in one place."""
+
+from __future__ import annotations
+
+import openvino_genai as ov_genai
+
+from protocol.messages import SamplingParams
+
+# NOTE: a request that names no limit still must end; Ollama's own default is unlimited
+# (until the context is full), so the cap is the context left after the prompt.
+DEFAULT_MAX_TOKENS = 2048
+
+
+def generation_config(
+    params: SamplingParams, base: ov_genai.GenerationConfig, room: int
+) -> ov_genai.GenerationConfig:
+    """Build a fresh GenerationConfig from the model's defaults and the request's params.
+
+    `room` is how many tokens the context has left after the prompt.
+    """
+    cfg = ov_genai.GenerationConfig()
+    cfg.eos_token_id = base.eos_token_id
+    cfg.stop_token_ids = set(base.stop_token_ids) | {base.eos_token_id}
+    limit = params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS
+    cfg.max_new_tokens = max(1, min(limit, room))
+    temperature = 1.0 if params.temperature is None else params.temperature
+    if temperature <= 0.0:
+        cfg.do_sample = False
+    else:
+        cfg.do_sample = True
+        cfg.temperature = temperature
+        cfg.top_p = 1.0 if params.top_p is None else params.top_p
+        if params.top_k is not None and params.top_k > 0:
+            cfg.top_k = params.top_k
+        if params.min_p is not None:
+            cfg.min_p = params.min_p
+        if params.seed is not None:
+            cfg.rng_seed = params.seed
+    if params.repetition_penalty is not None:
+        cfg.repetition_penalty = params.repetition_penalty
+    if params.presence_penalty is not None:
+        cfg.presence_penalty = params.presence_penalty
+    if params.frequency_penalty is not None:
+        cfg.frequency_penalty = params.frequency_penalty
+    if params.stop:
+        cfg.stop_strings = set(params.stop)
+        cfg.include_stop_str_in_output = False
+    if params.json_schema is not None:
+        cfg.structured_output_config = ov_genai.StructuredOutputConfig(
+            json_schema=params.json_schema
+        )
+    return cfg
