@@ -3,7 +3,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from serverctl import Server
 
 LLM = "smollm2:135m"
