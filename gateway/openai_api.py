@@ -72,6 +72,7 @@ class SamplingFields(msgspec.Struct):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool = False
 
 
 class ChatRequest(SamplingFields):
@@ -164,7 +165,8 @@ def _params(req: SamplingFields, max_tokens: int | None, schema: str | None) -> 
         max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
         seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, top_k=req.top_k, min_p=req.min_p,
-        repetition_penalty=req.repetition_penalty, json_schema=schema)
+        repetition_penalty=req.repetition_penalty, json_schema=schema,
+        ignore_eos=req.ignore_eos)
 
 
 def _usage(gen: Generation) -> dict[str, int]:

@@ -55,6 +55,7 @@ def openai_params(
     min_p: float | None = None,
     repetition_penalty: float | None = None,
     json_schema: str | None = None,
+    ignore_eos: bool = False,
 ) -> SamplingParams:
     if temperature is not None and not 0.0 <= temperature <= 2.0:
         raise invalid("temperature must be between 0 and 2", param="temperature")
@@ -78,6 +79,7 @@ def openai_params(
         seed=seed,
         stop=stop_list(stop),
         json_schema=json_schema,
+        ignore_eos=ignore_eos,
     )
 
 

@@ -62,6 +62,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     # A JSON schema (serialised) the output must satisfy; "{}"-like generic object for json mode.
     json_schema: str | None = None
     num_ctx: int | None = None
+    # vLLM extension: keep generating past the end-of-sequence token (benchmarks).
+    ignore_eos: bool = False
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):

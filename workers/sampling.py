@@ -45,6 +45,9 @@ def generation_config(
     if params.stop:
         cfg.stop_strings = set(params.stop)
         cfg.include_stop_str_in_output = False
+    if params.ignore_eos:
+        cfg.ignore_eos = True
+        cfg.stop_token_ids = set()
     if params.json_schema is not None:
         cfg.structured_output_config = ov_genai.StructuredOutputConfig(
             json_schema=params.json_schema
