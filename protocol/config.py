@@ -37,10 +37,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     model: str = ""
     enabled: bool = True
     # Seconds a worker may stay loading/warming before it is killed (NPU compiles are slow).
-    load_timeout: float = 600.0
+    # 0 = the role's default: 1800 s for npu, 600 s otherwise.
+    load_timeout: float = 0.0
     # Seconds without a heartbeat (while serving) before the worker is declared lost.
     heartbeat_timeout: float = 10.0
-    max_queue: int = 64
+    # Requests waiting beyond those running; 0 = the role's default: 4 for npu, 64 otherwise.
+    max_queue: int = 0
     # Stateful (npu) role limits, in tokens.
     max_prompt_len: int = 1024
     min_response_len: int = 128
@@ -48,6 +50,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     max_batch_tokens: int = 2048
     kv_cache_gb: float = 1.0
     faults: FaultHooks = msgspec.field(default_factory=FaultHooks)
+
+    def __post_init__(self) -> None:
+        if self.load_timeout <= 0:
+            self.load_timeout = 1800.0 if self.role == "npu" else 600.0
+        if self.max_queue <= 0:
+            self.max_queue = 4 if self.role == "npu" else 64
 
     @property
     def model_name(self) -> str:

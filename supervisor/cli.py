@@ -88,8 +88,11 @@ def start(worker: str | None, quiet: bool, **kw: Any) -> None:
         logging.getLogger("supervisor").warning(
             "listening on %s without an API key: anyone who can reach it can use it; "
             "set NPU_PROXY_API_KEY", config.host)
+    def reload() -> Config:
+        return _config(**kw)
+
     try:
-        code = Supervisor(config, echo=not quiet).run()
+        code = Supervisor(config, echo=not quiet, reload=reload).run()
     except AlreadyRunning as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)

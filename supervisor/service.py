@@ -7,13 +7,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 
-from protocol.config import Config, dump_config
+from protocol.config import Config, ConfigError, dump_config
 from protocol.messages import Heartbeat, WorkerExited, WorkerState, encode, reply_decoder
 from protocol.sockets import (
     TOPIC_HEARTBEAT,
@@ -44,8 +45,10 @@ def prepare_runtime_dir(path: Path) -> None:
 
 
 class Supervisor:
-    def __init__(self, config: Config, echo: bool = True) -> None:
+    def __init__(self, config: Config, echo: bool = True,
+                 reload: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self.reload = reload
         self.runtime = config.runtime_path()
         self.echo = echo
         self.ctx = zmq.Context()
@@ -70,7 +73,7 @@ class Supervisor:
         prepare_runtime_dir(self.runtime)
         if self.config.transport == "ipc":
             self._check_not_running()
-        config_path = self.runtime / "config.json"
+        config_path = self.config_path = self.runtime / "config.json"
         config_path.write_bytes(dump_config(self.config))
         os.chmod(config_path, 0o600)
         python = sys.executable
@@ -263,6 +266,8 @@ class Supervisor:
         child = self.children.get(name)
         if child is None:
             return {"ok": False, "error": f"no worker named {name!r}"}
+        if cmd in ("start", "restart") and child.kind != "gateway":
+            self._reload_spec(name)
         if cmd == "stop":
             child.hold = True
             if child.pid is None:
@@ -289,6 +294,25 @@ class Supervisor:
                 self._terminate(child)
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def _reload_spec(self, name: str) -> None:
+        """Take a worker's section from the configuration as it is now (a fixed file)."""
+        if self.reload is None:
+            return
+        try:
+            spec = self.reload().worker(name)
+        except (ConfigError, KeyError) as exc:
+            log.warning("keeping the running configuration of %s: %s", name, exc)
+            return
+        if spec == self.config.worker(name):
+            return
+        log.info("worker %s: configuration changed; the next start uses it", spec.name)
+        workers = [spec if w.name == spec.name else w for w in self.config.workers]
+        self.config = msgspec.structs.replace(self.config, workers=workers)
+        self.config_path.write_bytes(dump_config(self.config))
+        child = self.children[spec.name]
+        child.model = spec.model_name
+        child.device = spec.device
 
     def _terminate(self, child: Child) -> None:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""

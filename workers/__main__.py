@@ -27,9 +27,11 @@ def _build_engine(proc: WorkerProcess) -> Any:
         return EmbedEngine(proc.config, spec, str(path), proc.emit)
     from workers.llm_engine import BatchEngine
     from workers.modelinfo import describe_model
+    from workers.npu_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
-    return BatchEngine(spec, str(path), context or 2048, proc.emit)
+    engine = SerialEngine if spec.role == "npu" else BatchEngine
+    return engine(spec, str(path), context or 2048, proc.emit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = read_config_file(args.config)
     spec = config.worker(args.worker)
-    setup_logging(f"worker:{spec.name}", config.log_level, config.log_format)
+    setup_logging(f"worker:{spec.name}", config.log_level, config.log_format,
+                  fields={"worker": spec.name, "device": spec.device})
     return WorkerProcess(config, spec).run(_build_engine)
 
 

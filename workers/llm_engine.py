@@ -123,8 +123,8 @@ class FaultInjector:
                 time.sleep(3600)
 
 
-class BatchEngine:
-    """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
+class EngineBase:
+    """What both LLM engines share: the inbox, prompt checks, frame emission, counters."""
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         self.spec = spec
@@ -135,14 +135,11 @@ class BatchEngine:
         self._inbox: queue.SimpleQueue[Generate | Abort | Tokenize] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._active: dict[str, _Active] = {}
-        self._next_handle_id = 0
         self.generated_tokens = 0
         self.served = 0
         self.pipe: Any = None
         self.prompting: Prompting | None = None
         self.base_config: Any = None
-
-    # --- called from other threads -------------------------------------------------------
 
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
         self._inbox.put(msg)
@@ -156,7 +153,103 @@ class BatchEngine:
     def in_flight(self) -> int:
         return len(self._active)
 
-    # --- engine thread --------------------------------------------------------------------
+    def prompt_limit(self) -> tuple[int, bool]:
+        """The longest prompt this worker takes, and whether another worker may take more."""
+        return self.context_length - 1, False
+
+    def _tokenize(self, msg: Tokenize) -> None:
+        assert self.prompting is not None
+        n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
+        self.emit(TokenCount(id=msg.id, seq=0, count=n))
+
+    def _prepare(self, req: Generate) -> tuple[np.ndarray[Any, Any], Any] | None:
+        """Template, tokenize and check one request; emits Failed and returns None if it
+        cannot run here."""
+        assert self.prompting is not None
+        if time.time() > req.deadline:
+            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
+                             message="request expired before it started", retry_elsewhere=True))
+            return None
+        try:
+            ids = self.prompting.encode(self.prompting.render(req))
+        except Exception as exc:  # a template or tokenizer error is the request's fault
+            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            return None
+        n = int(ids.shape[1])
+        limit, elsewhere = self.prompt_limit()
+        if n > limit:
+            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                             message=f"prompt is {n} tokens, this worker takes at most {limit}",
+                             retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
+            return None
+        try:
+            cfg = generation_config(req.params, self.base_config, self.room(n))
+        except Exception as exc:
+            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            return None
+        return ids, cfg
+
+    def room(self, prompt_tokens: int) -> int:
+        return self.context_length - prompt_tokens
+
+    def _track(self, req: Generate, handle: Any, prompt_tokens: int,
+               received: float) -> _Active:
+        assert self.prompting is not None
+        text: list[str] = []
+
+        def on_text(chunk: str) -> ov_genai.StreamingStatus:
+            text.append(chunk)
+            return ov_genai.StreamingStatus.RUNNING
+
+        streamer = ov_genai.TextStreamer(self.prompting.tokenizer, on_text)
+        active = _Active(req=req, handle=handle, streamer=streamer, prompt_tokens=prompt_tokens,
+                         received=received, added=time.time(), text=text)
+        self._active[req.id] = active
+        return active
+
+    def _on_tokens(self, active: _Active, ids: list[int], now: float) -> None:
+        if not active.first:
+            active.first = now
+        active.completion_tokens += len(ids)
+        self.generated_tokens += len(ids)
+        active.streamer.write(ids)
+        self.faults.on_tokens(len(ids))
+
+    def _flush(self, active: _Active) -> None:
+        if active.text:
+            chunk = "".join(active.text)
+            active.text.clear()
+            self.emit(Delta(id=active.req.id, seq=active.seq, text=chunk,
+                            tokens=active.completion_tokens))
+            active.seq += 1
+
+    def _finish(self, active: _Active) -> None:
+        active.streamer.end()
+        self._flush(active)
+        end = time.time()
+        first = active.first or end
+        reason = active.cancelled or active.finish_reason
+        timings = Timings(
+            queue_ns=int((active.added - active.received) * 1e9),
+            prompt_ns=int((first - active.added) * 1e9),
+            decode_ns=int((end - first) * 1e9),
+            total_ns=int((end - active.received) * 1e9),
+        )
+        self.served += 1
+        log.info("finished request_id=%s reason=%s prompt_tokens=%d completion_tokens=%d",
+                 active.req.id, reason, active.prompt_tokens, active.completion_tokens,
+                 extra={"request_id": active.req.id})
+        self.emit(Finished(id=active.req.id, seq=active.seq, finish_reason=reason,
+                           prompt_tokens=active.prompt_tokens,
+                           completion_tokens=active.completion_tokens, timings=timings))
+
+
+class BatchEngine(EngineBase):
+    """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
+
+    def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
+        super().__init__(spec, model_path, context_length, emit)
+        self._next_handle_id = 0
 
     def load(self, properties: dict[str, Any]) -> None:
         sched = ov_genai.SchedulerConfig()
@@ -209,7 +302,7 @@ class BatchEngine:
                 active = self._active.get(msg.id)
                 if active is not None:
                     log.info("abort request_id=%s after %d tokens", msg.id,
-                             active.completion_tokens)
+                             active.completion_tokens, extra={"request_id": msg.id})
                     active.cancelled = "abort"
                     active.handle.cancel()
             elif isinstance(msg, Tokenize):
@@ -217,52 +310,20 @@ class BatchEngine:
             else:
                 self._start(msg)
 
-    def _tokenize(self, msg: Tokenize) -> None:
-        assert self.prompting is not None
-        n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
-        self.emit(TokenCount(id=msg.id, seq=0, count=n))
-
-    def prompt_limit(self) -> tuple[int, bool]:
-        """The longest prompt this worker takes, and whether another worker may take more."""
-        return self.context_length - 1, False
-
     def _start(self, req: Generate) -> None:
-        assert self.prompting is not None
         received = time.time()
-        if received > req.deadline:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
-                             message="request expired before it started", retry_elsewhere=True))
+        prepared = self._prepare(req)
+        if prepared is None:
             return
+        ids, cfg = prepared
         try:
-            ids = self.prompting.encode(self.prompting.render(req))
-        except Exception as exc:  # a template or tokenizer error is the request's fault
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
-            return
-        n = int(ids.shape[1])
-        limit, elsewhere = self.prompt_limit()
-        if n > limit:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
-                             message=f"prompt is {n} tokens, this worker takes at most {limit}",
-                             retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
-            return
-        try:
-            cfg = generation_config(req.params, self.base_config, self.context_length - n)
             handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
         except Exception as exc:
             self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return
-        text: list[str] = []
-
-        def on_text(chunk: str) -> ov_genai.StreamingStatus:
-            text.append(chunk)
-            return ov_genai.StreamingStatus.RUNNING
-
-        streamer = ov_genai.TextStreamer(self.prompting.tokenizer, on_text)
-        active = _Active(req=req, handle=handle, streamer=streamer, prompt_tokens=n,
-                         received=received, added=time.time(), text=text)
-        self._active[req.id] = active
+        self._track(req, handle, int(ids.shape[1]), received)
         self.emit(Accepted(id=req.id, seq=0, worker=self.spec.name, device=self.spec.device,
-                           prompt_tokens=n))
+                           prompt_tokens=int(ids.shape[1])))
 
     def _collect(self) -> None:
         now = time.time()
@@ -274,16 +335,10 @@ class BatchEngine:
                 for out in handle.read().values():
                     ids = list(out.generated_ids)
                     if ids:
-                        if not active.first:
-                            active.first = now
-                        active.completion_tokens += len(ids)
-                        self.generated_tokens += len(ids)
-                        active.streamer.write(ids)
-                        self.faults.on_tokens(len(ids))
+                        self._on_tokens(active, ids, now)
                     if out.finish_reason == ov_genai.GenerationFinishReason.LENGTH:
                         active.finish_reason = "length"
             if status in _DONE:
-                active.streamer.end()
                 done.append(rid)
             elif not active.cancelled and now > active.req.deadline:
                 active.cancelled = "timeout"
@@ -291,29 +346,3 @@ class BatchEngine:
             self._flush(active)
         for rid in done:
             self._finish(self._active.pop(rid))
-
-    def _flush(self, active: _Active) -> None:
-        if active.text:
-            chunk = "".join(active.text)
-            active.text.clear()
-            self.emit(Delta(id=active.req.id, seq=active.seq, text=chunk,
-                            tokens=active.completion_tokens))
-            active.seq += 1
-
-    def _finish(self, active: _Active) -> None:
-        self._flush(active)
-        end = time.time()
-        first = active.first or end
-        reason = active.cancelled or active.finish_reason
-        timings = Timings(
-            queue_ns=int((active.added - active.received) * 1e9),
-            prompt_ns=int((first - active.added) * 1e9),
-            decode_ns=int((end - first) * 1e9),
-            total_ns=int((end - active.received) * 1e9),
-        )
-        self.served += 1
-        log.info("finished request_id=%s reason=%s prompt_tokens=%d completion_tokens=%d",
-                 active.req.id, reason, active.prompt_tokens, active.completion_tokens)
-        self.emit(Finished(id=active.req.id, seq=active.seq, finish_reason=reason,
-                           prompt_tokens=active.prompt_tokens,
-                           completion_tokens=active.completion_tokens, timings=timings))
