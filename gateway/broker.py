@@ -24,6 +24,7 @@ from protocol.messages import (
     RequestFrame,
     WorkerExited,
     WorkerState,
+    WorkerStatus,
     encode,
     event_decoder,
     reply_decoder,
@@ -36,6 +37,14 @@ from protocol.sockets import (
 )
 
 log = logging.getLogger(__name__)
+
+
+# Supervisor states that override whatever the last heartbeat said.
+_SUPERVISOR_STATES = {
+    "failed": WorkerState.FAILED,
+    "stopped": WorkerState.STOPPED,
+    "backoff": WorkerState.STOPPED,
+}
 
 
 class WorkerUnavailable(Exception):
@@ -57,6 +66,8 @@ class WorkerLink:
     sub: zmq.asyncio.Socket
     heartbeat: Heartbeat | None = None
     seen_at: float = 0.0
+    # The supervisor's view: backoff, failed, stopped and the last error.
+    supervised: WorkerStatus | None = None
     requests: dict[str, RequestStream] = field(default_factory=dict)
 
     @property
@@ -65,6 +76,9 @@ class WorkerLink:
 
     @property
     def state(self) -> WorkerState:
+        held = _SUPERVISOR_STATES.get(self.supervised.state if self.supervised else "")
+        if held is not None:
+            return held
         if self.heartbeat is None:
             return WorkerState.STARTING
         return self.heartbeat.state
@@ -220,7 +234,16 @@ class Broker:
                     event = decoder.decode(raw)
                 except msgspec.DecodeError:
                     continue
+                if isinstance(event, WorkerStatus):
+                    link = self.links.get(event.worker)
+                    if link is not None:
+                        link.supervised = event
+                    continue
                 if isinstance(event, WorkerExited):
                     self.worker_lost(event.worker, f"exited (code {event.returncode})")
+                    for listener in self.listeners:
+                        callback = getattr(listener, "on_worker_exited", None)
+                        if callback is not None:
+                            callback(event)
         finally:
             sub.close(0)

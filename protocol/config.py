@@ -43,6 +43,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     heartbeat_timeout: float = 10.0
     # Requests waiting beyond those running; 0 = the role's default: 4 for npu, 64 otherwise.
     max_queue: int = 0
+    # Crashes within the restart window before the worker is left failed; 0 = the global one.
+    max_restarts: int = 0
     # Stateful (npu) role limits, in tokens.
     max_prompt_len: int = 1024
     min_response_len: int = 128

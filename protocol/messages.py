@@ -228,5 +228,19 @@ class WorkerExited(msgspec.Struct, tag=True, array_like=True):
     returncode: int
 
 
-def event_decoder() -> msgspec.msgpack.Decoder[WorkerExited]:
-    return msgspec.msgpack.Decoder(WorkerExited)
+class WorkerStatus(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """The supervisor's view of a worker (backoff, failed, stopped ... and why), sent on
+    every change and once a second, so a gateway (also a restarted one) knows it."""
+
+    worker: str
+    state: str
+    pid: int = 0
+    restarts: int = 0
+    last_error: str = ""
+
+
+SupervisorEvent = WorkerExited | WorkerStatus
+
+
+def event_decoder() -> msgspec.msgpack.Decoder[SupervisorEvent]:
+    return msgspec.msgpack.Decoder(SupervisorEvent)

@@ -67,7 +67,9 @@ class Child:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+        # NOTE: returncode, not poll(): reaping is the supervisor loop's job, so that every
+        # exit goes through its exit handling.
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
     def spawn(self) -> None:
         self.proc = subprocess.Popen(
@@ -83,7 +85,8 @@ class Child:
         assert self.proc.stdout is not None
         threading.Thread(target=_tee, args=(self.proc.stdout, self.log_path, self.echo),
                          name=f"tee-{self.name}", daemon=True).start()
-        self.state = "starting"
+        # NOTE: workers report their own states in heartbeats; the gateway has none.
+        self.state = "running" if self.kind == "gateway" else "starting"
         self.started_at = time.monotonic()
         self.heartbeat_at = 0.0
         self.expected_exit = False

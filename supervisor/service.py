@@ -15,7 +15,14 @@ import msgspec
 import zmq
 
 from protocol.config import Config, ConfigError, dump_config
-from protocol.messages import Heartbeat, WorkerExited, WorkerState, encode, reply_decoder
+from protocol.messages import (
+    Heartbeat,
+    WorkerExited,
+    WorkerState,
+    WorkerStatus,
+    encode,
+    reply_decoder,
+)
 from protocol.sockets import (
     TOPIC_HEARTBEAT,
     configure_sub,
@@ -56,6 +63,8 @@ class Supervisor:
         self.worker_subs: dict[zmq.Socket, str] = {}  # type: ignore[type-arg]
         self.stopping = False
         self.announced = False
+        self._status_sent_at = 0.0
+        self._status_seen: dict[str, tuple[str, int, int, str]] = {}
 
     # --- set-up --------------------------------------------------------------------------
 
@@ -132,6 +141,7 @@ class Supervisor:
             if self.control in ready:
                 self._serve_control()
             self._check_children()
+            self._publish_status()
         self.shutdown()
         return 0
 
@@ -152,6 +162,22 @@ class Supervisor:
             child.state = label
         self._announce()
 
+    def _publish_status(self) -> None:
+        """Tell the gateway each worker's supervised state: on change, and once a second."""
+        now = time.monotonic()
+        periodic = now - self._status_sent_at >= 1.0
+        for child in self.children.values():
+            if child.kind == "gateway":
+                continue
+            row = (child.state, child.pid or 0, child.restarts, child.last_error)
+            if periodic or self._status_seen.get(child.name) != row:
+                self._status_seen[child.name] = row
+                self.events.send(encode(WorkerStatus(
+                    worker=child.name, state=child.state, pid=child.pid or 0,
+                    restarts=child.restarts, last_error=child.last_error)))
+        if periodic:
+            self._status_sent_at = now
+
     def _announce(self) -> None:
         if self.announced:
             return
@@ -166,16 +192,15 @@ class Supervisor:
         now = time.monotonic()
         for child in self.children.values():
             proc = child.proc
-            if proc is not None and child.state not in ("backoff", "failed", "stopped"):
+            if proc is not None and proc.returncode is None:
                 code = proc.poll()
                 if code is not None:
                     self._on_exit(child, code)
-                    continue
-                if child.kill_at and now > child.kill_at:
+                elif child.kill_at and now > child.kill_at:
                     self._kill(child, "did not stop within the grace period")
-                if child.kind != "gateway":
+                elif child.kind != "gateway":
                     self._check_deadlines(child, now)
-            if child.state == "backoff" and now >= child.next_start:
+            elif child.state == "backoff" and now >= child.next_start:
                 child.spawn()
 
     def _check_deadlines(self, child: Child, now: float) -> None:
@@ -217,7 +242,10 @@ class Supervisor:
             child.crash_times.append(now)
             while child.crash_times and now - child.crash_times[0] > self.config.restart_window:
                 child.crash_times.popleft()
-            if len(child.crash_times) > self.config.max_restarts:
+            limit = self.config.max_restarts
+            if child.kind != "gateway":
+                limit = self.config.worker(child.name).max_restarts or limit
+            if len(child.crash_times) > limit:
                 child.state = "failed"
                 log.error("%s failed: %d crashes within %.0f s; not restarting until an "
                           "operator starts it (last error: %s)", child.name,

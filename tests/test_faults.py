@@ -1,0 +1,210 @@
+"""Supervision and fault isolation: killed, hung and crash-looping workers never take the
+server down, and every request in flight on a lost worker ends promptly with an error."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serverctl import Server, alive
+
+LLM = "smollm2:135m"
+SHORT = [{"role": "user", "content": "Tell me a long story about a brave knight."}]
+LONG = [{"role": "user", "content": "Summarise this text. " + " ".join(
+    f"Sentence {i} says that the weather was pleasant." for i in range(40))}]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("faults"), workers=[
+        {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": 256},
+        {"name": "llm", "role": "llm", "device": "CPU"},
+    ], backoff_initial=0.2).start()
+    yield server
+    server.stop()
+
+
+class Stream:
+    """An OpenAI chat stream read in a thread, recording when each event arrived."""
+
+    def __init__(self, url: str, messages: list[dict[str, str]], max_tokens: int,
+                 api: str = "openai") -> None:
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self.headers: httpx.Headers | None = None
+        self.api = api
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.future = pool.submit(self._run, url, messages, max_tokens)
+        pool.shutdown(wait=False)
+
+    def _run(self, url: str, messages: list[dict[str, str]], max_tokens: int) -> None:
+        if self.api == "openai":
+            path, body = "/v1/chat/completions", {
+                "model": LLM, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "temperature": 0, "ignore_eos": True}
+        else:
+            path, body = "/api/chat", {"model": LLM, "messages": messages,
+                                       "options": {"num_predict": max_tokens}}
+        with httpx.stream("POST", url + path, json=body, timeout=120) as r:
+            self.headers = r.headers
+            for line in r.iter_lines():
+                if self.api == "openai" and line.startswith("data: {"):
+                    self.events.append((time.monotonic(), json.loads(line[6:])))
+                elif self.api == "ollama" and line.strip():
+                    self.events.append((time.monotonic(), json.loads(line)))
+
+    def wait_tokens(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < n + 1:
+            if time.monotonic() > deadline or self.future.done():
+                raise AssertionError(f"stream did not produce {n} events: {self.events}")
+            time.sleep(0.02)
+
+    def text(self) -> str:
+        return "".join(e["choices"][0]["delta"].get("content") or ""
+                       for _, e in self.events if e.get("choices"))
+
+    def error(self) -> tuple[float, dict[str, Any]] | None:
+        return next(((t, e) for t, e in self.events if "error" in e), None)
+
+
+def pid_of(srv: Server, worker: str) -> int:
+    return int(srv.children()[worker]["pid"])
+
+
+def reference_text(srv: Server, messages: list[dict[str, str]], max_tokens: int) -> str:
+    body = {"model": LLM, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    return str(r.json()["choices"][0]["message"]["content"])
+
+
+def test_sigkill_mid_stream(srv: Server) -> None:
+    expected = reference_text(srv, LONG, 40)
+    victim = Stream(srv.url, SHORT, 400)  # short prompt: the npu worker
+    other = Stream(srv.url, LONG, 40)  # too long for npu: the llm worker
+    victim.wait_tokens(3)
+    other.wait_tokens(1)
+    assert victim.headers is not None and victim.headers["x-npu-proxy-worker"] == "npu"
+    assert other.headers is not None and other.headers["x-npu-proxy-worker"] == "llm"
+    old_pid = pid_of(srv, "npu")
+    killed_at = time.monotonic()
+    os.kill(old_pid, signal.SIGKILL)
+    victim.future.result(timeout=30)
+    err = victim.error()
+    assert err is not None, victim.events[-3:]
+    assert err[0] - killed_at < 1.0
+    assert "npu" in err[1]["error"]["message"]
+    other.future.result(timeout=60)
+    assert other.text() == expected
+    assert other.events[-1][1]["choices"][0]["finish_reason"] == "length"
+    srv.wait_state("npu", ("ready",), timeout=120, check=lambda c: c["pid"] != old_pid)
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": LLM, "messages": SHORT, "max_tokens": 4})
+    assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "npu"
+
+
+def test_ollama_stream_gets_error_line_when_worker_dies(srv: Server) -> None:
+    srv.wait_state("npu", ("ready",))
+    victim = Stream(srv.url, SHORT, 400, api="ollama")
+    victim.wait_tokens(3)
+    os.kill(pid_of(srv, "npu"), signal.SIGKILL)
+    victim.future.result(timeout=30)
+    last = victim.events[-1][1]
+    assert "error" in last and not last.get("done")
+    srv.wait_state("npu", ("ready",), timeout=120)
+
+
+def test_restart_drains_by_default_and_kills_with_now(srv: Server) -> None:
+    srv.wait_state("npu", ("ready",))
+    expected = reference_text(srv, SHORT, 30)
+    stream = Stream(srv.url, SHORT, 30)
+    other = Stream(srv.url, LONG, 20)
+    stream.wait_tokens(2)
+    old = pid_of(srv, "npu")
+    srv.cli("restart", "npu")
+    stream.future.result(timeout=60)
+    assert stream.error() is None
+    assert stream.text() == expected  # drained: the stream completed in full
+    srv.wait_state("npu", ("ready",), timeout=120, check=lambda c: c["pid"] != old)
+    other.future.result(timeout=60)
+    assert other.error() is None and other.text()
+
+    stream = Stream(srv.url, SHORT, 400)
+    stream.wait_tokens(2)
+    old = pid_of(srv, "npu")
+    llm_pid = pid_of(srv, "llm")
+    srv.cli("restart", "npu", "--now")
+    stream.future.result(timeout=30)
+    assert stream.error() is not None
+    srv.wait_state("npu", ("ready",), timeout=120, check=lambda c: c["pid"] != old)
+    assert pid_of(srv, "llm") == llm_pid
+
+
+def test_gateway_killed_is_replaced_and_workers_keep_running(srv: Server) -> None:
+    kids = srv.children()
+    workers = {n: c["pid"] for n, c in kids.items() if n != "gateway"}
+    os.kill(kids["gateway"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    ok = False
+    while time.monotonic() < deadline and not ok:
+        try:
+            r = httpx.post(srv.url + "/v1/chat/completions", timeout=10, json={
+                "model": LLM, "messages": SHORT, "max_tokens": 3})
+            ok = r.status_code == 200
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    assert ok
+    after = srv.children()
+    assert after["gateway"]["pid"] != kids["gateway"]["pid"]
+    assert {n: c["pid"] for n, c in after.items() if n != "gateway"} == workers
+
+
+def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
+    config = tmp_path / "npu-proxy.toml"
+    server = Server(tmp_path, workers=[
+        {"name": "hung", "role": "npu", "load_timeout": 4.0, "max_restarts": 100,
+         "faults": {"hang_in_load": True}},
+        {"name": "bad", "role": "llm", "max_restarts": 2, "faults": {"crash_in_load": True}},
+        {"name": "llm", "role": "llm"},
+    ], backoff_initial=0.2, restart_window=120.0)
+    server.start(wait=False)
+    try:
+        server.wait_state("llm", ("ready",), timeout=120)
+        # The hung worker is killed at its load deadline and restarted, again and again.
+        hung = server.wait_state("hung", ("starting", "loading"), timeout=60,
+                                 check=lambda c: c["restarts"] >= 1)
+        assert "stuck" in hung["last_error"]
+        # Meanwhile the gateway stays alive and the healthy worker serves.
+        for _ in range(5):
+            assert httpx.get(server.url + "/health", timeout=1.0).status_code == 200
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": LLM, "messages": SHORT, "max_tokens": 3})
+        assert r.status_code == 200
+        assert r.headers["x-npu-proxy-worker"] == "llm"
+        assert r.headers["x-npu-proxy-route-reason"] == "worker_unavailable"
+        # The crash-looping worker gives up after max_restarts, says why, and stays down.
+        bad = server.wait_state("bad", ("failed",), timeout=60)
+        assert "crash in load" in bad["last_error"] or "code" in bad["last_error"]
+        status = server.cli("status").stdout
+        assert "failed" in status and "bad" in status
+        devices = httpx.get(server.url + "/health/devices", timeout=5)
+        if devices.status_code == 200:
+            row = next(w for w in devices.json()["workers"] if w["name"] == "bad")
+            assert row["state"] in ("failed", "stopped")
+        # Fix the configuration, start it by hand: it comes back.
+        text = config.read_text().replace("crash_in_load = true", "crash_in_load = false")
+        config.write_text(text)
+        server.cli("start", "bad")
+        server.wait_state("bad", ("ready",), timeout=120)
+    finally:
+        left = server.stop()
+    assert left == set()
+    assert server.proc is not None and not alive(server.proc.pid)
