@@ -1,4 +1,8 @@
-"""Logging set-up shared by every process: key=value text or JSON lines."""
+"""Logging set-up shared by every process: key=value text or JSON lines.
+
+Records carry the structured fields request_id, worker and device (`extra=`); a process
+that is one worker stamps its own worker and device on every record it logs.
+"""
 
 from __future__ import annotations
 
@@ -39,19 +43,37 @@ class _TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created))
-        extra = "".join(
-            f" {key}={getattr(record, key)}" for key in _FIELDS if getattr(record, key, None)
-        )
+        message = record.getMessage()
+        pairs = (f"{key}={getattr(record, key)}" for key in _FIELDS
+                 if getattr(record, key, None))
+        # NOTE: a message that already says `request_id=...` is not repeated.
+        extra = "".join(f" {pair}" for pair in pairs if pair not in message)
         line = (f"{stamp}.{int(record.msecs):03d} {record.levelname:<5} {self.process} "
-                f"{record.name}: {record.getMessage()}{extra}")
+                f"{record.name}: {message}{extra}")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
 
 
-def setup_logging(process: str, level: str = "INFO", fmt: str = "text") -> None:
+class _StaticFields(logging.Filter):
+    def __init__(self, fields: dict[str, str]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self.fields.items():
+            if getattr(record, key, None) is None:
+                setattr(record, key, value)
+        return True
+
+
+def setup_logging(process: str, level: str = "INFO", fmt: str = "text",
+                  fields: dict[str, str] | None = None) -> None:
+    """Log to stderr; `fields` (e.g. a worker's name and device) go on every record."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter(process) if fmt == "json" else _TextFormatter(process))
+    if fields:
+        handler.addFilter(_StaticFields(fields))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
