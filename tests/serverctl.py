@@ -31,6 +31,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int) -> int:
+    """The first of n consecutive free loopback ports."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            socks = []
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError("no block of free ports")
+
+
 def descendants(pid: int) -> set[int]:
     """All live descendants of pid, from /proc (children of children included)."""
     parents: dict[int, int] = {}

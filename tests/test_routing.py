@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openvino_genai as ov_genai
 import pytest
-from serverctl import Server
+from serverctl import Server, free_port_block
 
 from protocol.registry import package_file
 
@@ -31,9 +31,14 @@ def fleet(tmp: Path, **settings: object) -> Server:
     ], **settings)
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = fleet(tmp_path_factory.mktemp("routing")).start()
+@pytest.fixture(scope="module", params=["ipc", "tcp"])
+def srv(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The fleet over each ZeroMQ transport: ipc (POSIX) and tcp on loopback (Windows)."""
+    settings: dict[str, object] = {"transport": request.param}
+    if request.param == "tcp":
+        settings["tcp_base_port"] = free_port_block(8)
+    server = fleet(tmp_path_factory.mktemp("routing"), **settings).start()
     yield server
     server.stop()
 
