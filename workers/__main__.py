@@ -10,6 +10,7 @@ from typing import Any
 
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
+from protocol.registry import sampling_defaults
 from workers.process import WorkerProcess
 
 log = logging.getLogger("workers")
@@ -30,8 +31,10 @@ def _build_engine(proc: WorkerProcess) -> Any:
     from workers.npu_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
-    engine = SerialEngine if spec.role == "npu" else BatchEngine
-    return engine(spec, str(path), context or 2048, proc.emit)
+    kind = SerialEngine if spec.role == "npu" else BatchEngine
+    engine = kind(spec, str(path), context or 2048, proc.emit)
+    engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)
+    return engine
 
 
 def main(argv: list[str] | None = None) -> int:

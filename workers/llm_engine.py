@@ -140,6 +140,7 @@ class EngineBase:
         self.pipe: Any = None
         self.prompting: Prompting | None = None
         self.base_config: Any = None
+        self.defaults: dict[str, float] = {}
 
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
         self._inbox.put(msg)
@@ -182,8 +183,12 @@ class EngineBase:
                              message=f"prompt is {n} tokens, this worker takes at most {limit}",
                              retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
             return None
+        params = req.params
+        unset = {k: v for k, v in self.defaults.items() if getattr(params, k, 0) is None}
+        if unset:
+            params = msgspec.structs.replace(params, **unset)
         try:
-            cfg = generation_config(req.params, self.base_config, self.room(n))
+            cfg = generation_config(params, self.base_config, self.room(n))
         except Exception as exc:
             self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
