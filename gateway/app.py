@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.broker import Broker
+from gateway.health import HealthRoutes
+from gateway.metrics import Metrics, MetricsMiddleware
 from gateway.openai_api import OpenAIRoutes
 from gateway.router import Router, new_id
 from protocol.config import Config
@@ -53,13 +53,14 @@ class Gateway:
         self.config = config
         self.broker = Broker(config)
         self.router = Router(config, self.broker)
-
-    async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        self.metrics = Metrics(config, self.broker)
+        self.broker.listeners.append(self.metrics)
+        self.router.observers.append(self.metrics)
 
     def routes(self) -> list[Any]:
         return [
-            Route("/health", self.health, methods=["GET", "HEAD"]),
+            *HealthRoutes(self.config, self.broker, self.metrics).routes(),
+            Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
         ]
 
@@ -73,7 +74,7 @@ class Gateway:
 
     def app(self) -> ASGIApp:
         starlette = Starlette(routes=self.routes(), lifespan=self.lifespan)
-        return RequestIdMiddleware(starlette)
+        return RequestIdMiddleware(MetricsMiddleware(starlette, self.metrics, starlette.routes))
 
 
 def build_app(config: Config) -> ASGIApp:

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
@@ -52,17 +53,37 @@ class ServedModel:
     workers: list[str]
 
 
+class GenerationObserver(Protocol):
+    """Told each routing decision and what every generation yields (see gateway/metrics.py)."""
+
+    def on_route(self, request_id: str, worker: str, reason: str) -> None: ...
+
+    def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None: ...
+
+    def on_done(self, gen: Generation) -> None: ...
+
+
 class Generation:
-    """A request accepted by a worker: its route, then its Delta frames and the Finished one."""
+    """A request accepted by a worker: its route, then its Delta frames and the Finished one.
+
+    Iterating is the one place every API sees the tokens, so it also keeps the timing:
+    `gap` is the time since dispatch for the first tokens, else since the previous ones.
+    """
 
     def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
-                 reason: str) -> None:
+                 reason: str, started: float | None = None,
+                 observers: Sequence[GenerationObserver] = ()) -> None:
         self.broker = broker
         self.stream = stream
         self.accepted = accepted
         self.reason = reason
         self.finished: Finished | None = None
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
+        self.observers = observers
+        self.tokens = 0
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self._done = False
 
     def headers(self) -> dict[str, str]:
         return {
@@ -77,17 +98,38 @@ class Generation:
             while True:
                 frame = await self.stream.frames.get()
                 if isinstance(frame, Delta):
+                    self._count(frame.tokens)
                     yield frame
                 elif isinstance(frame, Finished):
                     self.finished = frame
+                    self._count(frame.completion_tokens)
                     return
                 elif isinstance(frame, Failed):
                     raise from_failed(frame)
         finally:
             self.close()
 
+    def _count(self, tokens: int) -> None:
+        # NOTE: Delta.tokens and Finished.completion_tokens are cumulative counts.
+        new = tokens - self.tokens
+        if new <= 0:
+            return
+        now = time.monotonic()
+        first = self.first_token_at is None
+        gap = now - (self.last_token_at or self.started)
+        if first:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.tokens = tokens
+        for observer in self.observers:
+            observer.on_tokens(self, new, gap, first)
+
     def close(self) -> None:
         """Stop listening; if the worker was still generating, tell it to stop."""
+        if not self._done:
+            self._done = True
+            for observer in self.observers:
+                observer.on_done(self)
         if self.finished is None and self.broker.links[self.stream.worker].requests.get(
             self.stream.id
         ):
@@ -102,6 +144,7 @@ class Router:
         self.aliases = alias_table(config.model_aliases)
         self.models: dict[str, ServedModel] = {}
         self.started = int(time.time())
+        self.observers: list[GenerationObserver] = []
         for spec in config.workers:
             if not spec.enabled:
                 continue
@@ -188,6 +231,8 @@ class Router:
                         "queue_full" if frame.code == ErrorCode.QUEUE_FULL
                         else "worker_unavailable")
                 continue
+            for observer in self.observers:
+                observer.on_route(request_id, link.name, reason)
             return stream, frame, reason
         if too_long is not None and not busy:
             raise GatewayError(
@@ -201,6 +246,7 @@ class Router:
         return time.time() + self.config.inference_timeout
 
     async def generate(self, model: ServedModel, msg: Generate) -> Generation:
+        started = time.monotonic()
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         if isinstance(frame, Failed):
             self.broker.close(stream)
@@ -208,7 +254,7 @@ class Router:
         if not isinstance(frame, Accepted):
             self.broker.close(stream)
             raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
-        return Generation(self.broker, stream, frame, reason)
+        return Generation(self.broker, stream, frame, reason, started, self.observers)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embeddings:
         stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)

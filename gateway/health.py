@@ -1,0 +1,102 @@
+"""Health endpoints: liveness, readiness and the devices/workers overview.
+
+All three read state the gateway already holds (heartbeats, the metrics' worker records);
+none of them waits on a worker, so they answer at once even while a worker hangs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.broker import Broker, WorkerLink
+from gateway.metrics import LLM_ROLES, Metrics
+from protocol.config import Config
+
+
+def _describe(link: WorkerLink) -> str:
+    age = link.heartbeat_age()
+    if link.heartbeat is None:
+        return f"{link.name} has not reported yet"
+    if link.state.serving and age >= link.spec.heartbeat_timeout:
+        return f"{link.name} sent no heartbeat for {age:.0f} s"
+    return f"{link.name} is {link.state.label}"
+
+
+class HealthRoutes:
+    def __init__(self, config: Config, broker: Broker, metrics: Metrics) -> None:
+        self.config = config
+        self.broker = broker
+        self.metrics = metrics
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET", "HEAD"]),
+            Route("/health/ready", self.ready, methods=["GET", "HEAD"]),
+            Route("/health/devices", self.devices, methods=["GET"]),
+        ]
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        llm = [link for link in self.broker.links.values() if link.spec.role in LLM_ROLES]
+        serving = [link.name for link in llm if link.serving]
+        if serving:
+            return JSONResponse({"status": "ready", "workers": serving})
+        if not llm:
+            reason = "no LLM worker is configured"
+        else:
+            reason = "no LLM worker is ready: " + "; ".join(_describe(link) for link in llm)
+        return JSONResponse({"status": "not_ready", "reason": reason}, status_code=503,
+                            headers={"Retry-After": "5"})
+
+    def _worker(self, name: str, link: WorkerLink | None, role: str, device: str,
+                model: str) -> dict[str, Any]:
+        rec = self.metrics.workers.get(name)
+        beat = link.heartbeat if link is not None else None
+        age = link.heartbeat_age() if link is not None and link.seen_at else None
+        # NOTE: the supervisor's own view (restarts, last error, backoff/failed) outlives a
+        # gateway restart; the gateway's records fill in before its first status arrives.
+        supervised = link.supervised if link is not None else None
+        restarts = rec.restarts if rec is not None else 0
+        last_error = rec.last_error if rec is not None else ""
+        if supervised is not None:
+            restarts = supervised.restarts
+            last_error = supervised.last_error or last_error
+        if link is None:
+            state = "disabled"
+        elif supervised is not None and supervised.state in ("backoff", "failed", "stopped"):
+            state = supervised.state
+        elif beat is not None and link.state.serving and not link.serving:
+            state = "unresponsive"
+        else:
+            state = link.state.label
+        return {
+            "name": name, "role": role, "device": device, "model": model, "state": state,
+            "up": bool(link is not None and link.serving),
+            "pid": beat.pid if beat is not None else None,
+            "queue": beat.queue if beat is not None else 0,
+            "in_flight": beat.in_flight if beat is not None else 0,
+            "served": beat.served if beat is not None else 0,
+            "load_seconds": round(beat.load_seconds, 3) if beat is not None else None,
+            "restarts": restarts,
+            "last_error": last_error,
+            "heartbeat_age": round(age, 3) if age is not None else None,
+        }
+
+    async def devices(self, request: Request) -> Response:
+        workers = []
+        devices: dict[str, dict[str, Any]] = {}
+        for spec in self.config.workers:
+            link = self.broker.links.get(spec.name) if spec.enabled else None
+            row = self._worker(spec.name, link, spec.role, spec.device, spec.model_name)
+            workers.append(row)
+            dev = devices.setdefault(spec.device, {"device": spec.device, "workers": [],
+                                                   "up": False})
+            dev["workers"].append(spec.name)
+            dev["up"] = dev["up"] or row["up"]
+        return JSONResponse({"devices": list(devices.values()), "workers": workers})

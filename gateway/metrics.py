@@ -1,0 +1,369 @@
+"""Prometheus metrics of the gateway: one private registry, served at /metrics.
+
+Three sources feed it: the HTTP middleware (requests, latency, one access log line per
+request), the router's generations (routing decisions, tokens, TTFT, inter-token latency)
+and the workers' heartbeats (restarts, load time, embedding cache counters). Gauges that
+describe a worker now (up, state, queue, in-flight) are read from the broker at scrape time,
+so they are never staler than the last heartbeat.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.broker import Broker
+from gateway.router import Generation
+from protocol.config import Config
+from protocol.messages import Heartbeat, WorkerExited, WorkerState
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., None])
+
+# NOTE: NPU figures (the specification's table): a cold compile takes 80-220 s, a request
+# several seconds, a token 0.1-0.5 s; CPU/GPU are faster. Buckets cover both.
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 180, 300, 600)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
+LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900)
+
+LLM_ROLES = ("llm", "npu")
+# Paths probed by load balancers and Prometheus: counted, but logged at DEBUG only.
+QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
+
+
+def api_of(path: str) -> str:
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/"):
+        return "openai"
+    if path == "/" or path.startswith("/api/"):
+        return "ollama"
+    return "other"
+
+
+def exit_reason(returncode: int) -> str:
+    """A short, bounded label for why a worker process ended."""
+    if returncode == 0:
+        return "exited"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name.lower()
+        except ValueError:
+            return "signal"
+    return "crashed"
+
+
+def _guarded(method: F) -> F:
+    """A metrics bug must never break the broker's reader task or a request."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception:
+            log.exception("metrics hook %s failed", method.__name__)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass
+class WorkerRecord:
+    """What the gateway has learnt about one worker across its process incarnations."""
+
+    pid: int = 0
+    restarts: int = 0
+    last_error: str = ""
+    # How the current process ended, once it has; the label of the next restart.
+    exit_reason: str = ""
+    previous_pids: deque[int] = field(default_factory=lambda: deque(maxlen=32))
+    cache_hits: int = 0
+    cache_misses: int = 0
+    load_observed: bool = False
+
+
+class _WorkerGauges(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("npu_proxy_worker_up",
+                               "1 while the worker serves requests (ready or busy, heartbeats "
+                               "fresh), else 0", labels=["worker", "role", "device"])
+        state = GaugeMetricFamily("npu_proxy_worker_state",
+                                  "1 for the worker's current life-cycle state",
+                                  labels=["worker", "role", "device", "state"])
+        queue = GaugeMetricFamily("npu_proxy_queue_depth",
+                                  "Requests waiting in the worker's queue", labels=["worker"])
+        in_flight = GaugeMetricFamily("npu_proxy_in_flight_requests",
+                                      "Requests the worker is running", labels=["worker"])
+        age = GaugeMetricFamily("npu_proxy_worker_heartbeat_age_seconds",
+                                "Seconds since the worker's last heartbeat", labels=["worker"])
+        loaded = GaugeMetricFamily("npu_proxy_loaded_models",
+                                   "Distinct models loaded on a serving worker")
+        models: set[str] = set()
+        for link in self.broker.links.values():
+            spec = link.spec
+            serving = link.serving
+            up.add_metric([spec.name, spec.role, spec.device], 1.0 if serving else 0.0)
+            current = link.state
+            for s in WorkerState:
+                state.add_metric([spec.name, spec.role, spec.device, s.label],
+                                 1.0 if s == current else 0.0)
+            beat = link.heartbeat
+            queue.add_metric([spec.name], float(beat.queue if beat and serving else 0))
+            in_flight.add_metric([spec.name], float(beat.in_flight if beat and serving else 0))
+            if link.seen_at:
+                age.add_metric([spec.name], link.heartbeat_age())
+            if serving:
+                models.add(spec.model_name)
+        loaded.add_metric([], float(len(models)))
+        return [up, state, queue, in_flight, age, loaded]
+
+
+class Metrics:
+    """The gateway's registry and the hooks that feed it (broker listener, router observer)."""
+
+    def __init__(self, config: Config, broker: Broker) -> None:
+        self.config = config
+        self.broker = broker
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter(
+            "npu_proxy_requests_total", "HTTP requests by route, API and status",
+            ["endpoint", "api", "status"], registry=reg)
+        self.request_duration = Histogram(
+            "npu_proxy_request_duration_seconds",
+            "HTTP request time until the last byte of the response",
+            ["endpoint", "api"], buckets=REQUEST_BUCKETS, registry=reg)
+        gen_labels = ["worker", "device", "model"]
+        self.inference_duration = Histogram(
+            "npu_proxy_inference_duration_seconds",
+            "Generation time from dispatch to the worker's final frame",
+            gen_labels, buckets=REQUEST_BUCKETS, registry=reg)
+        self.ttft = Histogram(
+            "npu_proxy_time_to_first_token_seconds",
+            "Time from dispatch to the first generated text", gen_labels,
+            buckets=TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram(
+            "npu_proxy_inter_token_latency_seconds",
+            "Time between generated tokens, as the gateway receives them", gen_labels,
+            buckets=ITL_BUCKETS, registry=reg)
+        self.prompt_tokens = Counter(
+            "npu_proxy_prompt_tokens_total", "Prompt tokens of generations", gen_labels,
+            registry=reg)
+        self.generated_tokens = Counter(
+            "npu_proxy_tokens_generated_total", "Tokens generated", gen_labels, registry=reg)
+        self.route_decisions = Counter(
+            "npu_proxy_route_decisions_total", "Requests routed to a worker, by reason",
+            ["worker", "reason"], registry=reg)
+        self.restarts = Counter(
+            "npu_proxy_worker_restarts_total",
+            "Worker processes replaced by a new one, by how the previous one ended",
+            ["worker", "reason"], registry=reg)
+        self.load_time = Histogram(
+            "npu_proxy_model_load_seconds",
+            "Time from worker start until its model was loaded and warmed up",
+            ["worker"], buckets=LOAD_BUCKETS, registry=reg)
+        self.cache_hits = Counter(
+            "npu_proxy_embedding_cache_hits_total", "Embedding inputs served from the cache",
+            ["worker"], registry=reg)
+        self.cache_misses = Counter(
+            "npu_proxy_embedding_cache_misses_total", "Embedding inputs computed by the model",
+            ["worker"], registry=reg)
+        reg.register(_WorkerGauges(broker))
+        self.workers: dict[str, WorkerRecord] = {}
+        # request id -> (worker, device) of its last route, for the access log line.
+        self._routes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        for spec in config.workers:
+            if not spec.enabled:
+                continue
+            self.workers[spec.name] = WorkerRecord()
+            if spec.role in LLM_ROLES:
+                labels = (spec.name, spec.device, spec.model_name)
+                self.prompt_tokens.labels(*labels)
+                self.generated_tokens.labels(*labels)
+            else:
+                self.cache_hits.labels(spec.name)
+                self.cache_misses.labels(spec.name)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def endpoint(self, request: Request) -> Response:
+        return Response(self.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    def record(self, name: str) -> WorkerRecord:
+        return self.workers.setdefault(name, WorkerRecord())
+
+    # --- broker listener -----------------------------------------------------------------
+
+    @_guarded
+    def on_heartbeat(self, link: Any, beat: Heartbeat) -> None:
+        rec = self.record(beat.worker)
+        if beat.pid != rec.pid:
+            if beat.pid in rec.previous_pids:
+                return  # a late frame from a process already replaced
+            self._new_process(beat.worker, rec, beat.pid)
+        if beat.cache_hits > rec.cache_hits:
+            self.cache_hits.labels(beat.worker).inc(beat.cache_hits - rec.cache_hits)
+            rec.cache_hits = beat.cache_hits
+        if beat.cache_misses > rec.cache_misses:
+            self.cache_misses.labels(beat.worker).inc(beat.cache_misses - rec.cache_misses)
+            rec.cache_misses = beat.cache_misses
+        if not rec.load_observed and beat.load_seconds > 0:
+            rec.load_observed = True
+            self.load_time.labels(beat.worker).observe(beat.load_seconds)
+        if beat.error:
+            rec.last_error = beat.error
+        if beat.state == WorkerState.FAILED and not rec.exit_reason:
+            rec.exit_reason = "failed"
+
+    @_guarded
+    def on_worker_exited(self, event: WorkerExited) -> None:
+        rec = self.record(event.worker)
+        if event.pid in rec.previous_pids:
+            return  # NOTE: its successor already reported; the restart was counted then.
+        if event.pid != rec.pid:
+            # A process that died before its first heartbeat reached us.
+            self._new_process(event.worker, rec, event.pid)
+        reason = "failed" if rec.exit_reason == "failed" else exit_reason(event.returncode)
+        rec.exit_reason = reason
+        if event.returncode != 0:
+            rec.last_error = f"pid {event.pid} exited with code {event.returncode} ({reason})"
+
+    def _new_process(self, worker: str, rec: WorkerRecord, pid: int) -> None:
+        """A restart is a new process; its label says how the one before it ended."""
+        if rec.pid:
+            reason = rec.exit_reason or "unknown"
+            rec.restarts += 1
+            rec.previous_pids.append(rec.pid)
+            self.restarts.labels(worker, reason).inc()
+            log.info("worker %s restarted as pid %d (the previous process: %s)", worker, pid,
+                     reason, extra={"worker": worker})
+        # NOTE: the counters in a heartbeat are cumulative per process: a new process
+        # starts them again from zero.
+        rec.pid = pid
+        rec.exit_reason = ""
+        rec.cache_hits = rec.cache_misses = 0
+        rec.load_observed = False
+
+    # --- router observer -----------------------------------------------------------------
+
+    @_guarded
+    def on_route(self, request_id: str, worker: str, reason: str) -> None:
+        self.route_decisions.labels(worker, reason).inc()
+        link = self.broker.links.get(worker)
+        self._routes[request_id] = (worker, link.spec.device if link else "")
+        self._routes.move_to_end(request_id)
+        while len(self._routes) > 4096:
+            self._routes.popitem(last=False)
+
+    def _labels(self, gen: Generation) -> tuple[str, str, str]:
+        link = self.broker.links.get(gen.stream.worker)
+        model = link.spec.model_name if link else ""
+        return gen.stream.worker, gen.accepted.device, model
+
+    @_guarded
+    def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None:
+        labels = self._labels(gen)
+        self.generated_tokens.labels(*labels).inc(new)
+        if first:
+            self.ttft.labels(*labels).observe(gap)
+            return
+        # NOTE: a frame may carry several tokens (the worker coalesces when the gateway is
+        # slower); each gets an equal share of the gap.
+        itl = self.itl.labels(*labels)
+        for _ in range(new):
+            itl.observe(gap / new)
+
+    @_guarded
+    def on_done(self, gen: Generation) -> None:
+        labels = self._labels(gen)
+        fin = gen.finished
+        prompt = fin.prompt_tokens if fin is not None else gen.accepted.prompt_tokens
+        self.prompt_tokens.labels(*labels).inc(prompt)
+        if fin is not None:
+            self.inference_duration.labels(*labels).observe(time.monotonic() - gen.started)
+
+    def route_of(self, request_id: str) -> tuple[str, str] | None:
+        return self._routes.pop(request_id, None)
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request by its route template, and logs one line for it.
+
+    The route template (not the raw path) keeps label values bounded; paths that match no
+    route are counted as "unmatched".
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    def _endpoint(self, scope: Scope) -> str:
+        partial = None
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return str(getattr(route, "path", "unmatched"))
+            if match == Match.PARTIAL and partial is None:
+                partial = str(getattr(route, "path", "unmatched"))
+        return partial or "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 500
+        headers: dict[bytes, bytes] = {}
+
+        async def send_watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers.update((k.lower(), v) for k, v in message.get("headers", []))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_watched)
+        finally:
+            self._observe(scope, status, headers, time.monotonic() - started)
+
+    def _observe(self, scope: Scope, status: int, headers: dict[bytes, bytes],
+                 elapsed: float) -> None:
+        path = str(scope.get("path", ""))
+        endpoint = self._endpoint(scope)
+        api = api_of(path)
+        self.metrics.requests.labels(endpoint, api, str(status)).inc()
+        self.metrics.request_duration.labels(endpoint, api).observe(elapsed)
+        rid = str(scope.get("state", {}).get("request_id", ""))
+        route = self.metrics.route_of(rid) if rid else None
+        worker, device = route or (
+            headers.get(b"x-npu-proxy-worker", b"").decode("latin-1"),
+            headers.get(b"x-npu-proxy-device", b"").decode("latin-1"))
+        level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
+        log.log(level, "%s %s %d %.3fs", scope.get("method", ""), path, status, elapsed,
+                extra={"request_id": rid or None, "worker": worker or None,
+                       "device": device or None})
