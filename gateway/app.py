@@ -12,6 +12,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.broker import Broker
+from gateway.embed_api import EmbeddingRoutes
 from gateway.health import HealthRoutes
 from gateway.metrics import Metrics, MetricsMiddleware
 from gateway.openai_api import OpenAIRoutes
@@ -62,6 +63,7 @@ class Gateway:
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
+            *EmbeddingRoutes(self.router, self.config).routes(),
         ]
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,204 @@
+"""Embeddings/s in-process versus through HTTP, and the gain from batching concurrent requests.
+
+    python bench/embeddings.py [--url URL] [--rounds 4] [--seconds 1.5] [--concurrency 16]
+
+Without --url a private server is started with only the embedding worker and a vector cache
+of size 0, so every request reaches the pipeline, as the in-process calls do. Both sides embed
+the same batches of the same texts with the same IR folder and pipeline settings, alternating
+batch by batch so load from other processes on the machine falls on both alike. Ratios are
+HTTP / in-process; the target is >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import openvino_genai as ov_genai
+from serverctl import MODEL_CACHE, Server
+
+from workers.embed_model import embedding_config
+
+MODEL = "all-minilm:l6-v2"
+BATCH_SIZES = (1, 8, 32)
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "river",
+    "stones", "glitter", "under", "pale", "morning", "light", "and", "distant", "bells", "ring",
+    "across", "quiet", "valleys", "where", "farmers", "gather", "grain", "markets", "open",
+    "traders", "argue", "prices", "rise", "engineers", "measure", "voltage", "across", "silicon",
+    "wafers", "students", "read", "history", "poems", "recall", "ancient", "harbours", "ships",
+    "sail",
+]
+
+
+def make_texts(n: int, seed: int = 7) -> list[str]:
+    """Distinct sentences of 6 to 40 words (about 8 to 50 tokens)."""
+    rng = random.Random(seed)
+    return [f"{i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 40)))
+            for i in range(n)]
+
+
+class Embedder:
+    def __init__(self, pipe: Any, url: str) -> None:
+        self.pipe = pipe
+        self.url = url
+        parts = urlsplit(url)
+        # NOTE: the stdlib client on one kept-alive connection costs the least client-side CPU,
+        # which on a small machine is taken from the server being measured.
+        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port,
+                                               timeout=120)
+        self.decoder = msgspec.json.Decoder()
+
+    def local(self, batch: list[str]) -> int:
+        return len(self.pipe.embed_documents(batch))
+
+    def http(self, batch: list[str]) -> int:
+        body = msgspec.json.encode({"model": MODEL, "input": batch, "encoding_format": "float"})
+        self.conn.request("POST", "/v1/embeddings", body,
+                          {"content-type": "application/json"})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+        return len(self.decoder.decode(data)["data"])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def timed(fn: Callable[[list[str]], int], batches: list[list[str]]) -> tuple[int, float]:
+    started = time.perf_counter()
+    done = sum(fn(b) for b in batches)
+    return done, time.perf_counter() - started
+
+
+def throughput(emb: Embedder, texts: list[str], size: int, rounds: int,
+               seconds: float) -> tuple[float, float, list[float]]:
+    """Texts/s in-process and over HTTP on identical batches; plus each round's ratio.
+
+    The two sides alternate batch by batch (which goes first flips every batch), so a burst
+    of load from elsewhere on the machine falls on both alike.
+    """
+    probe = [texts[i:i + size] for i in range(0, 3 * size, size)]
+    timed(emb.local, probe)
+    timed(emb.http, probe)
+    _, spent = timed(emb.local, probe)
+    count = min(len(texts) // size, max(3, int(seconds / (spent / len(probe)))))
+    totals = {"local": [0, 0.0], "http": [0, 0.0]}
+    ratios = []
+    for r in range(rounds):
+        start = (r * count * size) % max(1, len(texts) - count * size + 1)
+        spent_round = {"local": 0.0, "http": 0.0}
+        for i in range(count):
+            batch = texts[start + i * size:start + (i + 1) * size]
+            order = (emb.local, emb.http) if i % 2 == 0 else (emb.http, emb.local)
+            for fn in order:
+                done, took = timed(fn, [batch])
+                totals[fn.__name__][0] += done
+                totals[fn.__name__][1] += took
+                spent_round[fn.__name__] += took
+        ratios.append(spent_round["local"] / spent_round["http"])
+    local = totals["local"][0] / totals["local"][1]
+    http = totals["http"][0] / totals["http"][1]
+    return local, http, ratios
+
+
+async def _concurrent(url: str, texts: list[str]) -> float:
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as client:
+        async def one(text: str) -> None:
+            r = await client.post(url + "/v1/embeddings", json={
+                "model": MODEL, "input": text, "encoding_format": "float"})
+            r.raise_for_status()
+
+        await one(texts[0])  # NOTE: opens connections outside the timing.
+        started = time.perf_counter()
+        await asyncio.gather(*(one(t) for t in texts))
+        return time.perf_counter() - started
+
+
+def batching_gain(emb: Embedder, texts: list[str], n: int,
+                  rounds: int) -> dict[str, float]:
+    seq, conc, local_singles, local_batch = [], [], [], []
+    for r in range(rounds):
+        chunk = texts[(r * n) % (len(texts) - n):][:n]
+        seq.append(timed(emb.http, [[t] for t in chunk])[1])
+        conc.append(asyncio.run(_concurrent(emb.url, chunk)))
+        local_singles.append(timed(emb.local, [[t] for t in chunk])[1])
+        local_batch.append(timed(emb.local, [chunk])[1])
+    return {"sequential": statistics.median(seq), "concurrent": statistics.median(conc),
+            "local_singles": statistics.median(local_singles),
+            "local_batch": statistics.median(local_batch)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (its cache makes repeats free: "
+                                      "start it with embedding_cache_size = 0)")
+    parser.add_argument("--model-dir", help="the IR folder that server loads (with --url)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=1.5, help="per side per round")
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+
+    server: Server | None = None
+    if args.url:
+        url = args.url.rstrip("/")
+        folder = Path(args.model_dir) if args.model_dir else MODEL_CACHE / "all-minilm-l6-v2"
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="npx-bench-embed-"))
+        print(f"starting a private server in {tmp} (embed worker only, cache size 0)")
+        server = Server(tmp, workers=[{"name": "embed", "role": "embed"}],
+                        embedding_cache_size=0).start()
+        url = server.url
+        folder = server.config.model_cache_path() / "all-minilm-l6-v2"
+    try:
+        pipe = ov_genai.TextEmbeddingPipeline(str(folder), "CPU", embedding_config())
+        texts = make_texts(4096)
+        emb = Embedder(pipe, url)
+        try:
+            print(f"model {MODEL} ({folder}); {args.rounds} alternating rounds of "
+                  f"~{args.seconds:.1f} s per side")
+            print(f"{'batch':>5} {'in-process/s':>13} {'HTTP/s':>9} {'ratio':>6} "
+                  f"{'ratio per round':>24}")
+            for size in BATCH_SIZES:
+                local, http, ratios = throughput(emb, texts, size, args.rounds, args.seconds)
+                per_round = " ".join(f"{r:.2f}" for r in ratios)
+                print(f"{size:>5} {local:>13.1f} {http:>9.1f} {http / local:>6.3f} "
+                      f"{per_round:>24}")
+            n = args.concurrency
+            gain = batching_gain(emb, texts[2048:], n, args.rounds)
+            print(f"\n{n} single-text requests over HTTP (median of {args.rounds}):")
+            print(f"  sequential {gain['sequential'] * 1e3:8.1f} ms  "
+                  f"({n / gain['sequential']:.1f}/s)")
+            print(f"  concurrent {gain['concurrent'] * 1e3:8.1f} ms  "
+                  f"({n / gain['concurrent']:.1f}/s)  "
+                  f"gain x{gain['sequential'] / gain['concurrent']:.2f} from batching")
+            print(f"  in-process: {n} calls of 1 {gain['local_singles'] * 1e3:.1f} ms, one call "
+                  f"of {n} {gain['local_batch'] * 1e3:.1f} ms "
+                  f"(x{gain['local_singles'] / gain['local_batch']:.2f}, the ceiling)")
+        finally:
+            emb.close()
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Embeddings in two dialects: OpenAI /v1/embeddings and Ollama /api/embed, /api/embeddings.
+
+Both translate their wire format to one Embed request; the worker answers with raw
+little-endian float32 bytes and a shape, which are read with numpy and written as JSON
+floats or (OpenAI base64) sent on as the very same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgspec
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway._utils import decode_body, dumps, request_id
+from gateway.errors import GatewayError, invalid
+from gateway.openai_api import error_response
+from gateway.router import Router, ServedModel
+from protocol.config import Config
+from protocol.messages import Embed, Embeddings
+
+# --- request shapes ----------------------------------------------------------------------
+
+
+class OpenAIEmbeddingRequest(msgspec.Struct):
+    model: str = ""
+    # NOTE: Any, because msgspec cannot tell a list of strings from a list of token ids in
+    # a union; _texts() checks the shape and says what is wrong.
+    input: Any = None
+    encoding_format: str | None = None
+    dimensions: int | None = None
+    user: str | None = None
+    # Extension (as Ollama's): false turns over-long inputs into a 400 instead of truncating.
+    truncate: bool | None = None
+
+
+class OllamaEmbedRequest(msgspec.Struct):
+    model: str = ""
+    input: Any = None
+    truncate: bool | None = None
+    dimensions: int | None = None
+    keep_alive: Any = None
+    options: dict[str, Any] | None = None
+
+
+class OllamaEmbeddingsRequest(msgspec.Struct):
+    model: str = ""
+    prompt: Any = None
+    keep_alive: Any = None
+    options: dict[str, Any] | None = None
+
+
+# --- translation -------------------------------------------------------------------------
+
+
+def _is_token_ids(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+
+
+def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
+    """The input as a list of strings, or a 400 that says what is wrong with it."""
+    if isinstance(value, str):
+        return [value]
+    if value is None:
+        if allow_empty:
+            return []
+        raise invalid(f"'{param}' is required: a string or a list of strings", param=param)
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be a string or a list of strings", param=param)
+    if not value:
+        if allow_empty:
+            return []
+        raise invalid(f"'{param}' must not be an empty list", param=param)
+    if all(isinstance(v, str) for v in value):
+        return value
+    if _is_token_ids(value) or all(_is_token_ids(v) for v in value):
+        raise invalid(f"'{param}' holds token ids; this server embeds text only, "
+                      "so send the input as a string or a list of strings", param=param)
+    raise invalid(f"'{param}' must be a string or a list of strings", param=param)
+
+
+class EmbeddingRoutes:
+    def __init__(self, router: Router, config: Config) -> None:
+        self.router = router
+        self.config = config
+        # NOTE: a model's vector size is learnt from its first answer; until then a
+        # `dimensions` request is checked against the answer instead of before it.
+        self._dims: dict[str, int] = {}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
+            Route("/api/embed", self.ollama_embed, methods=["POST"]),
+            Route("/api/embeddings", self.ollama_embeddings, methods=["POST"]),
+        ]
+
+    # --- shared --------------------------------------------------------------------------
+
+    def _check_limits(self, texts: list[str], param: str) -> None:
+        limit = self.config.max_embed_items
+        if len(texts) > limit:
+            raise invalid(f"'{param}' has {len(texts)} items; the limit is {limit} per request "
+                          "(max_embed_items)", param=param)
+        limit = self.config.max_embed_chars
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                raise invalid(f"'{param}' item {i} is {len(text)} characters; the limit is "
+                              f"{limit} per item (max_embed_chars)", param=param)
+
+    def _check_dimensions(self, model: ServedModel, wanted: int | None,
+                          native: int | None) -> None:
+        if wanted is None or native is None or wanted == native:
+            return
+        raise invalid(f"model '{model.name}' makes {native}-dimensional vectors and does not "
+                      f"support shortening them; omit 'dimensions' or set it to {native}",
+                      param="dimensions")
+
+    async def _embed(self, request: Request, model_name: str, texts: list[str],
+                     truncate: bool, dimensions: int | None,
+                     param: str) -> Embeddings:
+        model = self.router.resolve(model_name, kind="embed")
+        if dimensions is not None and dimensions <= 0:
+            raise invalid(f"'dimensions' must be a positive integer, got {dimensions}",
+                          param="dimensions")
+        self._check_dimensions(model, dimensions, self._dims.get(model.name))
+        self._check_limits(texts, param)
+        msg = Embed(id=request_id(request), model=model.name, texts=texts,
+                    deadline=self.router.deadline(), truncate=truncate)
+        try:
+            frame = await self.router.embed(model, msg)
+        except GatewayError as exc:
+            if exc.kind == "context_length_exceeded":
+                exc.param = param
+            raise
+        self._dims[model.name] = frame.dims
+        self._check_dimensions(model, dimensions, frame.dims)
+        return frame
+
+    # --- OpenAI --------------------------------------------------------------------------
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, OpenAIEmbeddingRequest)
+            fmt = req.encoding_format or "float"
+            if fmt not in ("float", "base64"):
+                raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
+                              param="encoding_format")
+            texts = _texts(req.input, "input", allow_empty=False)
+            frame = await self._embed(request, req.model, texts, req.truncate is not False,
+                                      req.dimensions, "input")
+        except GatewayError as exc:
+            return error_response(exc)
+        if fmt == "base64":
+            raw = memoryview(frame.data)
+            size = frame.dims * 4
+            vectors: list[Any] = [base64.b64encode(raw[i * size:(i + 1) * size]).decode("ascii")
+                                  for i in range(frame.rows)]
+        else:
+            vectors = _matrix(frame).tolist()
+        tokens = sum(frame.prompt_tokens)
+        body = {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v}
+                     for i, v in enumerate(vectors)],
+            "model": req.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+
+    # --- Ollama --------------------------------------------------------------------------
+
+    async def ollama_embed(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, OllamaEmbedRequest)
+            # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
+            texts = _texts(req.input, "input", allow_empty=True)
+            if not texts:
+                self.router.resolve(req.model, kind="embed")
+                return JSONResponse({"model": req.model, "embeddings": [],
+                                     "total_duration": 0, "load_duration": 0,
+                                     "prompt_eval_count": 0})
+            # NOTE: Ollama sends 0 for "not set".
+            frame = await self._embed(request, req.model, texts, req.truncate is not False,
+                                      req.dimensions or None, "input")
+        except GatewayError as exc:
+            return ollama_error(exc)
+        body = {
+            "model": req.model,
+            "embeddings": _matrix(frame).tolist(),
+            "total_duration": frame.timings.total_ns,
+            # NOTE: the model stays resident in its worker; no request ever waits for a load.
+            "load_duration": 0,
+            "prompt_eval_count": sum(frame.prompt_tokens),
+        }
+        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, OllamaEmbeddingsRequest)
+            if req.prompt is not None and not isinstance(req.prompt, str):
+                raise invalid("'prompt' must be a string", param="prompt")
+            if not req.prompt:
+                self.router.resolve(req.model, kind="embed")
+                return JSONResponse({"embedding": []})
+            frame = await self._embed(request, req.model, [req.prompt], True, None, "prompt")
+        except GatewayError as exc:
+            return ollama_error(exc)
+        body = {"embedding": _matrix(frame)[0].tolist()}
+        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+
+
+def _matrix(frame: Embeddings) -> np.ndarray[Any, Any]:
+    return np.frombuffer(frame.data, dtype="<f4").reshape(frame.rows, frame.dims)
+
+
+def _headers(frame: Embeddings) -> dict[str, str]:
+    return {"X-NPU-Proxy-Token-Count": str(sum(frame.prompt_tokens))}
+
+
+def ollama_error(exc: GatewayError) -> Response:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
