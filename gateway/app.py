@@ -15,6 +15,7 @@ from gateway.broker import Broker
 from gateway.embed_api import EmbeddingRoutes
 from gateway.health import HealthRoutes
 from gateway.metrics import Metrics, MetricsMiddleware
+from gateway.ollama_api import OllamaRoutes
 from gateway.openai_api import OpenAIRoutes
 from gateway.router import Router, new_id
 from protocol.config import Config
@@ -63,6 +64,7 @@ class Gateway:
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
+            *OllamaRoutes(self.router).routes(),
             *EmbeddingRoutes(self.router, self.config).routes(),
         ]
 

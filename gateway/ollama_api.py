@@ -1,0 +1,313 @@
+"""Ollama dialect: /, /api/version, /api/tags, /api/show, /api/ps, /api/generate, /api/chat.
+
+Translates Ollama's wire format to a Generate request and the worker's frames back to
+Ollama's NDJSON (streaming is the default) or one JSON object with `stream: false`; routing,
+streaming and errors below are shared with the other APIs, and the sampling options go through
+the one mapping in gateway/params.py. Errors are `{"error": "..."}`; a failure after the
+stream started is written as a last `{"error": "..."}` line.
+
+Decisions where Ollama's semantics do not carry over:
+- `template` (a Go template) is rendered here for the subset single-prompt templates use
+  (gateway/ollama_template.py) and the result is sent raw; other templates are a 400.
+- `suffix` is a 400: chat templates of the served models have no fill-in-the-middle slot.
+- `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
+  final chunk carries no `context`: workers stream text, not token ids, and the field is
+  deprecated in Ollama. Clients that keep a conversation use /api/chat.
+- keep_alive is reported by /api/ps but models stay loaded (see gateway/ollama_models.py);
+  load and unload requests are answered at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway._utils import decode_body, dumps, request_id, unless_disconnected
+from gateway.errors import GatewayError, invalid
+from gateway.ollama_models import ModelCatalog, parse_keep_alive, utc_now
+from gateway.ollama_template import render
+from gateway.params import json_schema_text, ollama_params
+from gateway.router import Generation, Router, ServedModel
+from protocol.messages import ChatMessage, Finished, Generate
+
+log = logging.getLogger(__name__)
+
+# NOTE: numeric only; Open WebUI parses it as integers and some clients require >= 0.6.4.
+OLLAMA_VERSION = "0.12.0"
+NDJSON = "application/x-ndjson"
+DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
+ROLES = ("system", "user", "assistant", "tool")
+
+
+# --- request shapes ----------------------------------------------------------------------
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class _Request(msgspec.Struct):
+    model: str = ""
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    stream: bool | None = None
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+
+
+class GenerateRequest(_Request):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool | None = None
+    images: list[str] | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class ShowRequest(msgspec.Struct):
+    model: str = ""
+    name: str = ""  # the legacy spelling
+    verbose: bool | None = None
+
+
+# --- translation -------------------------------------------------------------------------
+
+
+def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+
+def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
+    """`format`: "" or absent = free text, "json" = any JSON object, an object = its schema."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return json_schema_text(None)
+    if isinstance(fmt, dict):
+        return json_schema_text(fmt)
+    raise invalid(f"format must be \"json\" or a JSON schema object, not {fmt!r}",
+                  param="format")
+
+
+def chat_messages(messages: list[Message], model: str) -> list[ChatMessage]:
+    out = []
+    for m in messages:
+        if m.role not in ROLES:
+            raise invalid(f"unknown message role '{m.role}' (use system, user, assistant or "
+                          "tool)", param="messages")
+        if m.images:
+            raise invalid(f"model '{model}' does not support images", param="images")
+        calls = None
+        if m.tool_calls:
+            # NOTE: Ollama omits "type"; Hugging Face chat templates expect it.
+            calls = [{"type": "function", **call} for call in m.tool_calls]
+        out.append(ChatMessage(role=m.role, content=m.content or "", name=m.tool_name,
+                               tool_calls=calls))
+    return out
+
+
+def _check_think(think: bool | str | None, model: str) -> None:
+    if think not in (None, False, ""):
+        raise invalid(f"model '{model}' does not support thinking", param="think")
+
+
+def final_fields(fin: Finished) -> dict[str, Any]:
+    """done_reason and the six figures of a last chunk, in nanoseconds measured by the worker.
+
+    load_duration is the worker's time from receipt to hand-over (template, tokenizer, queue):
+    models are loaded before any request. NOTE: durations are at least 1 ns so that clients
+    dividing by them (tokens/s) never divide by zero, and total is at least the sum of parts.
+    """
+    t = fin.timings
+    load, prompt, decode = max(t.queue_ns, 0), max(t.prompt_ns, 1), max(t.decode_ns, 1)
+    return {
+        "done_reason": DONE_REASON.get(fin.finish_reason, "stop"),
+        "total_duration": max(t.total_ns, load + prompt + decode),
+        "load_duration": load,
+        "prompt_eval_count": fin.prompt_tokens,
+        "prompt_eval_duration": prompt,
+        "eval_count": fin.completion_tokens,
+        "eval_duration": decode,
+    }
+
+
+def chunk(model: str, text: str, chat: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "created_at": utc_now()}
+    if chat:
+        body["message"] = {"role": "assistant", "content": text}
+    else:
+        body["response"] = text
+    body["done"] = False
+    return body
+
+
+# --- routes ------------------------------------------------------------------------------
+
+
+class OllamaRoutes:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.catalog = ModelCatalog(router)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.root, methods=["GET", "HEAD"]),
+            Route("/api/version", self.version, methods=["GET", "HEAD"]),
+            Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
+            Route("/api/show", self.show, methods=["POST"]),
+            Route("/api/ps", self.ps, methods=["GET", "HEAD"]),
+            Route("/api/generate", self.generate, methods=["POST"]),
+            Route("/api/chat", self.chat, methods=["POST"]),
+        ]
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": OLLAMA_VERSION})
+
+    async def tags(self, request: Request) -> Response:
+        return Response(dumps(await self.catalog.tags()), media_type="application/json")
+
+    async def ps(self, request: Request) -> Response:
+        return Response(dumps(await self.catalog.ps()), media_type="application/json")
+
+    async def show(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, ShowRequest)
+            model = self.router.resolve(req.model or req.name)
+        except GatewayError as exc:
+            return error_response(exc)
+        return Response(dumps(await self.catalog.show(model)), media_type="application/json")
+
+    async def generate(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            req = await decode_body(request, GenerateRequest)
+            model = self.router.resolve(req.model, kind="llm")
+            keep = parse_keep_alive(req.keep_alive)
+            params = ollama_params(req.options, format_schema(req.format))
+            _check_think(req.think, req.model)
+            if req.images:
+                raise invalid(f"model '{req.model}' does not support images", param="images")
+            if req.raw and (req.template or req.system or req.context):
+                raise invalid("raw mode does not support template, system, or context",
+                              param="raw")
+            if req.suffix and "insert" not in await self.catalog.capabilities(model):
+                raise invalid(f"model '{req.model}' does not support insert: its template has "
+                              "no suffix slot; remove 'suffix'", param="suffix")
+            if not req.prompt:
+                return self._load(model, req.model, keep, chat=False)
+            if req.context:
+                log.debug("ignoring %d context token ids", len(req.context),
+                          extra={"request_id": rid})
+            messages: list[ChatMessage] | None = None
+            prompt: str | None = None
+            if req.raw:
+                prompt = req.prompt
+            elif req.template:
+                prompt = render(req.template, req.system or "", req.prompt)
+            else:
+                messages = [ChatMessage(role="user", content=req.prompt)]
+                if req.system:
+                    messages.insert(0, ChatMessage(role="system", content=req.system))
+            msg = Generate(id=rid, model=model.name, params=params,
+                           deadline=self.router.deadline(), messages=messages, prompt=prompt)
+        except GatewayError as exc:
+            return error_response(exc)
+        return await self._respond(request, model, req, msg, keep, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            req = await decode_body(request, ChatRequest)
+            model = self.router.resolve(req.model, kind="llm")
+            keep = parse_keep_alive(req.keep_alive)
+            params = ollama_params(req.options, format_schema(req.format))
+            _check_think(req.think, req.model)
+            if req.tools and "tools" not in await self.catalog.capabilities(model):
+                raise invalid(f"model '{req.model}' does not support tools", param="tools")
+            if not req.messages:
+                return self._load(model, req.model, keep, chat=True)
+            msg = Generate(id=rid, model=model.name, params=params,
+                           deadline=self.router.deadline(),
+                           messages=chat_messages(req.messages, req.model),
+                           tools=req.tools or None)
+        except GatewayError as exc:
+            return error_response(exc)
+        return await self._respond(request, model, req, msg, keep, chat=True)
+
+    # --- shared by generate and chat -----------------------------------------------------
+
+    def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
+        """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load
+        their model at start and keep it, so both are answered at once."""
+        self.catalog.touch(model, keep)
+        body = chunk(name, "", chat)
+        body["done"] = True
+        body["done_reason"] = "unload" if keep == 0 else "load"
+        return Response(dumps(body), media_type="application/json")
+
+    async def _respond(self, request: Request, model: ServedModel,
+                       req: GenerateRequest | ChatRequest, msg: Generate, keep: float,
+                       chat: bool) -> Response:
+        self.catalog.touch(model, keep)
+        try:
+            gen = await unless_disconnected(request, self.router.generate(model, msg))
+        except GatewayError as exc:
+            return error_response(exc)
+        headers = gen.headers()
+        if req.stream is not False:
+            return StreamingResponse(self._stream(gen, model, req.model, keep, chat),
+                                     media_type=NDJSON, headers=headers)
+        try:
+            parts = await unless_disconnected(request, _collect(gen))
+        except GatewayError as exc:
+            return error_response(exc, headers)
+        finally:
+            self.catalog.touch(model, keep)
+        body = chunk(req.model, "".join(parts), chat)
+        body["done"] = True
+        if gen.finished is not None:
+            body.update(final_fields(gen.finished))
+        return Response(dumps(body), media_type="application/json", headers=headers)
+
+    async def _stream(self, gen: Generation, model: ServedModel, name: str, keep: float,
+                      chat: bool) -> AsyncIterator[bytes]:
+        try:
+            async for delta in gen:
+                yield dumps(chunk(name, delta.text, chat)) + b"\n"
+        except GatewayError as exc:
+            yield dumps({"error": exc.message}) + b"\n"
+            return
+        finally:
+            self.catalog.touch(model, keep)
+        last = chunk(name, "", chat)
+        last["done"] = True
+        if gen.finished is not None:
+            last.update(final_fields(gen.finished))
+        yield dumps(last) + b"\n"
+
+
+async def _collect(gen: Generation) -> list[str]:
+    return [delta.text async for delta in gen]

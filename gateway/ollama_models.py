@@ -1,0 +1,228 @@
+"""What the Ollama API says about the served models: /api/tags, /api/show and /api/ps.
+
+The model files of each served model are described once (workers/modelinfo.py: the GGUF
+header or the IR folder's config.json, a sha256 digest of the files) in a thread, so the
+event loop never waits on hashing a model, and the result is kept for the gateway's life.
+
+`keep_alive` is parsed here and remembered per model for /api/ps `expires_at`. NOTE: workers
+keep their model loaded for their whole life; keep_alive changes what /api/ps reports (last
+use + keep_alive, like Ollama), never what is loaded. A model not used yet was loaded by its
+worker at start-up with no deadline, so it reports Ollama's "forever" date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import invalid
+from gateway.router import Router, ServedModel
+from protocol.config import Config
+from protocol.registry import ModelSourceMissing, embedded
+from workers.modelinfo import ModelDetails, ModelInfoError, describe_model
+from workers.models import model_path
+
+log = logging.getLogger(__name__)
+
+# NOTE: where workers/models.py model_path() puts the embedded embedding model's IR folder;
+# calling model_path() for it would import OpenVINO to prepare the folder, which the gateway
+# must never do. The embedding worker builds it at its first start.
+EMBED_IR_FOLDER = "all-minilm-l6-v2"
+DEFAULT_KEEP_ALIVE = 300.0  # Ollama's default: five minutes
+# Ollama stores "forever" as now + the largest Go duration (~292 years: a date in 2318).
+FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
+                 "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: float | str | None) -> float:
+    """Seconds to keep a model loaded: `math.inf` for forever, 0 to unload.
+
+    A number is seconds; a string is a Go duration ("5m", "1h30m", "-1s") or a plain number;
+    anything negative means forever; absent means the five-minute default.
+    """
+    if value is None:
+        return DEFAULT_KEEP_ALIVE
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            sign = -1.0 if text.startswith("-") else 1.0
+            body = text.lstrip("+-")
+            parts = _DURATION_PART.findall(body)
+            if not body or "".join(n + u for n, u in parts) != body:
+                raise invalid(f"keep_alive: invalid duration {value!r} (use e.g. 300, \"5m\","
+                              " \"1h30m\" or -1)", param="keep_alive") from None
+            seconds = sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    else:
+        seconds = float(value)
+    if math.isnan(seconds):
+        raise invalid("keep_alive: not a number", param="keep_alive")
+    return math.inf if seconds < 0 else seconds
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def utc_now() -> str:
+    return iso(datetime.now(timezone.utc))
+
+
+def display_name(model: ServedModel) -> str:
+    """`name:tag` as Ollama lists it; a model served under a bare name gets `:latest`."""
+    last = model.name.rsplit("/", 1)[-1]
+    return model.name if ":" in last else f"{model.name}:latest"
+
+
+def _locate(config: Config, model: ServedModel) -> Path:
+    entry = embedded(model.name)
+    if entry is not None and entry.kind == "embed" and not entry.package:
+        return config.model_cache_path() / EMBED_IR_FOLDER
+    if not model.workers:
+        raise ModelSourceMissing(f"model {model.name!r} has no files here")
+    return model_path(config, config.worker(model.workers[0]))
+
+
+def _describe(config: Config, model: ServedModel) -> ModelDetails:
+    """Runs in a thread: locating a packaged model reads metadata, describing hashes files."""
+    return describe_model(_locate(config, model), cache_dir=config.model_cache_path())
+
+
+class ModelCatalog:
+    """Details of every served model, described once; keep_alive bookkeeping for /api/ps."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._details: dict[str, ModelDetails] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # model name -> wall-clock time the model would be unloaded (inf: never)
+        self._expires: dict[str, float] = {}
+
+    async def details(self, model: ServedModel) -> ModelDetails | None:
+        """The model's details, or None when its files cannot be read (yet)."""
+        if (hit := self._details.get(model.name)) is not None:
+            return hit
+        lock = self._locks.setdefault(model.name, asyncio.Lock())
+        async with lock:
+            if (hit := self._details.get(model.name)) is not None:
+                return hit
+            try:
+                found = await asyncio.to_thread(_describe, self.router.config, model)
+            except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
+                # NOTE: not cached, so a model whose folder appears later (the embedding IR is
+                # built by its worker at first start) is described on the next request.
+                log.warning("cannot describe model %s: %s", model.name, exc)
+                return None
+            self._details[model.name] = found
+            return found
+
+    async def capabilities(self, model: ServedModel) -> list[str]:
+        if model.kind == "embed":
+            return ["embedding"]
+        caps = ["completion"]
+        found = await self.details(model)
+        if found is not None and "tools" in found.chat_template:
+            caps.append("tools")
+        return caps
+
+    # --- keep_alive ----------------------------------------------------------------------
+
+    def touch(self, model: ServedModel, keep_alive: float) -> None:
+        self._expires[model.name] = time.time() + keep_alive
+
+    def expires_at(self, model: ServedModel) -> datetime:
+        when = self._expires.get(model.name, math.inf)
+        if math.isinf(when):
+            return datetime.now(timezone.utc) + FOREVER
+        return datetime.fromtimestamp(when, timezone.utc)
+
+    # --- response bodies -----------------------------------------------------------------
+
+    def _loaded(self, model: ServedModel) -> bool:
+        links = self.router.broker.links
+        return any(links[w].serving for w in model.workers if w in links)
+
+    async def tags(self) -> dict[str, Any]:
+        models = []
+        for model in self.router.models.values():
+            found = await self.details(model)
+            name = display_name(model)
+            models.append({
+                "name": name,
+                "model": name,
+                "modified_at": iso(_modified(found, self.router)),
+                "size": found.size if found else 0,
+                "digest": _digest(found),
+                "details": _details(found),
+            })
+        return {"models": models}
+
+    async def ps(self) -> dict[str, Any]:
+        models = []
+        for model in self.router.models.values():
+            if not self._loaded(model):
+                continue
+            found = await self.details(model)
+            name = display_name(model)
+            models.append({
+                "name": name,
+                "model": name,
+                "size": found.size if found else 0,
+                "digest": _digest(found),
+                "details": _details(found),
+                "expires_at": iso(self.expires_at(model)),
+                "size_vram": 0,
+                "context_length": found.context_length if found else 0,
+            })
+        return {"models": models}
+
+    async def show(self, model: ServedModel) -> dict[str, Any]:
+        found = await self.details(model)
+        info: dict[str, object] = (dict(found.model_info) if found
+                                   else {"general.architecture": "unknown"})
+        params: dict[str, object] = {}
+        if found is not None and found.context_length and model.kind == "llm":
+            params["num_ctx"] = found.context_length
+        template = found.chat_template if found else ""
+        modelfile = f"# Modelfile of {display_name(model)} (served by npu-proxy)\n" + "".join(
+            f"PARAMETER {key} {value}\n" for key, value in params.items())
+        license_ = info.get("general.license")
+        return {
+            "license": license_ if isinstance(license_, str) else "",
+            "modelfile": modelfile,
+            # NOTE: Ollama's layout: the key padded to 30 columns, one parameter a line.
+            "parameters": "\n".join(f"{key:<30} {value}" for key, value in params.items()),
+            "template": template,
+            "details": _details(found),
+            "model_info": info,
+            "capabilities": await self.capabilities(model),
+            "modified_at": iso(_modified(found, self.router)),
+        }
+
+
+def _modified(found: ModelDetails | None, router: Router) -> datetime:
+    if found is not None:
+        return found.modified_at
+    return datetime.fromtimestamp(router.started, timezone.utc)
+
+
+def _digest(found: ModelDetails | None) -> str:
+    # NOTE: Ollama lists bare hex digests (no "sha256:" prefix) in /api/tags and /api/ps.
+    return found.digest.removeprefix("sha256:") if found else ""
+
+
+def _details(found: ModelDetails | None) -> dict[str, object]:
+    if found is not None:
+        return found.ollama_details()
+    return {"parent_model": "", "format": "", "family": "", "families": [],
+            "parameter_size": "", "quantization_level": ""}
