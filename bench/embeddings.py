@@ -174,13 +174,13 @@ def main() -> int:
         try:
             print(f"model {MODEL} ({folder}); {args.rounds} alternating rounds of "
                   f"~{args.seconds:.1f} s per side")
-            print(f"{'batch':>5} {'in-process/s':>13} {'HTTP/s':>9} {'ratio':>6} "
-                  f"{'ratio per round':>24}")
+            print(f"{'batch':>5} {'in-process/s':>13} {'HTTP/s':>9} {'ratio':>6}  "
+                  "ratio per round")
             for size in BATCH_SIZES:
                 local, http, ratios = throughput(emb, texts, size, args.rounds, args.seconds)
                 per_round = " ".join(f"{r:.2f}" for r in ratios)
-                print(f"{size:>5} {local:>13.1f} {http:>9.1f} {http / local:>6.3f} "
-                      f"{per_round:>24}")
+                print(f"{size:>5} {local:>13.1f} {http:>9.1f} {http / local:>6.3f}  "
+                      f"{per_round}")
             n = args.concurrency
             gain = batching_gain(emb, texts[2048:], n, args.rounds)
             print(f"\n{n} single-text requests over HTTP (median of {args.rounds}):")
