@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.anthropic_api import AnthropicRoutes
 from gateway.broker import Broker
 from gateway.embed_api import EmbeddingRoutes
 from gateway.health import HealthRoutes
@@ -64,6 +65,7 @@ class Gateway:
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
+            *AnthropicRoutes(self.router).routes(),
             *OllamaRoutes(self.router).routes(),
             *EmbeddingRoutes(self.router, self.config).routes(),
         ]

@@ -13,6 +13,8 @@ Decisions where Ollama's semantics do not carry over:
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
+- Ollama has no tool_choice: tools given means "auto"; the extension `options.tool_choice`
+  ("required", "none" or a function name) forces a call (gateway/tools.py).
 - keep_alive is reported by /api/ps but models stay loaded (see gateway/ollama_models.py);
   load and unload requests are answered at once.
 """
@@ -34,6 +36,16 @@ from gateway.ollama_models import ModelCatalog, parse_keep_alive, utc_now
 from gateway.ollama_template import render
 from gateway.params import json_schema_text, ollama_params
 from gateway.router import Generation, Router, ServedModel
+from gateway.tools import (
+    CallParser,
+    ToolCall,
+    Tooling,
+    ToolRequest,
+    history_call,
+    ollama_choice,
+    openai_tools,
+    split_calls,
+)
 from protocol.messages import ChatMessage, Finished, Generate
 
 log = logging.getLogger(__name__)
@@ -119,11 +131,26 @@ def chat_messages(messages: list[Message], model: str) -> list[ChatMessage]:
             raise invalid(f"model '{model}' does not support images", param="images")
         calls = None
         if m.tool_calls:
-            # NOTE: Ollama omits "type"; Hugging Face chat templates expect it.
-            calls = [{"type": "function", **call} for call in m.tool_calls]
+            calls = [history_call(c.get("id"), (c.get("function") or {}).get("name", ""),
+                                  (c.get("function") or {}).get("arguments"))
+                     for c in m.tool_calls]
         out.append(ChatMessage(role=m.role, content=m.content or "", name=m.tool_name,
                                tool_calls=calls))
     return out
+
+
+def tool_request(req: ChatRequest) -> ToolRequest | None:
+    """Ollama has no tool_choice: tools mean "auto", unless the `options.tool_choice`
+    extension forces a call (see gateway/tools.py)."""
+    choice = (req.options or {}).get("tool_choice")
+    if not req.tools:
+        return None
+    return ToolRequest(openai_tools(req.tools), ollama_choice(choice, True))
+
+
+def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "function": {"index": i, "name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]
 
 
 def _check_think(think: bool | str | None, model: str) -> None:
@@ -168,6 +195,7 @@ class OllamaRoutes:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.catalog = ModelCatalog(router)
+        self.tooling = Tooling(router)
 
     def routes(self) -> list[Route]:
         return [
@@ -245,17 +273,17 @@ class OllamaRoutes:
             keep = parse_keep_alive(req.keep_alive)
             params = ollama_params(req.options, format_schema(req.format))
             _check_think(req.think, req.model)
-            if req.tools and "tools" not in await self.catalog.capabilities(model):
-                raise invalid(f"model '{req.model}' does not support tools", param="tools")
             if not req.messages:
                 return self._load(model, req.model, keep, chat=True)
+            prep = await self.tooling.prepare(model, chat_messages(req.messages, req.model),
+                                              tool_request(req), params)
             msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(),
-                           messages=chat_messages(req.messages, req.model),
-                           tools=req.tools or None)
+                           deadline=self.router.deadline(), messages=prep.messages,
+                           tools=prep.tools)
         except GatewayError as exc:
             return error_response(exc)
-        return await self._respond(request, model, req, msg, keep, chat=True)
+        return await self._respond(request, model, req, msg, keep, chat=True,
+                                   parser=prep.parser())
 
     # --- shared by generate and chat -----------------------------------------------------
 
@@ -270,7 +298,7 @@ class OllamaRoutes:
 
     async def _respond(self, request: Request, model: ServedModel,
                        req: GenerateRequest | ChatRequest, msg: Generate, keep: float,
-                       chat: bool) -> Response:
+                       chat: bool, parser: CallParser | None = None) -> Response:
         self.catalog.touch(model, keep)
         try:
             gen = await unless_disconnected(request, self.router.generate(model, msg))
@@ -278,7 +306,7 @@ class OllamaRoutes:
             return error_response(exc)
         headers = gen.headers()
         if req.stream is not False:
-            return StreamingResponse(self._stream(gen, model, req.model, keep, chat),
+            return StreamingResponse(self._stream(gen, model, req.model, keep, chat, parser),
                                      media_type=NDJSON, headers=headers)
         try:
             parts = await unless_disconnected(request, _collect(gen))
@@ -286,22 +314,36 @@ class OllamaRoutes:
             return error_response(exc, headers)
         finally:
             self.catalog.touch(model, keep)
-        body = chunk(req.model, "".join(parts), chat)
+        text, calls = split_calls("".join(parts), parser)
+        body = chunk(req.model, text, chat)
+        if calls:
+            body["message"]["tool_calls"] = tool_calls_json(calls)
         body["done"] = True
         if gen.finished is not None:
             body.update(final_fields(gen.finished))
         return Response(dumps(body), media_type="application/json", headers=headers)
 
     async def _stream(self, gen: Generation, model: ServedModel, name: str, keep: float,
-                      chat: bool) -> AsyncIterator[bytes]:
+                      chat: bool, parser: CallParser | None = None) -> AsyncIterator[bytes]:
+        """With tools offered, text that may be a call is held back by the parser; calls go
+        out whole in one done:false chunk before the last one."""
         try:
             async for delta in gen:
-                yield dumps(chunk(name, delta.text, chat)) + b"\n"
+                text = parser.feed(delta.text) if parser is not None else delta.text
+                if text or parser is None:
+                    yield dumps(chunk(name, text, chat)) + b"\n"
         except GatewayError as exc:
             yield dumps({"error": exc.message}) + b"\n"
             return
         finally:
             self.catalog.touch(model, keep)
+        if parser is not None:
+            rest, calls = parser.finish()
+            if calls or rest:
+                body = chunk(name, "" if calls and rest.isspace() else rest, chat)
+                if calls:
+                    body["message"]["tool_calls"] = tool_calls_json(calls)
+                yield dumps(body) + b"\n"
         last = chunk(name, "", chat)
         last["done"] = True
         if gen.finished is not None:

@@ -129,11 +129,9 @@ class ModelCatalog:
     async def capabilities(self, model: ServedModel) -> list[str]:
         if model.kind == "embed":
             return ["embedding"]
-        caps = ["completion"]
-        found = await self.details(model)
-        if found is not None and "tools" in found.chat_template:
-            caps.append("tools")
-        return caps
+        # NOTE: every LLM takes tools: natively when its template has them, else through the
+        # fallback prompt (gateway/tools.py).
+        return ["completion", "tools"]
 
     # --- keep_alive ----------------------------------------------------------------------
 

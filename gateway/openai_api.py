@@ -18,6 +18,17 @@ from gateway._utils import decode_body, dumps, now, request_id, unless_disconnec
 from gateway.errors import GatewayError, invalid
 from gateway.params import json_schema_text, openai_params
 from gateway.router import Generation, Router, ServedModel, new_id
+from gateway.tools import (
+    CallParser,
+    ToolCall,
+    Tooling,
+    ToolRequest,
+    fragments,
+    history_call,
+    openai_choice,
+    openai_tools,
+    split_calls,
+)
 from protocol.messages import ChatMessage, Generate, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
@@ -135,9 +146,34 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
         role = "system" if m.role == "developer" else m.role
         if role not in ("system", "user", "assistant", "tool", "function"):
             raise invalid(f"unknown message role '{m.role}'", param="messages")
+        calls = None
+        if role == "assistant" and m.tool_calls:
+            calls = [_history_call(c) for c in m.tool_calls]
         out.append(ChatMessage(role=role, content=_text(m.content), name=m.name,
-                               tool_call_id=m.tool_call_id, tool_calls=m.tool_calls))
+                               tool_call_id=m.tool_call_id, tool_calls=calls))
     return out
+
+
+def _history_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise invalid("each tool_calls entry needs function.name", param="messages")
+    return history_call(call.get("id"), fn["name"], fn.get("arguments"))
+
+
+def tool_request(req: ChatRequest) -> ToolRequest | None:
+    if not req.tools:
+        if req.tool_choice not in (None, "none", "auto"):
+            raise invalid("tool_choice needs tools", param="tool_choice")
+        return None
+    tools = openai_tools(req.tools)
+    return ToolRequest(tools, openai_choice(req.tool_choice, bool(tools)),
+                       req.parallel_tool_calls is not False)
+
+
+def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments_json()}} for c in calls]
 
 
 def _check_common(req: SamplingFields) -> None:
@@ -177,7 +213,11 @@ def _usage(gen: Generation) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def _finish_reason(gen: Generation) -> str:
+def _finish_reason(gen: Generation, calls: bool = False, named: bool = False) -> str:
+    if calls:
+        # NOTE: OpenAI answers a named tool_choice with "stop", "required"/"auto" with
+        # "tool_calls".
+        return "stop" if named else "tool_calls"
     return FINISH.get(gen.finished.finish_reason if gen.finished else "stop", "stop")
 
 
@@ -187,6 +227,7 @@ def _finish_reason(gen: Generation) -> str:
 class OpenAIRoutes:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.tooling = Tooling(router)
 
     def routes(self) -> list[Route]:
         return [
@@ -222,37 +263,50 @@ class OpenAIRoutes:
             model = self.router.resolve(req.model, kind="llm")
             max_tokens = req.max_completion_tokens or req.max_tokens
             params = _params(req, max_tokens, _response_schema(req.response_format))
+            tools = tool_request(req)
+            prep = await self.tooling.prepare(model, chat_messages(req.messages), tools, params)
             msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(),
-                           messages=chat_messages(req.messages))
+                           deadline=self.router.deadline(), messages=prep.messages,
+                           tools=prep.tools)
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
             return error_response(exc)
         cid = new_id("chatcmpl-")
         headers = gen.headers()
+        named = tools is not None and tools.named
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._chat_stream(gen, cid, req.model, include_usage),
-                                     media_type="text/event-stream", headers=headers)
+            return StreamingResponse(
+                self._chat_stream(gen, cid, req.model, include_usage, prep.parser(), named),
+                media_type="text/event-stream", headers=headers)
         try:
             text = await unless_disconnected(request, _collect(gen))
         except GatewayError as exc:
             return error_response(exc, headers)
+        text, calls = split_calls(text, prep.parser())
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = tool_calls_json(calls)
         body = {
             "id": cid, "object": "chat.completion", "created": now(), "model": req.model,
             "system_fingerprint": None,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": _finish_reason(gen),
+                "finish_reason": _finish_reason(gen, bool(calls), named),
             }],
             "usage": _usage(gen),
         }
         return Response(dumps(body), media_type="application/json", headers=headers)
 
     async def _chat_stream(self, gen: Generation, cid: str, model: str,
-                           include_usage: bool) -> AsyncIterator[bytes]:
+                           include_usage: bool, parser: CallParser | None = None,
+                           named: bool = False) -> AsyncIterator[bytes]:
+        """With tools offered, text that may be a call is held back by the parser and the
+        calls go out at the end: per call a first delta with id, type and name and empty
+        arguments, then deltas with only the index and argument fragments."""
         created = now()
 
         def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
@@ -267,13 +321,27 @@ class OpenAIRoutes:
             return b"data: " + dumps(obj) + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""}, None)
+        calls: list[ToolCall] = []
         try:
             async for delta in gen:
-                yield chunk({"content": delta.text}, None)
+                text = parser.feed(delta.text) if parser is not None else delta.text
+                if text:
+                    yield chunk({"content": text}, None)
         except GatewayError as exc:
             yield b"data: " + dumps(error_body(exc)) + b"\n\n"
             return
-        yield chunk({}, _finish_reason(gen))
+        if parser is not None:
+            rest, calls = parser.finish()
+            if rest and not (calls and rest.isspace()):
+                yield chunk({"content": rest}, None)
+        for index, call in enumerate(calls):
+            yield chunk({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                         "function": {"name": call.name, "arguments": ""}}]},
+                        None)
+            for piece in fragments(call.arguments_json()):
+                yield chunk({"tool_calls": [{"index": index,
+                                             "function": {"arguments": piece}}]}, None)
+        yield chunk({}, _finish_reason(gen, bool(calls), named))
         if include_usage:
             usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
                      "model": model, "system_fingerprint": None, "choices": [],

@@ -83,6 +83,29 @@ def openai_params(
     )
 
 
+def anthropic_params(
+    *,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    stop_sequences: list[str] | None,
+) -> SamplingParams:
+    """Anthropic Messages: max_tokens is required and temperature is in [0, 1]. A matched stop
+    sequence stays in the worker's text (`include_stop`) so the response can name it."""
+    if max_tokens is None:
+        raise invalid("max_tokens: Field required", param="max_tokens")
+    if temperature is not None and not 0.0 <= temperature <= 1.0:
+        raise invalid("temperature: must be between 0 and 1", param="temperature")
+    if top_k is not None and top_k < 0:
+        raise invalid("top_k: must be at least 0", param="top_k")
+    params = openai_params(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                           stop=stop_sequences, seed=None, presence_penalty=None,
+                           frequency_penalty=None, top_k=top_k)
+    params.include_stop = bool(params.stop)
+    return params
+
+
 class OllamaOptions(msgspec.Struct, omit_defaults=True):
     num_predict: int | None = None
     temperature: float | None = None

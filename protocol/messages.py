@@ -64,6 +64,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     num_ctx: int | None = None
     # vLLM extension: keep generating past the end-of-sequence token (benchmarks).
     ignore_eos: bool = False
+    # Keep a matched stop string at the end of the text, so the gateway can tell which one
+    # ended the generation (Anthropic's stop_sequence) and remove it itself.
+    include_stop: bool = False
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):

@@ -126,7 +126,7 @@ def test_sdk_show(client: ollama.Client) -> None:
     assert shown.modelinfo is not None
     assert shown.modelinfo["general.architecture"] == "llama"
     assert shown.modelinfo["llama.context_length"] == 8192
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]
     assert "<|im_start|>" in (shown.template or "")
     assert "num_ctx" in (shown.parameters or "")
     assert shown.details is not None and shown.details.quantization_level == "Q4_1"
@@ -307,7 +307,7 @@ def test_show_accepts_name_and_model(http: httpx.Client) -> None:
     ("/api/chat", {"model": LLM, "messages": [{"role": "robot", "content": "hi"}]}, "robot"),
     ("/api/chat", {"model": LLM, "messages": QUESTION, "think": True}, "thinking"),
     ("/api/chat", {"model": LLM, "messages": QUESTION,
-                   "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                   "tools": [{"type": "retrieval"}]}, "tools"),
     ("/api/chat", {"model": EMBED, "messages": QUESTION}, "embedding model"),
 ])
 def test_bad_requests_are_400(http: httpx.Client, path: str, body: Any, needle: str) -> None:

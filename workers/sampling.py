@@ -44,7 +44,7 @@ def generation_config(
         cfg.frequency_penalty = params.frequency_penalty
     if params.stop:
         cfg.stop_strings = set(params.stop)
-        cfg.include_stop_str_in_output = False
+        cfg.include_stop_str_in_output = params.include_stop
     if params.ignore_eos:
         cfg.ignore_eos = True
         cfg.stop_token_ids = set()

@@ -1,0 +1,436 @@
+"""Anthropic dialect: POST /v1/messages and /v1/messages/count_tokens (what Claude Code speaks).
+
+Translates the Messages wire format to a Generate request and the worker's frames back to a
+message object or the named SSE events (`message_start`, `content_block_start`,
+`content_block_delta` with `text_delta`/`input_json_delta`, `content_block_stop`,
+`message_delta`, `message_stop`; `ping` after the start; `error` on a failure mid-stream).
+Routing, streaming, tools (gateway/tools.py) and sampling (gateway/params.py) are shared.
+
+Decisions:
+- `x-api-key` or `Authorization: Bearer` are accepted (checked only when an api_key is
+  configured); `anthropic-version`, `anthropic-beta` and a `?beta=true` query are ignored.
+- `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
+  default LLM), and the response echoes the name that was asked for.
+- `system` text blocks are joined; `cache_control`, `metadata`, `thinking` and thinking blocks
+  in a history are ignored (the local models do not think); images and documents are a 400.
+- `output_config.format` (a JSON schema) constrains the text like OpenAI's response_format.
+- A trailing assistant message is a finished turn, not a prefill to continue.
+- Tool results become tool messages; `is_error` results are prefixed with "Error: ".
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway._utils import decode_body, dumps, request_id, unless_disconnected
+from gateway.errors import GatewayError, invalid
+from gateway.params import anthropic_params, json_schema_text
+from gateway.router import Generation, Router, new_id
+from gateway.tools import (
+    CallParser,
+    ToolCall,
+    Tooling,
+    ToolRequest,
+    anthropic_choice,
+    anthropic_tools,
+    fragments,
+    history_call,
+)
+from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
+
+log = logging.getLogger(__name__)
+
+UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
+IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+# --- request shapes ----------------------------------------------------------------------
+
+
+class InMessage(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class CountRequest(msgspec.Struct):
+    model: str = ""
+    messages: list[InMessage] = []
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountRequest):
+    max_tokens: int | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+    output_config: dict[str, Any] | None = None
+
+
+# --- errors ------------------------------------------------------------------------------
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+          529: "overloaded_error"}
+
+
+def _status(exc: GatewayError) -> int:
+    # NOTE: "no worker can take it now" is Anthropic's overloaded (529); clients retry it.
+    return 529 if exc.status == 503 else exc.status
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    kind = _TYPES.get(_status(exc), "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse(error_body(exc), status_code=_status(exc), headers=headers)
+
+
+# --- translation -------------------------------------------------------------------------
+
+
+def _block_text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise invalid(f"{where}: a text block needs a string 'text'", param="messages")
+    return text
+
+
+def system_text(system: str | list[dict[str, Any]] | None) -> str:
+    if system is None or isinstance(system, str):
+        return system or ""
+    parts = []
+    for i, block in enumerate(system):
+        if block.get("type") != "text":
+            raise invalid(f"system[{i}]: only text blocks are supported", param="system")
+        parts.append(_block_text(block, f"system[{i}]"))
+    return "\n\n".join(parts)
+
+
+def _result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content")
+    if content is None or isinstance(content, str):
+        text = content or ""
+    else:
+        parts = []
+        for sub in content:
+            if sub.get("type") == "text":
+                parts.append(_block_text(sub, where))
+            elif sub.get("type") in UNSUPPORTED_BLOCKS:
+                raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
+                              "model", param="messages")
+        text = "\n\n".join(parts)
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def chat_messages(system: str | list[dict[str, Any]] | None,
+                  messages: list[InMessage]) -> list[ChatMessage]:
+    if not messages:
+        raise invalid("messages: at least one message is required", param="messages")
+    out: list[ChatMessage] = []
+    if text := system_text(system):
+        out.append(ChatMessage(role="system", content=text))
+    for i, m in enumerate(messages):
+        if m.role not in ("user", "assistant"):
+            raise invalid(f"messages[{i}].role must be 'user' or 'assistant'", param="messages")
+        blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) \
+            else m.content
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for j, block in enumerate(blocks):
+            where = f"messages[{i}].content[{j}]"
+            kind = block.get("type")
+            if kind == "text":
+                texts.append(_block_text(block, where))
+            elif kind == "tool_use" and m.role == "assistant":
+                if not isinstance(block.get("name"), str):
+                    raise invalid(f"{where}: tool_use needs a name", param="messages")
+                calls.append(history_call(block.get("id"), block["name"], block.get("input")))
+            elif kind == "tool_result" and m.role == "user":
+                if texts:
+                    out.append(ChatMessage(role="user", content="\n\n".join(texts)))
+                    texts = []
+                out.append(ChatMessage(role="tool", content=_result_text(block, where),
+                                       tool_call_id=str(block.get("tool_use_id", ""))))
+            elif kind in UNSUPPORTED_BLOCKS:
+                raise invalid(f"{where}: {kind} content is not supported by this model",
+                              param="messages")
+            elif kind in IGNORED_BLOCKS:
+                continue
+            else:
+                raise invalid(f"{where}: unknown content block type '{kind}'",
+                              param="messages")
+        if m.role == "assistant":
+            out.append(ChatMessage(role="assistant", content="\n\n".join(texts),
+                                   tool_calls=calls or None))
+        elif texts or not blocks:
+            out.append(ChatMessage(role="user", content="\n\n".join(texts)))
+    return out
+
+
+def output_schema(config: dict[str, Any] | None) -> str | None:
+    """Structured outputs: `output_config.format = {"type": "json_schema", "schema": {...}}`."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or \
+            not isinstance(fmt.get("schema"), dict):
+        raise invalid("output_config.format must be {\"type\": \"json_schema\", \"schema\": "
+                      "{...}}", param="output_config")
+    return json_schema_text(fmt["schema"])
+
+
+def tool_request(req: CountRequest) -> ToolRequest | None:
+    tools = anthropic_tools(req.tools)
+    if not tools:
+        return None
+    choice, parallel = anthropic_choice(req.tool_choice, True)
+    return ToolRequest(tools, choice, parallel)
+
+
+class StopMatcher:
+    """Holds back text that may be the start of a stop sequence and cuts the text at the one
+    that ended the generation (the worker keeps it, see SamplingParams.include_stop; the last
+    token may even run past it: a stop "a" ends "Paris" after the whole token)."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.matched: str | None = None
+        self._buf = ""
+
+    def feed(self, text: str) -> str:
+        if not self.stops or self.matched is not None:
+            return text if not self.stops else ""
+        self._buf += text
+        hits = [(at, -len(stop), stop) for stop in self.stops
+                if (at := self._buf.find(stop)) >= 0]
+        if hits:
+            at, _, self.matched = min(hits)
+            out, self._buf = self._buf[:at], ""
+            return out
+        hold = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(self._buf)), hold, -1):
+                if self._buf.endswith(stop[:k]):
+                    hold = k
+                    break
+        out = self._buf[:len(self._buf) - hold]
+        self._buf = self._buf[len(out):]
+        return out
+
+    def finish(self) -> str:
+        text, self._buf = self._buf, ""
+        return text
+
+
+class Output:
+    """The worker's text through the stop matcher and the tool-call parser, in that order."""
+
+    def __init__(self, stops: list[str], parser: CallParser | None) -> None:
+        self.stop = StopMatcher(stops)
+        self.parser = parser
+        self.stop_sequence: str | None = None
+
+    def feed(self, text: str) -> str:
+        text = self.stop.feed(text)
+        return self.parser.feed(text) if self.parser is not None and text else text
+
+    def finish(self, gen: Generation) -> tuple[str, list[ToolCall]]:
+        text = self.stop.finish()
+        self.stop_sequence = self.stop.matched
+        if self.parser is None:
+            return text, []
+        head = self.parser.feed(text) if text else ""
+        rest, calls = self.parser.finish()
+        return head + rest, calls
+
+    def stop_reason(self, gen: Generation, calls: list[ToolCall]) -> str:
+        if calls:
+            return "tool_use"
+        if self.stop_sequence is not None:
+            return "stop_sequence"
+        fin = gen.finished
+        if fin is not None and fin.finish_reason in ("length", "timeout"):
+            return "max_tokens"
+        return "end_turn"
+
+
+def _usage(gen: Generation) -> dict[str, int]:
+    fin = gen.finished
+    return {"input_tokens": fin.prompt_tokens if fin else gen.accepted.prompt_tokens,
+            "output_tokens": fin.completion_tokens if fin else 0,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+# --- routes ------------------------------------------------------------------------------
+
+
+class AnthropicRoutes:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.tooling = Tooling(router)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+        ]
+
+    def _check_key(self, request: Request) -> None:
+        key = self.router.config.api_key
+        if not key:
+            return
+        sent = request.headers.get("x-api-key", "")
+        auth = request.headers.get("authorization", "")
+        if not sent and auth.lower().startswith("bearer "):
+            sent = auth[7:].strip()
+        if not hmac.compare_digest(sent.encode(), key.encode()):
+            raise GatewayError(401, "authentication", "invalid x-api-key")
+
+    async def count_tokens(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            self._check_key(request)
+            req = await decode_body(request, CountRequest)
+            model = self.router.resolve(req.model, kind="llm")
+            # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
+            prep = await self.tooling.prepare(model, chat_messages(req.system, req.messages),
+                                              tool_request(req), SamplingParams())
+            msg = Tokenize(id=rid, model=model.name, messages=prep.messages, tools=prep.tools)
+            count = await unless_disconnected(request, self.router.count_tokens(model, msg))
+        except GatewayError as exc:
+            return error_response(exc)
+        return JSONResponse({"input_tokens": count})
+
+    async def messages(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            self._check_key(request)
+            req = await decode_body(request, MessagesRequest)
+            params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
+                                      top_p=req.top_p, top_k=req.top_k,
+                                      stop_sequences=req.stop_sequences)
+            params.json_schema = output_schema(req.output_config)
+            model = self.router.resolve(req.model, kind="llm")
+            prep = await self.tooling.prepare(model, chat_messages(req.system, req.messages),
+                                              tool_request(req), params)
+            msg = Generate(id=rid, model=model.name, params=params,
+                           deadline=self.router.deadline(), messages=prep.messages,
+                           tools=prep.tools)
+            gen = await unless_disconnected(request, self.router.generate(model, msg))
+        except GatewayError as exc:
+            return error_response(exc)
+        mid = new_id("msg_")
+        headers = gen.headers()
+        out = Output(params.stop, prep.parser())
+        if req.stream:
+            return StreamingResponse(self._stream(gen, mid, req.model, out),
+                                     media_type="text/event-stream", headers=headers)
+        try:
+            text = await unless_disconnected(request, _collect(gen, out))
+        except GatewayError as exc:
+            return error_response(exc, headers)
+        rest, calls = out.finish(gen)
+        text = (text + rest).strip() if calls else text + rest
+        for call in calls:
+            call.id = new_id("toolu_")
+        content: list[dict[str, Any]] = []
+        if text or not calls:
+            content.append({"type": "text", "text": text})
+        content += [_tool_use(c) for c in calls]
+        body = {"id": mid, "type": "message", "role": "assistant", "model": req.model,
+                "content": content, "stop_reason": out.stop_reason(gen, calls),
+                "stop_sequence": out.stop_sequence, "usage": _usage(gen)}
+        return Response(dumps(body), media_type="application/json", headers=headers)
+
+    async def _stream(self, gen: Generation, mid: str, model: str,
+                      out: Output) -> AsyncIterator[bytes]:
+        """Text goes out as it comes (one text block, opened at the first text); calls, held
+        back by the parser, go out at the end as tool_use blocks with their input JSON in
+        input_json_delta fragments."""
+        usage = _usage(gen)
+        usage["output_tokens"] = 0
+        yield _event("message_start", {"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": usage}})
+        yield _event("ping", {"type": "ping"})
+        index = 0
+        text_open = False
+
+        def text_event(text: str) -> list[bytes]:
+            nonlocal text_open
+            events = []
+            if not text_open:
+                text_open = True
+                events.append(_event("content_block_start", {
+                    "type": "content_block_start", "index": index,
+                    "content_block": {"type": "text", "text": ""}}))
+            events.append(_event("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "text_delta", "text": text}}))
+            return events
+
+        try:
+            async for delta in gen:
+                if text := out.feed(delta.text):
+                    for event in text_event(text):
+                        yield event
+        except GatewayError as exc:
+            yield _event("error", error_body(exc))
+            return
+        rest, calls = out.finish(gen)
+        if rest and not (calls and rest.isspace()):
+            for event in text_event(rest):
+                yield event
+        if not text_open and not calls:
+            for event in text_event(""):
+                yield event
+        if text_open:
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
+        for call in calls:
+            call.id = new_id("toolu_")
+            yield _event("content_block_start", {
+                "type": "content_block_start", "index": index,
+                "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                                  "input": {}}})
+            for piece in fragments(call.arguments_json()):
+                yield _event("content_block_delta", {
+                    "type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": piece}})
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+            index += 1
+        yield _event("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": out.stop_reason(gen, calls),
+                      "stop_sequence": out.stop_sequence},
+            "usage": {"output_tokens": _usage(gen)["output_tokens"]}})
+        yield _event("message_stop", {"type": "message_stop"})
+
+
+async def _collect(gen: Generation, out: Output) -> str:
+    return "".join([out.feed(delta.text) async for delta in gen])

@@ -1,0 +1,394 @@
+"""Tool calls on all three APIs and the Anthropic Messages API, through the official clients
+(`anthropic`, `openai`, `ollama`, LangChain) against the real server and SmolLM2-135M.
+
+What a 135M model does on its own is not asserted: a forced tool_choice constrains the output
+to a valid call (so the call and its arguments are guaranteed), text answers are only checked
+for their shape, and temperature 0 keeps every request deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import ollama
+import openai
+import pytest
+from ollama._utils import convert_function_to_tool
+
+from gateway.tools import CallParser, Tool, ToolChoice, ToolRequest, call_schema, parse_calls
+
+LLM = "smollm2:135m"
+GREEDY: dict[str, Any] = {"temperature": 0}
+WEATHER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "description": "The city, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+OPENAI_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "get_weather",
+                                      "description": "Get the current weather in a city",
+                                      "parameters": WEATHER_SCHEMA}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a city",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+]
+ANTHROPIC_TOOLS: list[dict[str, Any]] = [
+    {"name": t["function"]["name"], "description": t["function"]["description"],
+     "input_schema": t["function"]["parameters"]} for t in OPENAI_TOOLS
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in OPENAI_TOOLS}
+ASK = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def claude(base_url: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oai(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0,
+                         _strict_response_validation=True)
+
+
+# --- the parser, without the server --------------------------------------------------------
+
+
+TOOLS = [Tool("get_weather", "", WEATHER_SCHEMA)]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    ' [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    "\n</tool_call>",
+    '```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n```',
+    '[TOOL_CALLS] [{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]',
+])
+def test_parser_finds_the_call(text: str) -> None:
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    rest, calls = parser.finish()
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert streamed + rest in ("", "Let me look. ")
+    assert parse_calls(text, TOOLS)[1][0].arguments == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("text", [
+    "The weather in Paris is sunny.", '{"city": "Paris"}',
+    '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',
+    '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
+])
+def test_parser_leaves_text_alone(text: str) -> None:
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    rest, calls = parser.finish()
+    assert calls == [] and streamed + rest == text
+
+
+def test_forced_schema_hoists_definitions() -> None:
+    params = {"type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}},
+              "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}}}}
+    req = ToolRequest([Tool("f", "", params)], ToolChoice("required", "f"))
+    schema = json.loads(call_schema(req) or "")
+    call = {"name": "f", "arguments": {"p": {"x": 1}}}
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "f", "arguments": {"p": {"x": "no"}}}, schema)
+
+
+# --- Anthropic -------------------------------------------------------------------------------
+
+
+def test_messages_create(claude: anthropic.Anthropic) -> None:
+    raw = claude.messages.with_raw_response.create(
+        model=LLM, max_tokens=24, system="You are terse.",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        extra_body=GREEDY)
+    msg = raw.parse()
+    assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant"
+    assert msg.model == LLM
+    assert [b.type for b in msg.content] == ["text"]
+    assert "Paris" in msg.content[0].text  # type: ignore[union-attr]
+    assert msg.stop_reason in ("end_turn", "max_tokens")
+    assert int(raw.headers["x-npu-proxy-token-count"]) == msg.usage.input_tokens
+    assert 0 < msg.usage.output_tokens <= 24
+
+
+def test_messages_stream(claude: anthropic.Anthropic) -> None:
+    with claude.messages.stream(model=LLM, max_tokens=24, extra_body=GREEDY,
+                                messages=[{"role": "user", "content": "Say hello."}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text and final.content[0].text == text  # type: ignore[union-attr]
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
+
+
+def test_count_tokens_equals_input_tokens(claude: anthropic.Anthropic) -> None:
+    kwargs: dict[str, Any] = {
+        "model": LLM, "system": [{"type": "text", "text": "Be brief."}],
+        "tools": ANTHROPIC_TOOLS,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": ASK}]}],
+    }
+    counted = claude.messages.count_tokens(**kwargs).input_tokens
+    used = claude.messages.create(max_tokens=1, extra_body=GREEDY, **kwargs).usage.input_tokens
+    assert counted == used > 100  # the tools are in the prompt, so they count
+    bare = claude.messages.count_tokens(model=LLM, messages=kwargs["messages"]).input_tokens
+    assert bare < counted
+
+
+def test_tool_round_trip(claude: anthropic.Anthropic) -> None:
+    question: dict[str, Any] = {"role": "user", "content": ASK}
+    first = claude.messages.create(
+        model=LLM, max_tokens=64, tools=ANTHROPIC_TOOLS, messages=[question],
+        tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
+    assert first.stop_reason == "tool_use"
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].id.startswith("toolu_")
+    jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
+    history: list[Any] = [
+        question,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": "Sunny, 22 degrees"}]},
+    ]
+    # NOTE: tool_choice none guarantees a text answer; what a 135M model says is not asserted.
+    final = claude.messages.create(model=LLM, max_tokens=48, tools=ANTHROPIC_TOOLS,
+                                   tool_choice={"type": "none"}, messages=history,
+                                   extra_body=GREEDY)
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert [b.type for b in final.content] == ["text"] and final.content[0].text.strip()  # type: ignore[union-attr]
+    alone = claude.messages.count_tokens(model=LLM, messages=[question]).input_tokens
+    assert final.usage.input_tokens > alone + 20  # the call and its result are in the prompt
+
+
+def test_stream_tool_use(claude: anthropic.Anthropic) -> None:
+    with claude.messages.stream(model=LLM, max_tokens=64, tools=ANTHROPIC_TOOLS,
+                                tool_choice={"type": "any"}, extra_body=GREEDY,
+                                messages=[{"role": "user", "content": ASK}]) as s:
+        events = [e.type for e in s]
+        final = s.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "input_json" in events
+    assert final.stop_reason == "tool_use"
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and all(u.name in SCHEMAS for u in uses)
+    for use in uses:
+        jsonschema.validate(use.input, SCHEMAS[use.name])
+
+
+def test_stop_sequence(claude: anthropic.Anthropic) -> None:
+    # NOTE: "e" comes up in any English sentence; the text is cut before it, and a stop
+    # sequence inside a token ("Paris" for "a") cuts that token too.
+    ask: Any = [{"role": "user", "content": "Describe the city of Paris in one sentence."}]
+    stopped = claude.messages.create(model=LLM, max_tokens=32, messages=ask, extra_body=GREEDY,
+                                     stop_sequences=["zzz", "e"])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "e"
+    assert "e" not in stopped.content[0].text  # type: ignore[union-attr]
+    with claude.messages.stream(model=LLM, max_tokens=32, messages=ask, extra_body=GREEDY,
+                                stop_sequences=["e"]) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == "e"
+    assert "e" not in streamed
+    free = claude.messages.create(model=LLM, max_tokens=4, messages=ask, extra_body=GREEDY,
+                                  stop_sequences=["zzz-never"])
+    assert free.stop_reason in ("max_tokens", "end_turn") and free.stop_sequence is None
+
+
+def test_output_config_format(claude: anthropic.Anthropic) -> None:
+    schema = {"type": "object", "properties": {"capital": {"type": "string"}},
+              "required": ["capital"], "additionalProperties": False}
+    msg = claude.messages.create(
+        model=LLM, max_tokens=48, extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}])
+    jsonschema.validate(json.loads(msg.content[0].text), schema)  # type: ignore[union-attr]
+
+
+def test_anthropic_errors(base_url: str, claude: anthropic.Anthropic) -> None:
+    resp = httpx.post(base_url + "/v1/messages", timeout=30, json={
+        "model": LLM, "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 400
+    body = resp.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in body["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError) as err:
+        claude.messages.create(model="no-such-model:7b", max_tokens=8,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model=LLM, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}]}])
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model=LLM, max_tokens=8, tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+                               tool_choice={"type": "tool", "name": "nope"},
+                               messages=[{"role": "user", "content": "hi"}])
+
+
+# --- OpenAI ----------------------------------------------------------------------------------
+
+
+def test_openai_tool_choice_required(oai: openai.OpenAI) -> None:
+    resp = oai.chat.completions.create(
+        model=LLM, messages=[{"role": "user", "content": ASK}], tools=OPENAI_TOOLS,  # type: ignore[arg-type]
+        tool_choice="required", max_tokens=96, temperature=0)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert calls
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments),  # type: ignore[union-attr]
+                            SCHEMAS[call.function.name])  # type: ignore[union-attr]
+    named = oai.chat.completions.create(
+        model=LLM, messages=[{"role": "user", "content": ASK}], tools=OPENAI_TOOLS,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=64,
+        temperature=0)
+    assert named.choices[0].finish_reason == "stop"  # a named tool_choice ends with "stop"
+    (call,) = named.choices[0].message.tool_calls or []
+    assert call.function.name == "get_time"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_time"])  # type: ignore[union-attr]
+
+
+def test_openai_stream_helper(oai: openai.OpenAI) -> None:
+    with oai.chat.completions.stream(
+            model=LLM, messages=[{"role": "user", "content": ASK}], tools=OPENAI_TOOLS,  # type: ignore[arg-type]
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=64, temperature=0) as stream:
+        kinds = {event.type for event in stream}
+        final = stream.get_final_completion()
+    assert "tool_calls.function.arguments.done" in kinds
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+
+
+def test_openai_tool_call_delta_shapes(base_url: str) -> None:
+    body = {"model": LLM, "messages": [{"role": "user", "content": ASK}], "tools": OPENAI_TOOLS,
+            "tool_choice": "required", "parallel_tool_calls": False, "stream": True,
+            "max_tokens": 64, "temperature": 0}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(ln) for ln in lines[:-1]]
+    deltas = [c["choices"][0]["delta"].get("tool_calls") for c in chunks]
+    tool_deltas = [d[0] for d in deltas if d]
+    first, rest = tool_deltas[0], tool_deltas[1:]
+    assert first["index"] == 0 and first["id"].startswith("call_")
+    assert first["type"] == "function" and first["function"]["arguments"] == ""
+    assert rest and all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"}
+                        for d in rest)
+    arguments = json.loads("".join(d["function"]["arguments"] for d in rest))
+    jsonschema.validate(arguments, SCHEMAS[first["function"]["name"]])
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                        "finish_reason": "tool_calls"}
+
+
+def test_openai_tool_history(oai: openai.OpenAI) -> None:
+    """An assistant turn with tool_calls (content null) and the tool's answer go back in."""
+    messages: Any = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather",
+                          "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 22 degrees"},
+    ]
+    resp = oai.chat.completions.create(model=LLM, messages=messages, tools=OPENAI_TOOLS,  # type: ignore[arg-type]
+                                       tool_choice="none", max_tokens=32, temperature=0)
+    assert resp.choices[0].message.content and resp.choices[0].message.tool_calls is None
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+# --- Ollama ----------------------------------------------------------------------------------
+
+
+def get_weather(city: str, unit: str) -> str:
+    """Get the current weather in a city.
+
+    Args:
+      city: The city, e.g. Paris
+      unit: celsius or fahrenheit
+    """
+    return f"Sunny, 22 degrees {unit} in {city}"
+
+
+def _ollama_schema() -> dict[str, Any]:
+    return convert_function_to_tool(get_weather).model_dump(exclude_none=True)["function"][
+        "parameters"]
+
+
+def test_ollama_forced_tool_call(base_url: str) -> None:
+    client = ollama.Client(host=base_url)
+    opts = {"temperature": 0, "num_predict": 64, "tool_choice": "required"}
+    resp = client.chat(model=LLM, messages=[{"role": "user", "content": ASK}],
+                       tools=[get_weather], options=opts)
+    (call,) = resp.message.tool_calls or []
+    assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
+    jsonschema.validate(dict(call.function.arguments), _ollama_schema())
+    chunks = list(client.chat(model=LLM, messages=[{"role": "user", "content": ASK}],
+                              tools=[get_weather], options=opts, stream=True))
+    with_calls = [c for c in chunks if c.message.tool_calls]
+    assert len(with_calls) == 1 and not with_calls[0].done and chunks[-1].done
+    assert with_calls[0].message.tool_calls[0].function.arguments == call.function.arguments  # type: ignore[index]
+
+
+def test_ollama_tools_auto(base_url: str) -> None:
+    """Without tool_choice the model decides (SmolLM2-135M answers in text); whatever it
+    does comes back in a valid shape, and a call it makes has arguments that validate.
+
+    NOTE: not asserted to repeat across requests: at temperature 0 the greedy text still
+    changed with how much of the prompt the worker's prefix cache held.
+    """
+    client = ollama.Client(host=base_url)
+    answer = client.chat(model=LLM, messages=[{"role": "user", "content": ASK}],
+                         tools=[get_weather], options={"temperature": 0, "num_predict": 48})
+    assert answer.done and answer.message.role == "assistant"
+    for call in answer.message.tool_calls or []:
+        assert call.function.name == "get_weather"
+        jsonschema.validate(dict(call.function.arguments), _ollama_schema())
+    if not answer.message.tool_calls:
+        assert answer.message.content
+    none = client.chat(model=LLM, messages=[{"role": "user", "content": ASK}],
+                       tools=[get_weather], options={"temperature": 0, "num_predict": 8,
+                                                    "tool_choice": "none"})
+    assert not none.message.tool_calls and none.message.content
+
+
+# --- LangChain -------------------------------------------------------------------------------
+
+
+def test_langchain_chat_openai_bind_tools(base_url: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=LLM, base_url=base_url + "/v1", api_key="x",  # type: ignore[arg-type]
+                     temperature=0, max_tokens=64, max_retries=0)  # type: ignore[call-arg]
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(ASK)
+    (call,) = msg.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "get_weather" and call["id"]
+    jsonschema.validate(call["args"], _ollama_schema())
+
+
+def test_langchain_chat_ollama_bind_tools(base_url: str) -> None:
+    from langchain_ollama import ChatOllama
+
+    llm = ChatOllama(model=LLM, base_url=base_url, temperature=0)
+    # NOTE: ChatOllama ignores tool_choice (Ollama has none); the server's options extension
+    # forces the call.
+    bound = llm.bind_tools([get_weather], options={"temperature": 0, "num_predict": 64,
+                                                   "tool_choice": "get_weather"})
+    msg = bound.invoke(ASK)
+    (call,) = msg.tool_calls  # type: ignore[attr-defined]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["args"], _ollama_schema())
