@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from gateway.broker import Broker
 from gateway.embed_api import EmbeddingRoutes
 from gateway.health import HealthRoutes
 from gateway.metrics import Metrics, MetricsMiddleware
+from gateway.models_api import ModelRoutes
 from gateway.ollama_api import OllamaRoutes
 from gateway.openai_api import OpenAIRoutes
 from gateway.router import Router, new_id
@@ -66,6 +68,7 @@ class Gateway:
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
             *AnthropicRoutes(self.router).routes(),
+            *ModelRoutes(self.router).routes(),
             *OllamaRoutes(self.router).routes(),
             *EmbeddingRoutes(self.router, self.config).routes(),
         ]
@@ -73,9 +76,14 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.broker.start()
+        keep_alive = asyncio.create_task(self.router.switcher.run())
         try:
             yield
         finally:
+            keep_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep_alive
+            await self.router.switcher.stop()
             await self.broker.stop()
 
     def app(self) -> ASGIApp:

@@ -88,6 +88,8 @@ def _locate(config: Config, model: ServedModel) -> Path:
     entry = embedded(model.name)
     if entry is not None and entry.kind == "embed" and not entry.package:
         return config.model_cache_path() / EMBED_IR_FOLDER
+    if model.path:  # pulled models and those no worker runs now (gateway/model_table.py)
+        return Path(model.path)
     if not model.workers:
         raise ModelSourceMissing(f"model {model.name!r} has no files here")
     return model_path(config, config.worker(model.workers[0]))
@@ -137,6 +139,7 @@ class ModelCatalog:
 
     def touch(self, model: ServedModel, keep_alive: float) -> None:
         self._expires[model.name] = time.time() + keep_alive
+        self.router.touch(model.name, keep_alive)  # unloads switched-to models (keep_alive)
 
     def expires_at(self, model: ServedModel) -> datetime:
         when = self._expires.get(model.name, math.inf)

@@ -3,6 +3,10 @@
 Candidates for a model are the workers that serve it, NPU role first, then by device
 preference. A worker that is not serving, whose queue is full, or that answers
 `retry_elsewhere` (prompt too long for the NPU) is skipped and the next one is tried.
+
+The served models are computed afresh (gateway/model_table.py): what the workers run now,
+their configured models, pulled models and aliases. A request for a model no worker runs
+switches a worker to it first (gateway/switching.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import msgspec
 
 from gateway.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
 from gateway.errors import GatewayError, from_failed, model_not_found, unavailable
+from gateway.model_table import ModelTable
+from gateway.switching import Switcher
 from protocol.config import Config
 from protocol.messages import (
     Abort,
@@ -34,12 +40,11 @@ from protocol.messages import (
     TokenCount,
     Tokenize,
 )
-from protocol.registry import alias_table, embedded, normalize
+from protocol.registry import embedded
 
 log = logging.getLogger(__name__)
 
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
-ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
 
 
 def new_id(prefix: str = "") -> str:
@@ -50,7 +55,9 @@ def new_id(prefix: str = "") -> str:
 class ServedModel:
     name: str
     kind: str  # "llm" or "embed"
-    workers: list[str]
+    workers: list[str]  # the workers running it now
+    # Its file or folder when known without preparing anything ("" otherwise).
+    path: str = ""
 
 
 class GenerationObserver(Protocol):
@@ -141,30 +148,28 @@ class Router:
     def __init__(self, config: Config, broker: Broker) -> None:
         self.config = config
         self.broker = broker
-        self.aliases = alias_table(config.model_aliases)
-        self.models: dict[str, ServedModel] = {}
+        self.table = ModelTable(config, broker)
+        self.aliases = self.table.aliases
+        self.switcher = Switcher(config, broker, self.table)
         self.started = int(time.time())
         self.observers: list[GenerationObserver] = []
-        for spec in config.workers:
-            if not spec.enabled:
-                continue
-            name = self.aliases.get(normalize(spec.model_name), spec.model_name)
-            kind = ROLE_KIND[spec.role]
-            model = self.models.setdefault(name, ServedModel(name=name, kind=kind, workers=[]))
-            model.workers.append(spec.name)
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        return self.table.models()
 
     # --- names ---------------------------------------------------------------------------
 
     def resolve(self, requested: str, kind: str | None = None) -> ServedModel:
         if not isinstance(requested, str) or not requested.strip():
             raise GatewayError(400, "invalid_request", "model is required", param="model")
-        key = normalize(requested)
-        name = self.aliases.get(key, key)
-        model = self.models.get(name)
+        name = self.table.canonical(requested)
+        models = self.models
+        model = models.get(name)
         if model is None:
             # NOTE: `x:latest` must also find a model served under the bare canonical name.
             bare = name.removesuffix(":latest")
-            model = next((m for m in self.models.values() if m.name == bare), None)
+            model = next((m for m in models.values() if m.name == bare), None)
         if model is None:
             raise model_not_found(requested)
         if kind is not None and model.kind != kind:
@@ -177,6 +182,10 @@ class Router:
 
     def is_embedded(self, name: str) -> bool:
         return embedded(name) is not None
+
+    def touch(self, name: str, keep_alive: float) -> None:
+        """A request's keep_alive for a model (seconds, math.inf = forever, 0 = unload)."""
+        self.switcher.touch(name, keep_alive)
 
     def candidates(self, model: ServedModel) -> list[WorkerLink]:
         links = [self.broker.links[w] for w in model.workers if w in self.broker.links]
@@ -247,6 +256,7 @@ class Router:
 
     async def generate(self, model: ServedModel, msg: Generate) -> Generation:
         started = time.monotonic()
+        model = await self.switcher.ensure(model)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         if isinstance(frame, Failed):
             self.broker.close(stream)
@@ -257,6 +267,7 @@ class Router:
         return Generation(self.broker, stream, frame, reason, started, self.observers)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embeddings:
+        model = await self.switcher.ensure(model)
         stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)
         if isinstance(frame, Failed):
@@ -266,6 +277,7 @@ class Router:
         return frame
 
     async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
+        model = await self.switcher.ensure(model)
         stream, frame, _ = await self._dispatch(model, msg.id, msg, self.deadline())
         self.broker.close(stream)
         if isinstance(frame, Failed):

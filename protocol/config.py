@@ -14,6 +14,8 @@ from typing import Any, Literal
 import msgspec
 import tomllib
 
+from protocol.registry import ModelSource
+
 Role = Literal["llm", "npu", "embed"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
@@ -52,8 +54,16 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     max_batch_tokens: int = 2048
     kv_cache_gb: float = 1.0
     faults: FaultHooks = msgspec.field(default_factory=FaultHooks)
+    # May a request for another (pulled) model reload this worker with it? None = the role's
+    # default: off for npu (a cold NPU compile takes minutes), on otherwise.
+    allow_switch: bool | None = None
+    # Set by the supervisor while the worker serves a switched-to model: the configured model
+    # it returns to when that one is unloaded (keep_alive). Not a setting.
+    switched_from: str = ""
 
     def __post_init__(self) -> None:
+        if self.allow_switch is None:
+            self.allow_switch = self.role != "npu"
         if self.load_timeout <= 0:
             self.load_timeout = 1800.0 if self.role == "npu" else 600.0
         if self.max_queue <= 0:
@@ -98,6 +108,10 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_embed_chars: int = 100_000
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
     workers: list[WorkerSpec] = msgspec.field(default_factory=_default_workers)
+    # The user's own registry entries: `[models."name:tag"]` with repo (+ file) or path.
+    models: dict[str, ModelSource] = msgspec.field(default_factory=dict)
+    # Seconds a request waits for a worker to switch to the model it names.
+    switch_timeout: float = 300.0
 
     def runtime_path(self) -> Path:
         return Path(self.runtime_dir or _default_runtime_dir())

@@ -173,5 +173,12 @@ def show_config(**kw: Any) -> None:
     click.echo(msgspec.toml.encode(config).decode())
 
 
+# NOTE: imported last: the model commands reuse this module's config options.
+from supervisor.models_cli import convert, models, pull, rm  # noqa: E402
+
+for _command in (pull, models, rm, convert):
+    main.add_command(_command)
+
+
 if __name__ == "__main__":
     main()

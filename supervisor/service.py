@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from protocol.config import Config, ConfigError, dump_config
+from protocol.config import Config, ConfigError, WorkerSpec, dump_config
 from protocol.messages import (
     Heartbeat,
     WorkerExited,
@@ -294,6 +294,8 @@ class Supervisor:
         child = self.children.get(name)
         if child is None:
             return {"ok": False, "error": f"no worker named {name!r}"}
+        if cmd == "load" and child.kind != "gateway":
+            return self._load(child, str(req.get("model") or ""))
         if cmd in ("start", "restart") and child.kind != "gateway":
             self._reload_spec(name)
         if cmd == "stop":
@@ -335,12 +337,38 @@ class Supervisor:
         if spec == self.config.worker(name):
             return
         log.info("worker %s: configuration changed; the next start uses it", spec.name)
+        self._set_spec(spec)
+
+    def _set_spec(self, spec: WorkerSpec) -> None:
         workers = [spec if w.name == spec.name else w for w in self.config.workers]
         self.config = msgspec.structs.replace(self.config, workers=workers)
         self.config_path.write_bytes(dump_config(self.config))
         child = self.children[spec.name]
         child.model = spec.model_name
         child.device = spec.device
+
+    def _load(self, child: Child, model: str) -> dict[str, Any]:
+        """Reload a worker with another model ("" = back to its configured one): the
+        gateway asks when a request names a model no worker runs, or when keep_alive ends."""
+        spec = self.config.worker(child.name)
+        if not spec.allow_switch:
+            return {"ok": False, "error": f"worker {child.name} does not switch models "
+                                          "(allow_switch = false)"}
+        home = spec.switched_from or spec.model_name
+        target = model or home
+        changed = target != spec.model_name
+        if changed:
+            log.info("worker %s: switching model %s -> %s", child.name, spec.model_name, target)
+            self._set_spec(msgspec.structs.replace(
+                spec, model=target, switched_from="" if target == home else home))
+        child.hold = False
+        if child.pid is None:
+            child.crash_times.clear()
+            child.last_error = ""
+            child.spawn()
+        elif changed:
+            self._terminate(child)  # NOTE: drains; the exit handler restarts it at once
+        return {"ok": True, "model": target, "changed": changed}
 
     def _terminate(self, child: Child) -> None:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""

@@ -1,4 +1,5 @@
-"""Where a worker's model files are: embedded defaults, local paths, the model cache."""
+"""Where a worker's model files are: embedded defaults, pulled models in the model cache,
+`[models]` entries with a local path, local paths."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from protocol.registry import (
     normalize,
     package_file,
 )
+from protocol.store import ModelStore
 
 
 def model_path(config: Config, spec: WorkerSpec) -> Path:
@@ -24,6 +26,14 @@ def model_path(config: Config, spec: WorkerSpec) -> Path:
         from workers.embed_model import ensure_minilm_ir
 
         return ensure_minilm_ir(config.model_cache_path() / "all-minilm-l6-v2")
+    store = ModelStore(config.model_cache_path())
+    key = normalize(name)
+    pulled = store.get(store.aliases().get(key, key))
+    if pulled is not None:
+        return store.entry_path(pulled)
+    for user_name, source in config.models.items():
+        if source.path and normalize(user_name) == key:
+            return Path(source.path).expanduser()
     path = Path(spec.model_name).expanduser()
     if path.exists():
         return path

@@ -1,0 +1,118 @@
+"""Which models the gateway serves, computed afresh from what is true now.
+
+A model is served when a worker runs it (its heartbeat says so; before the first heartbeat,
+its configuration), when it is some worker's configured model, when it was pulled into the
+model cache, when a `[models]` entry of the config file points at a local path, or when it
+is an alias made by /api/copy. `workers` lists the workers running it right now; a model
+with none is loaded by switching a worker to it (gateway/switching.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from protocol.config import Config, WorkerSpec
+from protocol.registry import (
+    ModelSourceMissing,
+    alias_table,
+    embedded,
+    normalize,
+    package_file,
+)
+from protocol.store import ModelStore, StoreError
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+    from gateway.router import ServedModel
+
+log = logging.getLogger(__name__)
+
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
+
+
+class ModelTable:
+    def __init__(self, config: Config, broker: Broker) -> None:
+        self.config = config
+        self.broker = broker
+        self.aliases = alias_table(config.model_aliases)
+        self.store = ModelStore(config.model_cache_path())
+        self._paths: dict[str, str] = {}
+        self.user_paths = {normalize(name): source for name, source in config.models.items()
+                           if source.path}
+
+    # --- names ---------------------------------------------------------------------------
+
+    def canonical(self, requested: str) -> str:
+        """The served name `requested` stands for: config aliases, then /api/copy aliases."""
+        key = normalize(requested)
+        name = self.aliases.get(key, key)
+        return self.store.aliases().get(name, name)
+
+    def default_model(self, spec: WorkerSpec) -> str:
+        """The configured model a worker returns to when a switched-to one is unloaded."""
+        return self.canonical(spec.switched_from or spec.model_name)
+
+    def current_model(self, spec: WorkerSpec) -> str:
+        link = self.broker.links.get(spec.name)
+        if link is not None and link.heartbeat is not None:
+            return self.canonical(link.heartbeat.model)
+        return self.canonical(spec.model_name)
+
+    # --- files ---------------------------------------------------------------------------
+
+    def path_of(self, name: str) -> str:
+        """The model's file or folder when it can be named without preparing anything."""
+        manifest = self.store.get(name)
+        if manifest is not None:
+            try:
+                return str(self.store.entry_path(manifest))
+            except StoreError as exc:
+                log.warning("%s", exc)
+                return ""
+        if name in self.user_paths:
+            return str(Path(self.user_paths[name].path).expanduser())
+        if name in self._paths:
+            return self._paths[name]
+        entry = embedded(name)
+        path = ""
+        if entry is not None and entry.package:
+            try:
+                path = str(package_file(entry.package, entry.package_file))
+            except ModelSourceMissing as exc:
+                log.warning("%s", exc)
+        elif entry is None and Path(name).expanduser().exists():
+            path = str(Path(name).expanduser())
+        self._paths[name] = path
+        return path
+
+    # --- the table -----------------------------------------------------------------------
+
+    def models(self) -> dict[str, ServedModel]:
+        from gateway.router import ServedModel
+
+        table: dict[str, ServedModel] = {}
+
+        def add(name: str, kind: str) -> ServedModel:
+            model = table.get(name)
+            if model is None:
+                model = table[name] = ServedModel(name=name, kind=kind, workers=[])
+            return model
+
+        enabled = [spec for spec in self.config.workers if spec.enabled]
+        for spec in enabled:
+            add(self.current_model(spec), ROLE_KIND[spec.role]).workers.append(spec.name)
+        for spec in enabled:
+            add(self.default_model(spec), ROLE_KIND[spec.role])
+        for manifest in self.store.manifests().values():
+            add(manifest.name, manifest.kind)
+        for name, source in self.user_paths.items():
+            add(name, source.kind or "llm")
+        aliases = self.store.aliases()
+        for alias, target in aliases.items():
+            if target in table and alias not in table:
+                add(alias, table[target].kind)
+        for model in table.values():
+            model.path = self.path_of(aliases.get(model.name, model.name))
+        return table

@@ -1,0 +1,186 @@
+"""Ollama's model management: POST /api/pull, DELETE /api/delete, POST /api/copy.
+
+/api/pull resolves the name and lists the repository before answering, so an unknown or
+unsafe name is a plain 404/400; then the download runs in a thread (workers/pull.py) and its
+progress reaches the event loop through a queue, streamed as Ollama's NDJSON (`pulling
+manifest`, per-file `digest`/`total`/`completed`, `verifying sha256 digest`, `writing
+manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `stream: false`,
+answered once at the end. A client that goes away cancels the pull; the next pull resumes.
+
+/api/copy makes an alias in the cache's alias store (no files copied); /api/delete removes a
+pulled model or an alias, first switching a worker that runs it back to its configured model.
+Built-in defaults and workers' configured models cannot be deleted (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway._utils import decode_body, dumps
+from gateway.errors import GatewayError, invalid, model_not_found
+from gateway.router import Router
+from protocol.registry import ModelNameError, canonical, embedded
+from workers.pull import Progress, PullError, PullPlan, plan_pull, run_pull
+
+log = logging.getLogger(__name__)
+
+NDJSON = "application/x-ndjson"
+
+
+class PullRequest(msgspec.Struct):
+    model: str = ""
+    name: str = ""  # the legacy spelling
+    stream: bool | None = None
+    insecure: bool | None = None
+
+
+class DeleteRequest(msgspec.Struct):
+    model: str = ""
+    name: str = ""
+
+
+class CopyRequest(msgspec.Struct):
+    source: str = ""
+    destination: str = ""
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _canonical(name: str, param: str = "model") -> str:
+    try:
+        return canonical(name)
+    except ModelNameError as exc:
+        raise invalid(str(exc), param=param) from exc
+
+
+class ModelRoutes:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.config = router.config
+        self._pulls: set[asyncio.Task[None]] = set()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/pull", self.pull, methods=["POST"]),
+            Route("/api/delete", self.delete, methods=["DELETE"]),
+            Route("/api/copy", self.copy, methods=["POST"]),
+        ]
+
+    # --- pull ----------------------------------------------------------------------------
+
+    async def pull(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, PullRequest)
+            name = req.model or req.name
+            if not name:
+                raise invalid("model is required", param="model")
+            plan = await asyncio.to_thread(plan_pull, self.config, name)
+        except GatewayError as exc:
+            return _error(exc.status, exc.message)
+        except PullError as exc:
+            return _error(exc.status, str(exc))
+        queue: asyncio.Queue[Progress | PullError | None] = asyncio.Queue()
+        cancel = threading.Event()
+        task = asyncio.create_task(self._run(plan, queue, cancel))
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
+        if req.stream is not False:
+            return StreamingResponse(self._stream(queue, cancel), media_type=NDJSON)
+        failure: PullError | None = None
+        while (item := await queue.get()) is not None:
+            if isinstance(item, PullError):
+                failure = item
+        if failure is not None:
+            return _error(failure.status, str(failure))
+        return JSONResponse({"status": "success"})
+
+    async def _run(self, plan: PullPlan, queue: asyncio.Queue[Progress | PullError | None],
+                   cancel: threading.Event) -> None:
+        loop = asyncio.get_running_loop()
+
+        def emit(progress: Progress) -> None:
+            # NOTE: called in the download thread; the queue belongs to the event loop.
+            loop.call_soon_threadsafe(queue.put_nowait, progress)
+
+        try:
+            await asyncio.to_thread(run_pull, self.config, plan, emit, cancel)
+        except PullError as exc:
+            log.warning("pull of %s failed: %s", plan.name, exc)
+            queue.put_nowait(exc)
+        except Exception as exc:
+            log.exception("pull of %s failed", plan.name)
+            queue.put_nowait(PullError(f"pull of {plan.name} failed: {exc}"))
+        finally:
+            queue.put_nowait(None)
+
+    async def _stream(self, queue: asyncio.Queue[Progress | PullError | None],
+                      cancel: threading.Event) -> AsyncIterator[bytes]:
+        try:
+            yield dumps(Progress(status="pulling manifest")) + b"\n"
+            while (item := await queue.get()) is not None:
+                if isinstance(item, PullError):
+                    yield dumps({"error": str(item)}) + b"\n"
+                else:
+                    yield dumps(item) + b"\n"
+        finally:
+            cancel.set()  # NOTE: no-op once finished; stops the download if the client left
+
+    # --- delete and copy -----------------------------------------------------------------
+
+    async def delete(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, DeleteRequest)
+            raw = req.model or req.name
+            key = _canonical(raw)
+            table = self.router.table
+            name = table.aliases.get(key, key)
+            if embedded(name) is not None:
+                raise invalid(f"model '{raw}' is a built-in default model; it cannot be "
+                              "deleted", param="model")
+            if await asyncio.to_thread(table.store.remove_alias, key):
+                return Response(status_code=200)
+            if table.store.get(name) is None:
+                raise model_not_found(raw)
+            workers = [s for s in self.config.workers if s.enabled]
+            homes = [s.name for s in workers if table.default_model(s) == name]
+            if homes:
+                raise invalid(f"model '{raw}' is the configured model of worker "
+                              f"{', '.join(homes)}; change the config file first",
+                              param="model")
+            for spec in workers:
+                if table.current_model(spec) == name:
+                    await self.router.switcher.load(spec.name, "")
+            if not await asyncio.to_thread(table.store.remove, name):
+                raise model_not_found(raw)
+        except GatewayError as exc:
+            return _error(exc.status, exc.message)
+        log.info("deleted model %s", name)
+        return Response(status_code=200)
+
+    async def copy(self, request: Request) -> Response:
+        try:
+            req = await decode_body(request, CopyRequest)
+            if not req.source or not req.destination:
+                raise invalid("source and destination are required")
+            dest = _canonical(req.destination, param="destination")
+            source = self.router.resolve(req.source)
+            if dest != source.name:
+                table = self.router.table
+                taken = self.router.models.get(dest)
+                if taken is not None and dest not in table.store.aliases():
+                    raise invalid(f"model '{req.destination}' already exists",
+                                  param="destination")
+                await asyncio.to_thread(table.store.add_alias, dest, source.name)
+        except GatewayError as exc:
+            return _error(exc.status, exc.message)
+        return Response(status_code=200)

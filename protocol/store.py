@@ -1,0 +1,230 @@
+"""The model cache on disk: pulled models, their manifests, and the alias store.
+
+Layout under `Config.model_cache_path()`:
+- `<folder>/` one pulled model, `<folder>` being its canonical name with `/` -> `+` and
+  `:` -> `@` (characters no model name contains, so two names never share a folder);
+  `<folder>/.npu-proxy-manifest.json` records name, source, files and digests. A folder
+  without a manifest is not a model.
+- `.staging/<folder>/` a pull in progress (partial files end in `.incomplete`); renamed into
+  place only when every file is complete and verified, so a partial pull is never listed.
+- `aliases.json` names made by /api/copy: alias -> canonical name, no files copied.
+
+Pure stdlib and msgspec, so the gateway, the workers and the CLI all read the same store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import msgspec
+
+from protocol.registry import ModelNameError, canonical
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".npu-proxy-manifest.json"
+STAGING = ".staging"
+ALIASES = "aliases.json"
+
+
+class ManifestFile(msgspec.Struct, omit_defaults=True):
+    path: str  # relative to the model folder, `/`-separated
+    size: int
+    sha256: str = ""  # hex, when the hub gave it (LFS files) or it was computed
+    git_oid: str = ""  # the hub's git blob id (sha1), for files stored in git
+
+
+class Manifest(msgspec.Struct, omit_defaults=True):
+    name: str  # canonical: `[namespace/]name:tag`
+    kind: str  # "llm" or "embed"
+    format: str  # "gguf" or "openvino"
+    source: str  # what was pulled, e.g. "hf.co/OpenVINO/TinyLlama-1.1B-Chat-v1.0-int4-ov"
+    files: list[ManifestFile]
+    repo: str = ""
+    revision: str = ""
+    commit: str = ""
+    # What a worker loads, relative to the folder: a .gguf file, or "" for the IR folder.
+    entry: str = ""
+    npu_ready: bool = False
+    pulled_at: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class StoreError(Exception):
+    pass
+
+
+def folder_name(name: str) -> str:
+    """The folder of a canonical name; refuses anything that is not one."""
+    if canonical(name) != name:
+        raise ModelNameError(f"not a canonical model name: {name!r}")
+    return name.replace("/", "+").replace(":", "@")
+
+
+def safe_relative(path: str) -> bool:
+    """A repository file path that stays inside the folder it is written to."""
+    if not path or path.startswith(("/", "\\")) or "\\" in path or "\x00" in path:
+        return False
+    if len(path) > 2 and path[1] == ":":
+        return False  # a drive letter
+    parts = path.split("/")
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+def inside(root: Path, path: Path) -> bool:
+    """`path` (symlinks resolved) is `root` or below it."""
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+class ModelStore:
+    """Pulled models and aliases of one cache folder, re-read only when it changed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._seen: tuple[int, int] | None = None
+        self._manifests: dict[str, Manifest] = {}
+        self._aliases: dict[str, str] = {}
+
+    # --- paths ---------------------------------------------------------------------------
+
+    def model_dir(self, name: str) -> Path:
+        return self.root / folder_name(name)
+
+    def staging_dir(self, name: str) -> Path:
+        return self.root / STAGING / folder_name(name)
+
+    def lock_path(self, name: str) -> Path:
+        return self.root / STAGING / f"{folder_name(name)}.lock"
+
+    def entry_path(self, manifest: Manifest) -> Path:
+        """The file or folder a worker loads; refuses a path that leaves the cache."""
+        folder = self.model_dir(manifest.name)
+        path = folder / manifest.entry if manifest.entry else folder
+        if not safe_relative(manifest.entry or "x") or not inside(folder, path) \
+                or folder.is_symlink():
+            raise StoreError(f"model {manifest.name}: {path} is outside the model cache")
+        return path
+
+    # --- reading -------------------------------------------------------------------------
+
+    def _stamp(self) -> tuple[int, int]:
+        def mtime(p: Path) -> int:
+            try:
+                return p.stat().st_mtime_ns
+            except OSError:
+                return 0
+        return mtime(self.root), mtime(self.root / ALIASES)
+
+    def _refresh(self) -> None:
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        manifests: dict[str, Manifest] = {}
+        with contextlib.suppress(OSError):
+            for folder in self.root.iterdir():
+                if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir():
+                    continue
+                found = self._read_manifest(folder)
+                if found is not None:
+                    manifests[found.name] = found
+        self._manifests = manifests
+        try:
+            raw = msgspec.json.decode((self.root / ALIASES).read_bytes(), type=dict[str, str])
+        except (OSError, msgspec.DecodeError):
+            raw = {}
+        self._aliases = raw
+
+    def _read_manifest(self, folder: Path) -> Manifest | None:
+        path = folder / MANIFEST
+        if not path.is_file() or path.is_symlink():
+            return None
+        try:
+            found = msgspec.json.decode(path.read_bytes(), type=Manifest)
+            if folder_name(found.name) != folder.name:
+                raise StoreError(f"manifest names {found.name!r}")
+        except (OSError, msgspec.DecodeError, ModelNameError, StoreError) as exc:
+            log.warning("ignoring model folder %s: %s", folder, exc)
+            return None
+        return found
+
+    def manifests(self) -> dict[str, Manifest]:
+        self._refresh()
+        return dict(self._manifests)
+
+    def get(self, name: str) -> Manifest | None:
+        self._refresh()
+        return self._manifests.get(name)
+
+    def aliases(self) -> dict[str, str]:
+        self._refresh()
+        return dict(self._aliases)
+
+    # --- writing -------------------------------------------------------------------------
+
+    def install(self, staging: Path, manifest: Manifest) -> Path:
+        """Write the manifest into a complete staging folder and rename it into place."""
+        (staging / MANIFEST).write_bytes(msgspec.json.format(msgspec.json.encode(manifest)))
+        target = self.model_dir(manifest.name)
+        old = None
+        if target.exists() or target.is_symlink():
+            old = self.root / STAGING / f"old-{uuid.uuid4().hex[:8]}"
+            os.replace(target, old)
+        os.replace(staging, target)
+        if old is not None:
+            _remove(old)
+        self._seen = None
+        return target
+
+    def remove(self, name: str) -> bool:
+        """Delete a pulled model (and aliases pointing at it); False when there is none."""
+        target = self.model_dir(name)
+        if self.get(name) is None:
+            return False
+        trash = self.root / STAGING / f"deleted-{uuid.uuid4().hex[:8]}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(target, trash)  # NOTE: gone from listings at once, even if rmtree is slow
+        _remove(trash)
+        aliases = {a: t for a, t in self.aliases().items() if t != name}
+        self._write_aliases(aliases)
+        return True
+
+    def add_alias(self, alias: str, target: str) -> None:
+        folder_name(alias)  # validates
+        aliases = self.aliases()
+        aliases[alias] = target
+        self._write_aliases(aliases)
+
+    def remove_alias(self, alias: str) -> bool:
+        aliases = self.aliases()
+        if aliases.pop(alias, None) is None:
+            return False
+        self._write_aliases(aliases)
+        return True
+
+    def _write_aliases(self, aliases: dict[str, str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ALIASES
+        tmp = path.with_name(f".{ALIASES}.{uuid.uuid4().hex[:8]}")
+        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(dict(sorted(aliases.items())))))
+        os.replace(tmp, path)
+        self._seen = None
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
