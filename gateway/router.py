@@ -45,6 +45,7 @@ from protocol.registry import embedded
 log = logging.getLogger(__name__)
 
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
+STALL_GRACE_S = 5.0
 
 
 def new_id(prefix: str = "") -> str:
@@ -79,8 +80,12 @@ class Generation:
 
     def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
                  reason: str, started: float | None = None,
-                 observers: Sequence[GenerationObserver] = ()) -> None:
+                 observers: Sequence[GenerationObserver] = (),
+                 deadline: float = float("inf")) -> None:
         self.broker = broker
+        # NOTE: the worker ends a request at its deadline itself; this later one only
+        # catches a worker that stalled (still heartbeating, no longer generating).
+        self.give_up_at = deadline + STALL_GRACE_S
         self.stream = stream
         self.accepted = accepted
         self.reason = reason
@@ -103,7 +108,13 @@ class Generation:
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
             while True:
-                frame = await self.stream.frames.get()
+                try:
+                    frame = await asyncio.wait_for(self.stream.frames.get(),
+                                                   max(0.0, self.give_up_at - time.time()))
+                except TimeoutError:
+                    raise GatewayError(
+                        504, "timeout", f"worker {self.stream.worker} stopped producing output "
+                        "past the request's deadline") from None
                 if isinstance(frame, Delta):
                     self._count(frame.tokens)
                     yield frame
@@ -219,10 +230,8 @@ class Router:
             if not link.serving:
                 reason = reason if reason != "preferred" else "worker_unavailable"
                 continue
-            if link.heartbeat is not None and link.heartbeat.queue >= link.spec.max_queue:
-                reason = reason if reason != "preferred" else "queue_full"
-                busy = True
-                continue
+            # NOTE: the queue bound is checked by the worker itself (QUEUE_FULL +
+            # retry_elsewhere below); a heartbeat's queue depth is up to 0.5 s stale.
             try:
                 stream = self.broker.open(link.name, request_id, msg)
             except WorkerUnavailable:
@@ -264,7 +273,8 @@ class Router:
         if not isinstance(frame, Accepted):
             self.broker.close(stream)
             raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
-        return Generation(self.broker, stream, frame, reason, started, self.observers)
+        return Generation(self.broker, stream, frame, reason, started, self.observers,
+                          deadline=msg.deadline)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embeddings:
         model = await self.switcher.ensure(model)

@@ -208,3 +208,19 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
         left = server.stop()
     assert left == set()
     assert server.proc is not None and not alive(server.proc.pid)
+
+
+def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
+    """A worker that still heartbeats but stopped generating cannot hang a client."""
+    server = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "faults": {"stall_after_tokens": 4}}],
+        inference_timeout=2.0).start()
+    try:
+        stream = Stream(server.url, SHORT, 400)
+        stream.future.result(timeout=60)
+        err = stream.error()
+        assert err is not None
+        assert "stopped producing output" in err[1]["error"]["message"]
+        assert stream.text()  # the tokens produced before the stall were delivered
+    finally:
+        server.stop()
