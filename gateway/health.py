@@ -90,13 +90,17 @@ class HealthRoutes:
 
     async def devices(self, request: Request) -> Response:
         workers = []
-        devices: dict[str, dict[str, Any]] = {}
+        devices: dict[str, dict[str, Any]] = {
+            name: {"device": name, "full_name": full, "workers": [], "up": False}
+            for name, full in self.config.devices.items()
+        }
         for spec in self.config.workers:
             link = self.broker.links.get(spec.name) if spec.enabled else None
             row = self._worker(spec.name, link, spec.role, spec.device, spec.model_name)
             workers.append(row)
-            dev = devices.setdefault(spec.device, {"device": spec.device, "workers": [],
-                                                   "up": False})
+            dev = devices.setdefault(spec.device, {"device": spec.device,
+                                                   "full_name": spec.device,
+                                                   "workers": [], "up": False})
             dev["workers"].append(spec.name)
             dev["up"] = dev["up"] or row["up"]
         return JSONResponse({"devices": list(devices.values()), "workers": workers})

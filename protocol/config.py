@@ -77,7 +77,20 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
 
 
 def _default_workers() -> list[WorkerSpec]:
-    return [WorkerSpec(name="llm", role="llm"), WorkerSpec(name="embed", role="embed")]
+    return default_workers(["CPU"])
+
+
+def default_workers(devices: list[str]) -> list[WorkerSpec]:
+    """The npu role only where an NPU exists; the llm role on a GPU if any, else the CPU;
+    embeddings on the CPU."""
+    names = [d.upper() for d in devices]
+    workers = []
+    if any(d.startswith("NPU") for d in names):
+        workers.append(WorkerSpec(name="npu", role="npu", device="NPU"))
+    gpu = next((d for d in devices if d.upper().startswith("GPU")), None)
+    workers.append(WorkerSpec(name="llm", role="llm", device=gpu or "CPU"))
+    workers.append(WorkerSpec(name="embed", role="embed", device="CPU"))
+    return workers
 
 
 def _default_runtime_dir() -> str:
@@ -107,7 +120,12 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    # The model every `claude-*` name (what Claude Code asks for) stands for, unless
+    # model_aliases names it exactly; "" = the default LLM (first enabled llm/npu worker's).
+    claude_model: str = ""
     workers: list[WorkerSpec] = msgspec.field(default_factory=_default_workers)
+    # OpenVINO devices found at start (name -> full name), filled in by the supervisor.
+    devices: dict[str, str] = msgspec.field(default_factory=dict)
     # The user's own registry entries: `[models."name:tag"]` with repo (+ file) or path.
     models: dict[str, ModelSource] = msgspec.field(default_factory=dict)
     # Seconds a request waits for a worker to switch to the model it names.
@@ -137,6 +155,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "NPU_PROXY_LOG_LEVEL": ("log_level", str),
     "NPU_PROXY_LOG_FORMAT": ("log_format", str),
     "NPU_PROXY_API_KEY": ("api_key", str),
+    "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
 }
 
@@ -149,8 +168,13 @@ def load_config(
     path: Path | None = None,
     env: dict[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
+    devices: dict[str, str] | None = None,
 ) -> Config:
-    """Build the effective configuration from file, environment and explicit overrides."""
+    """Build the effective configuration from file, environment and explicit overrides.
+
+    `devices` (discovered name -> full name) picks the default workers when the
+    configuration names none, and is recorded for /health/devices.
+    """
     env = dict(os.environ) if env is None else env
     data: dict[str, Any] = {}
     if path is None and env.get("NPU_PROXY_CONFIG"):
@@ -169,6 +193,10 @@ def load_config(
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
+    if devices is not None:
+        data["devices"] = devices
+        if "workers" not in data:
+            data["workers"] = msgspec.to_builtins(default_workers(list(devices)))
     try:
         return msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:

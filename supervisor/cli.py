@@ -38,11 +38,12 @@ def config_options(func: F) -> F:
 
 
 def _config(config_file: Path | None, host: str | None, port: int | None,
-            runtime_dir: str | None, transport: str | None) -> Config:
+            runtime_dir: str | None, transport: str | None,
+            devices: dict[str, str] | None = None) -> Config:
     try:
         return load_config(config_file, overrides={"host": host, "port": port,
                                                    "runtime_dir": runtime_dir,
-                                                   "transport": transport})
+                                                   "transport": transport}, devices=devices)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -76,20 +77,24 @@ def main() -> None:
 @config_options
 def start(worker: str | None, quiet: bool, **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
-    config = _config(**kw)
     if worker:
-        _control(config, {"cmd": "start", "worker": worker})
+        _control(_config(**kw), {"cmd": "start", "worker": worker})
         click.echo(f"started {worker}")
         return
+    from supervisor.devices import discover
     from supervisor.service import AlreadyRunning, Supervisor
 
+    found = discover()
+    config = _config(**kw, devices=found)
     setup_logging("supervisor", config.log_level, config.log_format)
+    logging.getLogger("supervisor").info(
+        "devices: %s", ", ".join(f"{k} ({v})" for k, v in found.items()))
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         logging.getLogger("supervisor").warning(
             "listening on %s without an API key: anyone who can reach it can use it; "
             "set NPU_PROXY_API_KEY", config.host)
     def reload() -> Config:
-        return _config(**kw)
+        return _config(**kw, devices=found)
 
     try:
         code = Supervisor(config, echo=not quiet, reload=reload).run()
@@ -168,9 +173,23 @@ def logs(worker: str, lines: int, **kw: Any) -> None:
 @main.command("config")
 @config_options
 def show_config(**kw: Any) -> None:
-    """Print the effective configuration as TOML."""
-    config = _config(**kw)
-    click.echo(msgspec.toml.encode(config).decode())
+    """Print the effective configuration as TOML (with the devices found here)."""
+    from supervisor.devices import discover
+
+    config = _config(**kw, devices=discover())
+    click.echo(msgspec.toml.encode(_everything(config)).decode())
+
+
+def _everything(obj: Any) -> Any:
+    """A Struct as plain data with every field, defaults included (TOML has no null)."""
+    if isinstance(obj, msgspec.Struct):
+        return {f: _everything(getattr(obj, f)) for f in obj.__struct_fields__
+                if getattr(obj, f) is not None}
+    if isinstance(obj, list):
+        return [_everything(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _everything(v) for k, v in obj.items() if v is not None}
+    return obj
 
 
 # NOTE: imported last: the model commands reuse this module's config options.

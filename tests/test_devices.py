@@ -1,0 +1,41 @@
+"""Device discovery and the default configuration it selects."""
+
+from __future__ import annotations
+
+import httpx
+from serverctl import Server
+
+from protocol.config import default_workers, load_config
+from supervisor.devices import discover
+
+
+def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:
+    devices = discover()
+    assert devices.get("CPU")
+
+
+def test_default_workers_follow_the_devices() -> None:
+    cpu_only = [(w.role, w.device) for w in default_workers(["CPU"])]
+    assert cpu_only == [("llm", "CPU"), ("embed", "CPU")]
+    full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"])]
+    assert full == [("npu", "NPU"), ("llm", "GPU.0"), ("embed", "CPU")]
+
+
+def test_configured_workers_win_over_discovery() -> None:
+    config = load_config(env={}, overrides={"workers": [{"name": "x", "role": "llm"}]},
+                         devices={"CPU": "cpu", "NPU": "npu"})
+    assert [w.name for w in config.workers] == ["x"]
+    assert config.devices == {"CPU": "cpu", "NPU": "npu"}
+
+
+def test_config_command_prints_the_effective_configuration(server: Server) -> None:
+    out = server.cli("config").stdout
+    assert f"port = {server.port}" in out
+    assert "[devices]" in out and "CPU = " in out
+    assert "load_timeout" in out  # defaults are printed too
+
+
+def test_health_devices_lists_the_discovered_devices(server: Server) -> None:
+    body = httpx.get(server.url + "/health/devices", timeout=5).json()
+    cpu = next(d for d in body["devices"] if d["device"] == "CPU")
+    assert cpu["full_name"] and "llm" in cpu["workers"] and cpu["up"]
