@@ -6,6 +6,10 @@ imported (their dependencies pull in torch). Conversion needs no torch: ``openvi
 the ONNX file and ``openvino_tokenizers`` converts the Hugging Face tokenizer. The folder
 is built once, in a temporary sibling that is renamed into place, and then loaded with
 ``openvino_genai.TextEmbeddingPipeline(dest, device, embedding_config())``.
+
+Measured with openvino-genai 2026.4: without a config the pipeline pools the CLS token (wrong
+vectors for this model); ``embed_documents([])`` segfaults, so callers skip empty batches; one
+pipeline serves one call at a time (a concurrent call raises "Infer Request is busy").
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def count_tokens(tokenizer: openvino_genai.Tokenizer, texts: list[str]) -> list[
     The pipeline embeds at most ``min(count, max_length)`` of them.
     """
     if not texts:
-        return []  # NOTE: the native encode is not safe on an empty batch.
+        return []  # NOTE: Tokenizer.encode([]) segfaults (openvino-genai 2026.4).
     encoded = tokenizer.encode(texts, add_special_tokens=True)
     mask = encoded.attention_mask.data
     return [int(row.sum()) for row in mask]
