@@ -13,6 +13,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.anthropic_api import AnthropicRoutes
+from gateway.auth import ApiKeyMiddleware
 from gateway.broker import Broker
 from gateway.embed_api import EmbeddingRoutes
 from gateway.health import HealthRoutes
@@ -88,7 +89,8 @@ class Gateway:
 
     def app(self) -> ASGIApp:
         starlette = Starlette(routes=self.routes(), lifespan=self.lifespan)
-        return RequestIdMiddleware(MetricsMiddleware(starlette, self.metrics, starlette.routes))
+        inner = ApiKeyMiddleware(starlette, self.config.api_key)
+        return RequestIdMiddleware(MetricsMiddleware(inner, self.metrics, starlette.routes))
 
 
 def build_app(config: Config) -> ASGIApp:

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # NOTE: numeric only; Open WebUI parses it as integers and some clients require >= 0.6.4.
 OLLAMA_VERSION = "0.12.0"
 NDJSON = "application/x-ndjson"
-DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
+DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}
 ROLES = ("system", "user", "assistant", "tool")
 
 

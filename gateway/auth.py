@@ -1,0 +1,48 @@
+"""API key check for every inference route, answered in the calling API's own error shape.
+
+Off unless `api_key` is configured. Clients send the key as `Authorization: Bearer` (OpenAI,
+Ollama behind a proxy) or `x-api-key` (Anthropic); both are accepted everywhere. Liveness,
+metrics and Ollama's probes (`/`, `/api/version`) stay open.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway import anthropic_api, ollama_api, openai_api
+from gateway.errors import GatewayError
+
+OPEN_PATHS = ("/", "/api/version", "/metrics")
+
+
+def _sent_key(scope: Scope) -> str:
+    headers: dict[bytes, bytes] = dict(scope.get("headers", []))
+    key = headers.get(b"x-api-key", b"").decode("latin-1")
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if not key and auth.lower().startswith("bearer "):
+        key = auth[7:].strip()
+    return key
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or not self.api_key or path in OPEN_PATHS
+                or path.startswith("/health")
+                or hmac.compare_digest(_sent_key(scope).encode(), self.api_key)):
+            await self.app(scope, receive, send)
+            return
+        exc = GatewayError(401, "authentication", "invalid or missing API key")
+        if path.startswith("/v1/messages"):
+            response = anthropic_api.error_response(exc)
+        elif path.startswith("/v1/"):
+            response = openai_api.error_response(exc)
+        else:
+            response = ollama_api.error_response(exc)
+        await response(scope, receive, send)

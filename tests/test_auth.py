@@ -1,0 +1,68 @@
+"""With an API key configured, every inference route wants it, in each API's error shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+from serverctl import Server
+
+LLM = "smollm2:135m"
+KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("auth"), workers=[{"name": "llm", "role": "llm"}],
+                    api_key=KEY, inference_timeout=3.0).start()
+    yield server
+    server.stop()
+
+
+def test_openai_requires_the_key(srv: Server) -> None:
+    bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.models.list()
+    assert info.value.code == "invalid_api_key"
+    good = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    assert any(m.id == LLM for m in good.models.list())
+
+
+def test_anthropic_requires_the_key(srv: Server) -> None:
+    bad = anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model=LLM, max_tokens=3,
+                            messages=[{"role": "user", "content": "hi"}])
+    good = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0)
+    assert good.messages.create(model=LLM, max_tokens=3,
+                                messages=[{"role": "user", "content": "hi"}]).content
+
+
+def test_ollama_requires_the_key_but_probes_stay_open(srv: Server) -> None:
+    r = httpx.get(srv.url + "/api/tags")
+    assert r.status_code == 401 and "error" in r.json()
+    assert httpx.get(srv.url + "/").status_code == 200
+    assert httpx.get(srv.url + "/api/version").status_code == 200
+    assert httpx.get(srv.url + "/health").status_code == 200
+    client = ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"})
+    assert any(m.model == LLM for m in client.list().models)
+
+
+def test_inference_timeout_ends_ollama_chat_with_reason_timeout(srv: Server) -> None:
+    r = httpx.post(srv.url + "/api/chat", timeout=60, headers={"x-api-key": KEY}, json={
+        "model": LLM, "stream": False,
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+        "options": {"num_predict": 4000, "temperature": 0}})
+    body = r.json()
+    assert body["message"]["content"].startswith("1")
+    assert body["done_reason"] == "timeout"
+    assert 0 < body["eval_count"] < 4000
+
+
+def test_unknown_path_is_not_an_auth_leak(srv: Server) -> None:
+    assert httpx.post(srv.url + "/v1/chat/completions", json={}).status_code == 401
+    assert httpx.get(srv.url + "/health/devices").status_code == 200
