@@ -7,8 +7,8 @@ message object or the named SSE events (`message_start`, `content_block_start`,
 Routing, streaming, tools (gateway/tools.py) and sampling (gateway/params.py) are shared.
 
 Decisions:
-- `x-api-key` or `Authorization: Bearer` are accepted (checked only when an api_key is
-  configured); `anthropic-version`, `anthropic-beta` and a `?beta=true` query are ignored.
+- `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/auth.py when an
+  api_key is configured); `anthropic-version`, `anthropic-beta` and `?beta=true` are ignored.
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
 - `system` text blocks are joined; `cache_control`, `metadata`, `thinking` and thinking blocks
@@ -20,7 +20,6 @@ Decisions:
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -300,21 +299,9 @@ class AnthropicRoutes:
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
         ]
 
-    def _check_key(self, request: Request) -> None:
-        key = self.router.config.api_key
-        if not key:
-            return
-        sent = request.headers.get("x-api-key", "")
-        auth = request.headers.get("authorization", "")
-        if not sent and auth.lower().startswith("bearer "):
-            sent = auth[7:].strip()
-        if not hmac.compare_digest(sent.encode(), key.encode()):
-            raise GatewayError(401, "authentication", "invalid x-api-key")
-
     async def count_tokens(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            self._check_key(request)
             req = await decode_body(request, CountRequest)
             model = self.router.resolve(req.model, kind="llm")
             # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
@@ -329,7 +316,6 @@ class AnthropicRoutes:
     async def messages(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            self._check_key(request)
             req = await decode_body(request, MessagesRequest)
             params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
                                       top_p=req.top_p, top_k=req.top_k,

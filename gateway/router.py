@@ -44,6 +44,8 @@ from protocol.registry import embedded
 
 log = logging.getLogger(__name__)
 
+# Claude Code asks for claude-* names (see Router.claude_model and docs/clients.md).
+CLAUDE_PREFIX = "claude-"
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
 STALL_GRACE_S = 5.0
 
@@ -155,6 +157,15 @@ class Generation:
         self.broker.close(self.stream)
 
 
+def _lookup(models: dict[str, ServedModel], name: str) -> ServedModel | None:
+    model = models.get(name)
+    if model is None:
+        # NOTE: `x:latest` must also find a model served under the bare canonical name.
+        bare = name.removesuffix(":latest")
+        model = next((m for m in models.values() if m.name == bare), None)
+    return model
+
+
 class Router:
     def __init__(self, config: Config, broker: Broker) -> None:
         self.config = config
@@ -176,11 +187,9 @@ class Router:
             raise GatewayError(400, "invalid_request", "model is required", param="model")
         name = self.table.canonical(requested)
         models = self.models
-        model = models.get(name)
-        if model is None:
-            # NOTE: `x:latest` must also find a model served under the bare canonical name.
-            bare = name.removesuffix(":latest")
-            model = next((m for m in models.values() if m.name == bare), None)
+        model = _lookup(models, name)
+        if model is None and name.startswith(CLAUDE_PREFIX):
+            model = _lookup(models, self.claude_model())
         if model is None:
             raise model_not_found(requested)
         if kind is not None and model.kind != kind:
@@ -190,6 +199,16 @@ class Router:
                                f"model '{requested}' is {what}; use the {use} API for it",
                                param="model")
         return model
+
+    def claude_model(self) -> str:
+        """What `claude-*` names stand for: `claude_model`, else the default LLM (the
+        configured model of the first enabled llm/npu worker)."""
+        if self.config.claude_model:
+            return self.table.canonical(self.config.claude_model)
+        for spec in self.config.workers:
+            if spec.enabled and spec.role in ("llm", "npu"):
+                return self.table.default_model(spec)
+        return ""
 
     def is_embedded(self, name: str) -> bool:
         return embedded(name) is not None

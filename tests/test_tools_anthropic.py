@@ -215,6 +215,71 @@ def test_output_config_format(claude: anthropic.Anthropic) -> None:
     jsonschema.validate(json.loads(msg.content[0].text), schema)  # type: ignore[union-attr]
 
 
+def test_claude_code_request(base_url: str) -> None:
+    """The shape Claude Code sends (recorded, max_tokens cut down to keep the test fast)."""
+    body = {
+        "model": "claude-sonnet-4-5-20250929",
+        "max_tokens": 32,
+        "stream": True,
+        "temperature": 1,
+        "system": [
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+             "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "You are an interactive CLI tool that helps users with "
+             "software engineering tasks.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nThis is a reminder.\n</system-reminder>"},
+            {"type": "text", "text": "list the files here",
+             "cache_control": {"type": "ephemeral"}},
+        ]}],
+        "tools": [
+            {"name": "Bash", "description": "Executes a given bash command",
+             "input_schema": {"type": "object", "properties": {
+                 "command": {"type": "string", "description": "The command to execute"},
+                 "timeout": {"type": "number", "description": "Optional timeout in ms"}},
+                 "required": ["command"], "additionalProperties": False,
+                 "$schema": "http://json-schema.org/draft-07/schema#"}},
+            {"name": "Read", "description": "Reads a file from the local filesystem.",
+             "input_schema": {"type": "object", "properties": {
+                 "file_path": {"type": "string"}}, "required": ["file_path"],
+                 "additionalProperties": False,
+                 "$schema": "http://json-schema.org/draft-07/schema#"}},
+        ],
+        "metadata": {"user_id": "user_0123_account__session_4567"},
+    }
+    headers = {"anthropic-version": "2023-06-01", "x-api-key": "sk-anything",
+               "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,"
+                                 "fine-grained-tool-streaming-2025-05-14",
+               "anthropic-dangerous-direct-browser-access": "true", "x-app": "cli",
+               "user-agent": "claude-cli/2.0.0 (external, cli)"}
+    with httpx.stream("POST", base_url + "/v1/messages?beta=true", json=body, headers=headers,
+                      timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        raw = resp.read().decode()
+    events = []
+    for block in raw.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        data = json.loads(lines["data"])
+        assert data["type"] == lines["event"]
+        events.append(data)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert events[0]["message"]["model"] == body["model"]
+    assert "error" not in kinds and "content_block_start" in kinds
+    assert events[-2]["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+    # The small request Claude Code sends first (its quota check, on the small fast model).
+    quota = httpx.post(base_url + "/v1/messages?beta=true", headers=headers, timeout=60, json={
+        "model": "claude-3-5-haiku-20241022", "max_tokens": 1,
+        "messages": [{"role": "user", "content": "quota"}]})
+    assert quota.status_code == 200 and quota.json()["stop_reason"] == "max_tokens"
+    counted = httpx.post(base_url + "/v1/messages/count_tokens?beta=true", headers=headers,
+                         timeout=60, json={k: body[k] for k in ("model", "system", "messages",
+                                                                 "tools")})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 100
+
+
 def test_anthropic_errors(base_url: str, claude: anthropic.Anthropic) -> None:
     resp = httpx.post(base_url + "/v1/messages", timeout=30, json={
         "model": LLM, "messages": [{"role": "user", "content": "hi"}]})
