@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from gateway._utils import decode_body, dumps, request_id
 from gateway.errors import GatewayError, invalid
+from gateway.ollama_api import error_response as ollama_error_response
 from gateway.openai_api import error_response
 from gateway.router import Router, ServedModel
 from protocol.config import Config
@@ -190,7 +191,7 @@ class EmbeddingRoutes:
             frame = await self._embed(request, req.model, texts, req.truncate is not False,
                                       req.dimensions or None, "input")
         except GatewayError as exc:
-            return ollama_error(exc)
+            return ollama_error_response(exc)
         body = {
             "model": req.model,
             "embeddings": _matrix(frame).tolist(),
@@ -211,7 +212,7 @@ class EmbeddingRoutes:
                 return JSONResponse({"embedding": []})
             frame = await self._embed(request, req.model, [req.prompt], True, None, "prompt")
         except GatewayError as exc:
-            return ollama_error(exc)
+            return ollama_error_response(exc)
         body = {"embedding": _matrix(frame)[0].tolist()}
         return Response(dumps(body), media_type="application/json", headers=_headers(frame))
 
@@ -222,8 +223,3 @@ def _matrix(frame: Embeddings) -> np.ndarray[Any, Any]:
 
 def _headers(frame: Embeddings) -> dict[str, str]:
     return {"X-NPU-Proxy-Token-Count": str(sum(frame.prompt_tokens))}
-
-
-def ollama_error(exc: GatewayError) -> Response:
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
