@@ -20,7 +20,7 @@ from gateway._utils import decode_body, dumps, request_id
 from gateway.errors import GatewayError, invalid
 from gateway.ollama_api import error_response as ollama_error_response
 from gateway.openai_api import error_response
-from gateway.router import Router, ServedModel
+from gateway.router import Embedded, Router, ServedModel
 from protocol.config import Config
 from protocol.messages import Embed, Embeddings
 
@@ -125,7 +125,7 @@ class EmbeddingRoutes:
 
     async def _embed(self, request: Request, model_name: str, texts: list[str],
                      truncate: bool, dimensions: int | None,
-                     param: str) -> Embeddings:
+                     param: str) -> Embedded:
         model = self.router.resolve(model_name, kind="embed")
         if dimensions is not None and dimensions <= 0:
             raise invalid(f"'dimensions' must be a positive integer, got {dimensions}",
@@ -135,14 +135,14 @@ class EmbeddingRoutes:
         msg = Embed(id=request_id(request), model=model.name, texts=texts,
                     deadline=self.router.deadline(), truncate=truncate)
         try:
-            frame = await self.router.embed(model, msg)
+            done = await self.router.embed(model, msg)
         except GatewayError as exc:
             if exc.kind == "context_length_exceeded":
                 exc.param = param
             raise
-        self._dims[model.name] = frame.dims
-        self._check_dimensions(model, dimensions, frame.dims)
-        return frame
+        self._dims[model.name] = done.frame.dims
+        self._check_dimensions(model, dimensions, done.frame.dims)
+        return done
 
     # --- OpenAI --------------------------------------------------------------------------
 
@@ -154,8 +154,9 @@ class EmbeddingRoutes:
                 raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
                               param="encoding_format")
             texts = _texts(req.input, "input", allow_empty=False)
-            frame = await self._embed(request, req.model, texts, req.truncate is not False,
-                                      req.dimensions, "input")
+            done = await self._embed(request, req.model, texts, req.truncate is not False,
+                                     req.dimensions, "input")
+            frame = done.frame
         except GatewayError as exc:
             return error_response(exc)
         if fmt == "base64":
@@ -173,7 +174,7 @@ class EmbeddingRoutes:
             "model": req.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+        return Response(dumps(body), media_type="application/json", headers=done.headers)
 
     # --- Ollama --------------------------------------------------------------------------
 
@@ -188,8 +189,9 @@ class EmbeddingRoutes:
                                      "total_duration": 0, "load_duration": 0,
                                      "prompt_eval_count": 0})
             # NOTE: Ollama sends 0 for "not set".
-            frame = await self._embed(request, req.model, texts, req.truncate is not False,
-                                      req.dimensions or None, "input")
+            done = await self._embed(request, req.model, texts, req.truncate is not False,
+                                     req.dimensions or None, "input")
+            frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)
         body = {
@@ -200,7 +202,7 @@ class EmbeddingRoutes:
             "load_duration": 0,
             "prompt_eval_count": sum(frame.prompt_tokens),
         }
-        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+        return Response(dumps(body), media_type="application/json", headers=done.headers)
 
     async def ollama_embeddings(self, request: Request) -> Response:
         try:
@@ -210,16 +212,13 @@ class EmbeddingRoutes:
             if not req.prompt:
                 self.router.resolve(req.model, kind="embed")
                 return JSONResponse({"embedding": []})
-            frame = await self._embed(request, req.model, [req.prompt], True, None, "prompt")
+            done = await self._embed(request, req.model, [req.prompt], True, None, "prompt")
+            frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)
         body = {"embedding": _matrix(frame)[0].tolist()}
-        return Response(dumps(body), media_type="application/json", headers=_headers(frame))
+        return Response(dumps(body), media_type="application/json", headers=done.headers)
 
 
 def _matrix(frame: Embeddings) -> np.ndarray[Any, Any]:
     return np.frombuffer(frame.data, dtype="<f4").reshape(frame.rows, frame.dims)
-
-
-def _headers(frame: Embeddings) -> dict[str, str]:
-    return {"X-NPU-Proxy-Token-Count": str(sum(frame.prompt_tokens))}

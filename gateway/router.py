@@ -63,6 +63,22 @@ class ServedModel:
     path: str = ""
 
 
+def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[str, str]:
+    """What every inference response says about where it ran and why."""
+    return {
+        "X-NPU-Proxy-Device": device,
+        "X-NPU-Proxy-Worker": worker,
+        "X-NPU-Proxy-Route-Reason": reason,
+        "X-NPU-Proxy-Token-Count": str(tokens),
+    }
+
+
+@dataclass
+class Embedded:
+    frame: Embeddings
+    headers: dict[str, str]
+
+
 class GenerationObserver(Protocol):
     """Told each routing decision and what every generation yields (see gateway/metrics.py)."""
 
@@ -100,12 +116,8 @@ class Generation:
         self._done = False
 
     def headers(self) -> dict[str, str]:
-        return {
-            "X-NPU-Proxy-Device": self.accepted.device,
-            "X-NPU-Proxy-Worker": self.accepted.worker,
-            "X-NPU-Proxy-Route-Reason": self.reason,
-            "X-NPU-Proxy-Token-Count": str(self.accepted.prompt_tokens),
-        }
+        return route_headers(self.accepted.device, self.accepted.worker, self.reason,
+                             self.accepted.prompt_tokens)
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
@@ -295,15 +307,17 @@ class Router:
         return Generation(self.broker, stream, frame, reason, started, self.observers,
                           deadline=msg.deadline)
 
-    async def embed(self, model: ServedModel, msg: Embed) -> Embeddings:
+    async def embed(self, model: ServedModel, msg: Embed) -> Embedded:
         model = await self.switcher.ensure(model)
-        stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)
+        stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)
         if isinstance(frame, Failed):
             raise from_failed(frame)
         if not isinstance(frame, Embeddings):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-        return frame
+        device = self.broker.links[stream.worker].spec.device
+        return Embedded(frame, route_headers(device, stream.worker, reason,
+                                             sum(frame.prompt_tokens)))
 
     async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
         model = await self.switcher.ensure(model)

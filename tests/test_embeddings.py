@@ -517,3 +517,14 @@ def test_fast_token_counter_agrees_with_openvino(ir_folder: Path, tokenizer: Any
     assert fast is not None  # NOTE: else every request pays ~3 ms for the OpenVINO count.
     texts = [CAT, FELINE, STOCKS, LONG, "Ünïcödé — \u2018quotes\u2019 … 中文 🙂", "a" * 150]
     assert [len(e.ids) for e in fast.encode_batch(texts)] == count_tokens(tokenizer, texts)
+
+
+def test_embedding_responses_say_where_they_ran(server: Server) -> None:
+    for path, body in (("/v1/embeddings", {"model": "all-minilm", "input": ["a", "b c"]}),
+                       ("/api/embed", {"model": "all-minilm", "input": "a"})):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 200
+        assert r.headers["x-npu-proxy-worker"] == "embed"
+        assert r.headers["x-npu-proxy-device"] == "CPU"
+        assert r.headers["x-npu-proxy-route-reason"] == "preferred"
+        assert int(r.headers["x-npu-proxy-token-count"]) >= 3
