@@ -203,6 +203,16 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
         if devices.status_code == 200:
             row = next(w for w in devices.json()["workers"] if w["name"] == "bad")
             assert row["state"] in ("failed", "stopped")
+        # With no worker left that can serve the model: 503 with Retry-After, no hang.
+        server.cli("stop", "llm")
+        server.wait_state("llm", ("stopped",), timeout=30)
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+            "model": LLM, "messages": SHORT, "max_tokens": 3})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+        assert r.json()["error"]["message"]
+        r = httpx.post(server.url + "/api/generate", timeout=30, json={
+            "model": LLM, "prompt": "hi", "stream": False})
+        assert r.status_code == 503 and "error" in r.json() and r.headers["retry-after"]
         # Fix the configuration, start it by hand: it comes back.
         text = config.read_text().replace("crash_in_load = true", "crash_in_load = false")
         config.write_text(text)

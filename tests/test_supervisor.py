@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from serverctl import Server, alive, descendants
+
+from protocol.config import ConfigError, load_config
 
 
 def test_sigterm_leaves_no_process(tmp_path: Path) -> None:
@@ -24,3 +27,32 @@ def test_sigterm_leaves_no_process(tmp_path: Path) -> None:
     assert left == set()
     assert not any(alive(p) for p in kids)
     assert "npu-proxy listening on http://127.0.0.1:" in srv.logs()
+
+
+def test_stop_command_and_private_runtime_folder(tmp_path: Path) -> None:
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start()
+    assert srv.proc is not None
+    runtime = Path(srv.config.runtime_dir)
+    assert runtime.stat().st_mode & 0o777 == 0o700
+    assert (runtime / "config.json").stat().st_mode & 0o777 == 0o600
+    kids = descendants(srv.proc.pid)
+    assert "stopping" in srv.cli("stop").stdout
+    assert srv.proc.wait(30) == 0
+    assert not any(alive(p) for p in kids)
+    assert srv.cli("status", check=False).returncode != 0
+
+
+def test_configuration_precedence(tmp_path: Path) -> None:
+    """Defaults < TOML file < NPU_PROXY_* environment < command-line flags."""
+    path = tmp_path / "c.toml"
+    path.write_text('port = 12000\nhost = "127.0.0.2"\nlog_level = "DEBUG"\n')
+    assert load_config(env={}).port == 11435
+    assert load_config(env={}).host == "127.0.0.1"
+    from_file = load_config(path, env={})
+    assert (from_file.port, from_file.host, from_file.log_level) == (12000, "127.0.0.2", "DEBUG")
+    env = {"NPU_PROXY_PORT": "12001", "NPU_PROXY_CONFIG": str(path)}
+    from_env = load_config(env=env)
+    assert (from_env.port, from_env.host) == (12001, "127.0.0.2")
+    assert load_config(env=env, overrides={"port": 12002}).port == 12002
+    with pytest.raises(ConfigError, match="NPU_PROXY_PORT"):
+        load_config(env={"NPU_PROXY_PORT": "eleven"})
