@@ -35,6 +35,7 @@ from protocol.messages import (
     TokenCount,
     Tokenize,
 )
+from workers.detok import Detokenizer
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class PromptTooLong(Exception):
 class _Active:
     req: Generate
     handle: Any
-    streamer: Any
+    streamer: Detokenizer
     prompt_tokens: int
     received: float
     added: float
@@ -200,15 +201,9 @@ class EngineBase:
     def _track(self, req: Generate, handle: Any, prompt_tokens: int,
                received: float) -> _Active:
         assert self.prompting is not None
-        text: list[str] = []
-
-        def on_text(chunk: str) -> ov_genai.StreamingStatus:
-            text.append(chunk)
-            return ov_genai.StreamingStatus.RUNNING
-
-        streamer = ov_genai.TextStreamer(self.prompting.tokenizer, on_text)
-        active = _Active(req=req, handle=handle, streamer=streamer, prompt_tokens=prompt_tokens,
-                         received=received, added=time.time(), text=text)
+        active = _Active(req=req, handle=handle,
+                         streamer=Detokenizer(self.prompting.tokenizer),
+                         prompt_tokens=prompt_tokens, received=received, added=time.time())
         self._active[req.id] = active
         return active
 
@@ -217,7 +212,9 @@ class EngineBase:
             active.first = now
         active.completion_tokens += len(ids)
         self.generated_tokens += len(ids)
-        active.streamer.write(ids)
+        text = active.streamer.push(ids)
+        if text:
+            active.text.append(text)
         self.faults.on_tokens(len(ids))
 
     def _flush(self, active: _Active) -> None:
@@ -229,7 +226,9 @@ class EngineBase:
             active.seq += 1
 
     def _finish(self, active: _Active) -> None:
-        active.streamer.end()
+        rest = active.streamer.flush()
+        if rest:
+            active.text.append(rest)
         self._flush(active)
         end = time.time()
         first = active.first or end
