@@ -33,7 +33,8 @@ async def _serve(config_path: Path) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("listening on http://%s:%d", config.host, config.port)
+    # NOTE: not "listening on": the supervisor says that once the workers are ready.
+    log.info("gateway accepting HTTP on http://%s:%d", config.host, config.port)
     await serve(build_app(config), hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 
