@@ -88,7 +88,12 @@ class WorkerLink:
 
     @property
     def serving(self) -> bool:
-        return self.state.serving and self.heartbeat_age() < self.spec.heartbeat_timeout
+        # NOTE: a worker stuck mid-generation still heartbeats; stop routing to it as soon
+        # as it has made no progress for its stall timeout (the supervisor then restarts it).
+        stalled = self.heartbeat is not None and (
+            self.heartbeat.stalled_for > self.spec.stall_timeout)
+        return (self.state.serving and not stalled
+                and self.heartbeat_age() < self.spec.heartbeat_timeout)
 
 
 class Broker:

@@ -43,6 +43,9 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     load_timeout: float = 0.0
     # Seconds without a heartbeat (while serving) before the worker is declared lost.
     heartbeat_timeout: float = 10.0
+    # Seconds a busy worker may go without any progress (a token, a finished step) before it
+    # is killed and restarted; 0 = the role's default: 300 s for npu, 120 s otherwise.
+    stall_timeout: float = 0.0
     # Requests waiting beyond those running; 0 = the role's default: 4 for npu, 64 otherwise.
     max_queue: int = 0
     # Crashes within the restart window before the worker is left failed; 0 = the global one.
@@ -66,6 +69,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.allow_switch = self.role != "npu"
         if self.load_timeout <= 0:
             self.load_timeout = 1800.0 if self.role == "npu" else 600.0
+        if self.stall_timeout <= 0:
+            self.stall_timeout = 300.0 if self.role == "npu" else 120.0
         if self.max_queue <= 0:
             self.max_queue = 4 if self.role == "npu" else 64
 

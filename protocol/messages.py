@@ -202,6 +202,9 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     cache_misses: int = 0
     error: str = ""
     sent_at: float = 0.0
+    # Seconds since the engine last made progress while it had work (0 when idle): a
+    # worker stuck in native code mid-generation still heartbeats, but this grows.
+    stalled_for: float = 0.0
 
 
 WorkerReply = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Heartbeat

@@ -62,6 +62,7 @@ class Child:
         self.hold = False
         self.kill_at = 0.0
         self.heartbeat_at = 0.0
+        self.stalled_for = 0.0
         self.model = ""
         self.device = ""
 
@@ -89,6 +90,7 @@ class Child:
         self.state = "running" if self.kind == "gateway" else "starting"
         self.started_at = time.monotonic()
         self.heartbeat_at = 0.0
+        self.stalled_for = 0.0
         self.expected_exit = False
         self.kill_at = 0.0
         log.info("started %s pid %d", self.name, self.proc.pid)

@@ -155,6 +155,7 @@ class Supervisor:
         if child.pid is None or beat.pid != child.pid:
             return  # a late frame from a previous incarnation
         child.heartbeat_at = time.monotonic()
+        child.stalled_for = beat.stalled_for
         label = beat.state.label
         if child.state != label and child.state not in ("backoff", "failed", "stopped"):
             if beat.state == WorkerState.FAILED:
@@ -212,6 +213,8 @@ class Supervisor:
                 self._kill(child, f"stuck {child.state} for more than {spec.load_timeout:.0f} s")
         elif child.heartbeat_at and now - child.heartbeat_at > spec.heartbeat_timeout:
             self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s")
+        elif child.stalled_for > spec.stall_timeout:
+            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy")
 
     def _kill(self, child: Child, reason: str) -> None:
         log.error("killing %s: %s", child.name, reason)

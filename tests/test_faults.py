@@ -227,14 +227,20 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
 def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
     """A worker that still heartbeats but stopped generating cannot hang a client."""
     server = Server(tmp_path, workers=[
-        {"name": "llm", "role": "llm", "faults": {"stall_after_tokens": 4}}],
-        inference_timeout=2.0).start()
+        {"name": "llm", "role": "llm", "stall_timeout": 12.0,
+         "faults": {"stall_after_tokens": 4}}], inference_timeout=2.0).start()
     try:
+        old = pid_of(server, "llm")
         stream = Stream(server.url, SHORT, 400)
         stream.future.result(timeout=60)
         err = stream.error()
         assert err is not None
         assert "stopped producing output" in err[1]["error"]["message"]
         assert stream.text()  # the tokens produced before the stall were delivered
+        # The gateway gave up first (deadline + 5 s); at its stall timeout the supervisor sees
+        # the busy worker has made no progress and replaces it.
+        row = server.wait_state("llm", ("starting", "loading", "warming", "ready"),
+                                timeout=60, check=lambda c: c["pid"] not in (None, old))
+        assert "no progress" in row["last_error"]
     finally:
         server.stop()

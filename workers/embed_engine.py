@@ -69,6 +69,7 @@ class EmbedEngine:
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
+        self.progress_at = time.monotonic()
         self.cache_hits = 0
         self.cache_misses = 0
         self.max_length = MAX_SEQ_LENGTH
@@ -103,6 +104,7 @@ class EmbedEngine:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            self.progress_at = time.monotonic()
             try:
                 first = self._inbox.get(timeout=0.05)
             except queue.Empty:

@@ -142,6 +142,7 @@ class EngineBase:
         self.prompting: Prompting | None = None
         self.base_config: Any = None
         self.defaults: dict[str, float] = {}
+        self.progress_at = time.monotonic()
 
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
         self._inbox.put(msg)
@@ -208,6 +209,7 @@ class EngineBase:
         return active
 
     def _on_tokens(self, active: _Active, ids: list[int], now: float) -> None:
+        self.progress_at = time.monotonic()
         if not active.first:
             active.first = now
         active.completion_tokens += len(ids)
@@ -279,6 +281,7 @@ class BatchEngine(EngineBase):
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            self.progress_at = time.monotonic()
             self._drain_inbox()
             if not self._active:
                 self._wake.wait(0.05)

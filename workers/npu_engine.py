@@ -124,6 +124,7 @@ class SerialEngine(EngineBase):
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            self.progress_at = time.monotonic()
             with self._lock:
                 item = self._queue.popleft() if self._queue else None
             if item is None:

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 class Engine(Protocol):
     generated_tokens: int
     served: int
+    # time.monotonic() of the engine's last progress (set by the engine thread).
+    progress_at: float
 
     def load(self, properties: dict[str, Any]) -> None: ...
     def warm_up(self) -> None: ...
@@ -98,6 +100,8 @@ class WorkerProcess:
             cache_misses=getattr(engine, "cache_misses", 0),
             error=self.error,
             sent_at=time.time(),
+            stalled_for=(time.monotonic() - engine.progress_at
+                         if engine is not None and engine.in_flight else 0.0),
         )
 
     def _heartbeat_loop(self) -> None:
