@@ -40,7 +40,6 @@ from protocol.messages import (
     TokenCount,
     Tokenize,
 )
-from protocol.registry import embedded
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +220,6 @@ class Router:
             if spec.enabled and spec.role in ("llm", "npu"):
                 return self.table.default_model(spec)
         return ""
-
-    def is_embedded(self, name: str) -> bool:
-        return embedded(name) is not None
 
     def touch(self, name: str, keep_alive: float) -> None:
         """A request's keep_alive for a model (seconds, math.inf = forever, 0 = unload)."""

@@ -50,13 +50,6 @@ _DONE = (
 )
 
 
-class PromptTooLong(Exception):
-    def __init__(self, tokens: int, limit: int) -> None:
-        super().__init__(f"prompt is {tokens} tokens, the limit is {limit}")
-        self.tokens = tokens
-        self.limit = limit
-
-
 @dataclass
 class _Active:
     req: Generate
