@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -56,3 +57,18 @@ def test_configuration_precedence(tmp_path: Path) -> None:
     assert load_config(env=env, overrides={"port": 12002}).port == 12002
     with pytest.raises(ConfigError, match="NPU_PROXY_PORT"):
         load_config(env={"NPU_PROXY_PORT": "eleven"})
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """Even SIGKILL of the supervisor (no exit path runs) leaves no orphan: parent-death
+    signal."""
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start()
+    assert srv.proc is not None
+    kids = descendants(srv.proc.pid)
+    assert len(kids) >= 2
+    srv.proc.kill()
+    srv.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in kids):
+        time.sleep(0.1)
+    assert not any(alive(p) for p in kids)
