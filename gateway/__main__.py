@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway")
     parser.add_argument("--config", required=True, type=Path)
     args = parser.parse_args(argv)
-    asyncio.run(_serve(args.config))
+    try:
+        import uvloop
+    except ImportError:  # NOTE: no uvloop on Windows; the standard loop works, slower.
+        asyncio.run(_serve(args.config))
+    else:
+        uvloop.run(_serve(args.config))
     return 0
 
 

@@ -322,6 +322,11 @@ class MetricsMiddleware:
         self.routes = routes
 
     def _endpoint(self, scope: Scope) -> str:
+        # NOTE: Starlette's router records the route it matched in the scope; matching the
+        # path again is only needed for requests answered before routing (401, 404).
+        route = scope.get("route")
+        if route is not None:
+            return str(getattr(route, "path", "unmatched"))
         partial = None
         for route in self.routes:
             match, _ = route.matches(scope)

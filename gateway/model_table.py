@@ -39,6 +39,9 @@ class ModelTable:
         self.aliases = alias_table(config.model_aliases)
         self.store = ModelStore(config.model_cache_path())
         self._paths: dict[str, str] = {}
+        # NOTE: the table is rebuilt only when something it is built from changed; building
+        # it costs more than a whole HTTP round trip, and every request resolves a model.
+        self._built: tuple[object, dict[str, ServedModel]] | None = None
         self.user_paths = {normalize(name): source for name, source in config.models.items()
                            if source.path}
 
@@ -89,7 +92,24 @@ class ModelTable:
 
     # --- the table -----------------------------------------------------------------------
 
+    def _inputs(self) -> object:
+        """Everything models() depends on that can change while the gateway runs."""
+        running = []
+        for spec in self.config.workers:
+            link = self.broker.links.get(spec.name)
+            beat = link.heartbeat.model if link is not None and link.heartbeat else None
+            running.append((spec.name, spec.enabled, spec.role, spec.model_name,
+                            spec.switched_from, beat))
+        return (self.store.version(), tuple(running))
+
     def models(self) -> dict[str, ServedModel]:
+        """The served models by name (a fresh dict; do not change the models in it)."""
+        inputs = self._inputs()
+        if self._built is None or self._built[0] != inputs:
+            self._built = (inputs, self._build())
+        return dict(self._built[1])
+
+    def _build(self) -> dict[str, ServedModel]:
         from gateway.router import ServedModel
 
         table: dict[str, ServedModel] = {}

@@ -94,6 +94,8 @@ class ModelStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._seen: tuple[int, int] | None = None
+        # Counts re-reads, so callers can cache what they derive from the store.
+        self._version = 0
         self._manifests: dict[str, Manifest] = {}
         self._aliases: dict[str, str] = {}
 
@@ -132,6 +134,7 @@ class ModelStore:
         if stamp == self._seen:
             return
         self._seen = stamp
+        self._version += 1
         manifests: dict[str, Manifest] = {}
         with contextlib.suppress(OSError):
             for folder in self.root.iterdir():
@@ -159,6 +162,11 @@ class ModelStore:
             log.warning("ignoring model folder %s: %s", folder, exc)
             return None
         return found
+
+    def version(self) -> int:
+        """Changes whenever the store's contents may have changed (after a re-read)."""
+        self._refresh()
+        return self._version
 
     def manifests(self) -> dict[str, Manifest]:
         self._refresh()
