@@ -112,7 +112,12 @@ class Server:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         if wait:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except BaseException:
+                # NOTE: a server that never got ready must not outlive the test that failed.
+                self.stop()
+                raise
         return self
 
     def control(self, request: dict[str, Any], timeout_ms: int = 5000) -> Any:
