@@ -11,7 +11,6 @@ switches a worker to it first (gateway/switching.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -122,8 +121,8 @@ class Generation:
         try:
             while True:
                 try:
-                    frame = await asyncio.wait_for(self.stream.frames.get(),
-                                                   max(0.0, self.give_up_at - time.time()))
+                    frame = await self.stream.next_frame(
+                        max(0.0, self.give_up_at - time.time()))
                 except TimeoutError:
                     raise GatewayError(
                         504, "timeout", f"worker {self.stream.worker} stopped producing output "
@@ -240,7 +239,7 @@ class Router:
     async def _first_frame(self, stream: RequestStream, deadline: float) -> RequestFrame:
         timeout = max(0.1, deadline - time.time())
         try:
-            return await asyncio.wait_for(stream.frames.get(), timeout)
+            return await stream.next_frame(timeout)
         except TimeoutError:
             self.broker.send(stream.worker, Abort(id=stream.id))
             self.broker.close(stream)
