@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -63,16 +62,11 @@ class RequestStream:
         """The next frame from the worker; TimeoutError after `timeout` s without one."""
         # NOTE: asyncio.wait_for runs the wait in a task of its own (Python < 3.12), which
         # costs loop iterations on every token of every stream; a frame already queued is
-        # taken at once, and asyncio.timeout (3.11+) waits in this task.
+        # taken at once, and asyncio.timeout waits in this task.
         if not self.frames.empty():
             return self.frames.get_nowait()
-        if sys.version_info >= (3, 11):
-            async with asyncio.timeout(timeout):
-                return await self.frames.get()
-        try:
-            return await asyncio.wait_for(self.frames.get(), timeout)
-        except asyncio.TimeoutError:  # NOTE: not the builtin TimeoutError before 3.11.
-            raise TimeoutError from None
+        async with asyncio.timeout(timeout):
+            return await self.frames.get()
 
 
 @dataclass

@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ def iso(moment: datetime) -> str:
 
 
 def utc_now() -> str:
-    return iso(datetime.now(timezone.utc))
+    return iso(datetime.now(UTC))
 
 
 def display_name(model: ServedModel) -> str:
@@ -144,8 +144,8 @@ class ModelCatalog:
     def expires_at(self, model: ServedModel) -> datetime:
         when = self._expires.get(model.name, math.inf)
         if math.isinf(when):
-            return datetime.now(timezone.utc) + FOREVER
-        return datetime.fromtimestamp(when, timezone.utc)
+            return datetime.now(UTC) + FOREVER
+        return datetime.fromtimestamp(when, UTC)
 
     # --- response bodies -----------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class ModelCatalog:
 def _modified(found: ModelDetails | None, router: Router) -> datetime:
     if found is not None:
         return found.modified_at
-    return datetime.fromtimestamp(router.started, timezone.utc)
+    return datetime.fromtimestamp(router.started, UTC)
 
 
 def _digest(found: ModelDetails | None) -> str:

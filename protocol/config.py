@@ -8,11 +8,11 @@ JSON into the private runtime folder and passes its path.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import tomllib
 
 from protocol.registry import ModelSource
 

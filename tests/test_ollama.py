@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,7 @@ def test_keep_alive_reflected_in_ps(client: ollama.Client) -> None:
     client.generate(model=LLM, prompt="", keep_alive=120)
     assert 60 < expires() <= 120
     client.chat(model=LLM, messages=[], keep_alive=-1)
-    assert datetime.fromtimestamp(time.time() + expires(), timezone.utc).year > 2300
+    assert datetime.fromtimestamp(time.time() + expires(), UTC).year > 2300
     unloaded = client.generate(model=LLM, prompt="", keep_alive=0)
     assert unloaded.done_reason == "unload"
     assert -60 < expires() <= 0

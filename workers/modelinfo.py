@@ -17,7 +17,7 @@ import os
 import re
 import struct
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -289,7 +289,7 @@ def _describe_gguf(path: Path, cache: DigestCache) -> ModelDetails:
         embedding_length=_int(meta.get(f"{arch}.embedding_length")),
         size=st.st_size,
         digest="sha256:" + cache.file_sha256(path),
-        modified_at=datetime.fromtimestamp(st.st_mtime, timezone.utc),
+        modified_at=datetime.fromtimestamp(st.st_mtime, UTC),
         chat_template=template if isinstance(template, str) else "",
         model_info=model_info,
     )
@@ -427,7 +427,7 @@ def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDe
         size=sum(s.st_size for s in stats),
         digest="sha256:" + cache.folder_sha256(folder, files),
         modified_at=datetime.fromtimestamp(
-            max((s.st_mtime for s in stats), default=0), timezone.utc
+            max((s.st_mtime for s in stats), default=0), UTC
         ),
         chat_template=_ir_chat_template(folder),
         model_info=model_info,
