@@ -39,6 +39,10 @@ async def decode_body(request: Request, kind: type[T], strict: bool = True) -> T
         raise invalid(f"invalid request: {text}", param=param) from exc
     except msgspec.DecodeError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        # NOTE: msgspec raises this (not DecodeError) for bytes that are not UTF-8.
+        raise invalid(f"the request body is not valid UTF-8 JSON: {exc.reason} at byte "
+                      f"{exc.start}") from exc
 
 
 async def _wait_disconnect(request: Request) -> None:
