@@ -64,14 +64,15 @@ class Gateway:
         self.router.observers.append(self.metrics)
 
     def routes(self) -> list[Any]:
+        ollama = OllamaRoutes(self.router)
         return [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
             *AnthropicRoutes(self.router).routes(),
             *ModelRoutes(self.router).routes(),
-            *OllamaRoutes(self.router).routes(),
-            *EmbeddingRoutes(self.router, self.config).routes(),
+            *ollama.routes(),
+            *EmbeddingRoutes(self.router, self.config, ollama.catalog).routes(),
         ]
 
     @contextlib.asynccontextmanager

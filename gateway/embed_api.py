@@ -19,6 +19,7 @@ from starlette.routing import Route
 from gateway._utils import decode_body, dumps, request_id
 from gateway.errors import GatewayError, invalid
 from gateway.ollama_api import error_response as ollama_error_response
+from gateway.ollama_models import ModelCatalog, parse_keep_alive
 from gateway.openai_api import error_response
 from gateway.router import Embedded, Router, ServedModel
 from protocol.config import Config
@@ -44,14 +45,14 @@ class OllamaEmbedRequest(msgspec.Struct):
     input: Any = None
     truncate: bool | None = None
     dimensions: int | None = None
-    keep_alive: Any = None
+    keep_alive: float | str | None = None
     options: dict[str, Any] | None = None
 
 
 class OllamaEmbeddingsRequest(msgspec.Struct):
     model: str = ""
     prompt: Any = None
-    keep_alive: Any = None
+    keep_alive: float | str | None = None
     options: dict[str, Any] | None = None
 
 
@@ -88,9 +89,11 @@ def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
 
 
 class EmbeddingRoutes:
-    def __init__(self, router: Router, config: Config) -> None:
+    def __init__(self, router: Router, config: Config, catalog: ModelCatalog) -> None:
         self.router = router
         self.config = config
+        # Ollama's view of loaded models: keep_alive of /api/embed shows in /api/ps.
+        self.catalog = catalog
         # NOTE: a model's vector size is learnt from its first answer; until then a
         # `dimensions` request is checked against the answer instead of before it.
         self._dims: dict[str, int] = {}
@@ -123,10 +126,9 @@ class EmbeddingRoutes:
                       f"support shortening them; omit 'dimensions' or set it to {native}",
                       param="dimensions")
 
-    async def _embed(self, request: Request, model_name: str, texts: list[str],
+    async def _embed(self, request: Request, model: ServedModel, texts: list[str],
                      truncate: bool, dimensions: int | None,
                      param: str) -> Embedded:
-        model = self.router.resolve(model_name, kind="embed")
         if dimensions is not None and dimensions <= 0:
             raise invalid(f"'dimensions' must be a positive integer, got {dimensions}",
                           param="dimensions")
@@ -154,7 +156,8 @@ class EmbeddingRoutes:
                 raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
                               param="encoding_format")
             texts = _texts(req.input, "input", allow_empty=False)
-            done = await self._embed(request, req.model, texts, req.truncate is not False,
+            model = self.router.resolve(req.model, kind="embed")
+            done = await self._embed(request, model, texts, req.truncate is not False,
                                      req.dimensions, "input")
             frame = done.frame
         except GatewayError as exc:
@@ -181,16 +184,19 @@ class EmbeddingRoutes:
     async def ollama_embed(self, request: Request) -> Response:
         try:
             req = await decode_body(request, OllamaEmbedRequest)
-            # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
             texts = _texts(req.input, "input", allow_empty=True)
+            model = self.router.resolve(req.model, kind="embed")
+            keep = parse_keep_alive(req.keep_alive)
+            # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
             if not texts:
-                self.router.resolve(req.model, kind="embed")
+                self.catalog.touch(model, keep)
                 return JSONResponse({"model": req.model, "embeddings": [],
                                      "total_duration": 0, "load_duration": 0,
                                      "prompt_eval_count": 0})
             # NOTE: Ollama sends 0 for "not set".
-            done = await self._embed(request, req.model, texts, req.truncate is not False,
+            done = await self._embed(request, model, texts, req.truncate is not False,
                                      req.dimensions or None, "input")
+            self.catalog.touch(model, keep)
             frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)
@@ -209,10 +215,13 @@ class EmbeddingRoutes:
             req = await decode_body(request, OllamaEmbeddingsRequest)
             if req.prompt is not None and not isinstance(req.prompt, str):
                 raise invalid("'prompt' must be a string", param="prompt")
+            model = self.router.resolve(req.model, kind="embed")
+            keep = parse_keep_alive(req.keep_alive)
             if not req.prompt:
-                self.router.resolve(req.model, kind="embed")
+                self.catalog.touch(model, keep)
                 return JSONResponse({"embedding": []})
-            done = await self._embed(request, req.model, [req.prompt], True, None, "prompt")
+            done = await self._embed(request, model, [req.prompt], True, None, "prompt")
+            self.catalog.touch(model, keep)
             frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)

@@ -272,6 +272,28 @@ def test_bad_openai_input_is_400(base_url: str, body: dict[str, Any], param: str
     assert _openai_error(r)["param"] == param
 
 
+@pytest.mark.parametrize("route", ["/api/embed", "/api/embeddings"])
+def test_invalid_keep_alive_is_400(base_url: str, route: str) -> None:
+    text = {"input": CAT} if route == "/api/embed" else {"prompt": CAT}
+    r = httpx.post(base_url + route, json={"model": EMBED, **text, "keep_alive": "soon"})
+    assert "keep_alive" in _ollama_error(r)
+
+
+def test_embed_keep_alive_reflected_in_ps(olla: ollama.Client) -> None:
+    def expires() -> float:
+        model = next(m for m in olla.ps().models if m.model == EMBED)
+        assert model.expires_at is not None
+        return model.expires_at.timestamp() - time.time()
+
+    olla.embed(model=EMBED, input=CAT, keep_alive="2h")
+    assert 7200 - 60 < expires() <= 7200
+    olla.embeddings(model=EMBED, prompt=CAT, keep_alive=90)
+    assert 30 < expires() <= 90
+    loaded = olla.embed(model=EMBED, input=[], keep_alive="5m")
+    assert loaded.embeddings == []
+    assert 240 < expires() <= 300
+
+
 def test_unknown_model_is_404(oai: openai.OpenAI, olla: ollama.Client) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         oai.embeddings.create(model="no-such-embedder", input=CAT)
