@@ -26,6 +26,16 @@ OLLAMA_IGNORED = frozenset({
 })
 
 
+# NOTE: integers cross to the worker as MessagePack int64; JSON allows any size.
+_INT64 = 2**63
+
+
+def _int64(name: str, value: int | None, param: str | None = None) -> None:
+    if value is not None and not -_INT64 <= value < _INT64:
+        raise invalid(f"{name} is out of range: {value} is not a 64-bit integer",
+                      param=param or name)
+
+
 def stop_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
@@ -63,6 +73,8 @@ def openai_params(
         raise invalid("top_p must be in (0, 1]", param="top_p")
     if max_tokens is not None and max_tokens < 1:
         raise invalid("max_tokens must be at least 1", param="max_tokens")
+    for name, number in (("max_tokens", max_tokens), ("seed", seed), ("top_k", top_k)):
+        _int64(name, number)
     for name, value in (("presence_penalty", presence_penalty),
                         ("frequency_penalty", frequency_penalty)):
         if value is not None and not -2.0 <= value <= 2.0:
@@ -130,6 +142,8 @@ def ollama_params(options: dict[str, Any] | None, json_schema: str | None) -> Sa
         opts = msgspec.convert(options, OllamaOptions, strict=False)
     except msgspec.ValidationError as exc:
         raise invalid(f"invalid option: {exc}", param="options") from exc
+    for name in ("num_predict", "top_k", "seed", "num_ctx"):
+        _int64(name, getattr(opts, name), param="options")
     max_tokens = opts.num_predict
     if max_tokens is not None and max_tokens < 0:
         max_tokens = None  # -1 (and -2): until the context is full

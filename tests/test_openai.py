@@ -146,6 +146,26 @@ def test_body_that_is_not_utf8_is_400_in_each_apis_shape(base_url: str, path: st
     assert "UTF-8" in message
 
 
+HUGE = 10**20  # valid JSON, beyond the 64-bit integers that reach the worker
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("path", "body", "name"), [
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": HUGE}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "seed": HUGE}, "seed"),
+    ("/v1/messages", {"messages": HI, "max_tokens": 5, "top_k": HUGE}, "top_k"),
+    ("/api/generate", {"prompt": "hi", "options": {"num_predict": HUGE}}, "num_predict"),
+    ("/api/chat", {"messages": HI, "options": {"num_ctx": -HUGE}}, "num_ctx"),
+])
+def test_integers_beyond_64_bits_are_400_in_each_apis_shape(
+        base_url: str, path: str, body: dict[str, object], name: str) -> None:
+    r = httpx.post(base_url + path, json={"model": "smollm2:135m", "stream": False, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    message = error if isinstance(error, str) else error["message"]
+    assert name in message and "out of range" in message
+
+
 def test_unknown_fields_are_ignored(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(
         model=LLM, messages=QUESTION, max_tokens=3, user="u1", store=False,  # type: ignore[arg-type]
