@@ -21,6 +21,7 @@ from gateway.metrics import Metrics, MetricsMiddleware
 from gateway.models_api import ModelRoutes
 from gateway.ollama_api import OllamaRoutes
 from gateway.openai_api import OpenAIRoutes
+from gateway.openapi import OpenAPIRoute
 from gateway.router import Router, new_id
 from protocol.config import Config
 
@@ -65,7 +66,7 @@ class Gateway:
 
     def routes(self) -> list[Any]:
         ollama = OllamaRoutes(self.router)
-        return [
+        routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.router).routes(),
@@ -74,6 +75,8 @@ class Gateway:
             *ollama.routes(),
             *EmbeddingRoutes(self.router, self.config, ollama.catalog).routes(),
         ]
+        routes.append(OpenAPIRoute(routes).route())
+        return routes
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -1,0 +1,98 @@
+"""The OpenAPI document of every route, generated from the request types the handlers decode.
+
+Served at GET /openapi.json, as vLLM and other FastAPI-based servers do, for client
+generators and fuzzers. Request bodies are the msgspec Structs each handler passes to
+decode_body; responses are only described, since their shapes are the three APIs' own.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway import anthropic_api, embed_api, models_api, ollama_api, openai_api
+
+# (method, path) -> the type its handler decodes the body into.
+REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
+    ("POST", "/v1/chat/completions"): openai_api.ChatRequest,
+    ("POST", "/v1/completions"): openai_api.CompletionRequest,
+    ("POST", "/v1/embeddings"): embed_api.OpenAIEmbeddingRequest,
+    ("POST", "/v1/messages"): anthropic_api.MessagesRequest,
+    ("POST", "/v1/messages/count_tokens"): anthropic_api.CountRequest,
+    ("POST", "/api/chat"): ollama_api.ChatRequest,
+    ("POST", "/api/generate"): ollama_api.GenerateRequest,
+    ("POST", "/api/show"): ollama_api.ShowRequest,
+    ("POST", "/api/embed"): embed_api.OllamaEmbedRequest,
+    ("POST", "/api/embeddings"): embed_api.OllamaEmbeddingsRequest,
+    ("POST", "/api/pull"): models_api.PullRequest,
+    ("POST", "/api/copy"): models_api.CopyRequest,
+    ("DELETE", "/api/delete"): models_api.DeleteRequest,
+}
+
+_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("npu-proxy")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def document(routes: list[BaseRoute]) -> dict[str, Any]:
+    keys = list(REQUEST_BODIES)
+    refs, components = msgspec.json.schema_components(
+        [REQUEST_BODIES[k] for k in keys], ref_template="#/components/schemas/{name}")
+    body_of = dict(zip(keys, refs, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, Route) or route.methods is None:
+            continue
+        path = _PARAM.sub(r"{\1}", route.path)
+        for method in sorted(route.methods - {"HEAD"}):
+            operation: dict[str, Any] = {
+                "operationId": f"{method.lower()}{re.sub(r'[^A-Za-z0-9]+', '_', path)}",
+                "responses": {
+                    "200": {"description": "success"},
+                    "default": {"description": "an error, in the shape of the route's API"},
+                },
+            }
+            params = _PARAM.findall(route.path)
+            if params:
+                operation["parameters"] = [
+                    {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                    for name in params]
+            body = body_of.get((method, route.path))
+            if body is not None:
+                operation["requestBody"] = {
+                    "required": True, "content": {"application/json": {"schema": body}}}
+            paths.setdefault(path, {})[method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "npu-proxy", "version": _version(),
+                 "description": "OpenAI, Ollama and Anthropic Messages APIs on OpenVINO GenAI"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+class OpenAPIRoute:
+    """GET /openapi.json for the routes given (the document is built once)."""
+
+    def __init__(self, routes: list[BaseRoute]) -> None:
+        self._routes = routes
+        self._body: bytes | None = None
+
+    async def endpoint(self, request: Request) -> Response:
+        if self._body is None:
+            self._body = msgspec.json.encode(document(self._routes))
+        return Response(self._body, media_type="application/json")
+
+    def route(self) -> Route:
+        return Route("/openapi.json", self.endpoint, methods=["GET"])
