@@ -56,6 +56,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Continuous batching (llm role).
     max_batch_tokens: int = 2048
     kv_cache_gb: float = 1.0
+    # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
+    # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
+    # device does not know makes the load fail with OpenVINO's message.
+    properties: dict[str, str | int | float | bool] = {}
     faults: FaultHooks = msgspec.field(default_factory=FaultHooks)
     # May a request for another (pulled) model reload this worker with it? None = the role's
     # default: off for npu (a cold NPU compile takes minutes), on otherwise.

@@ -132,6 +132,12 @@ def _age(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _last_line(error: str) -> str:
+    """An error's last line: OpenVINO's carry the source locations first, the cause last."""
+    lines = [line for line in error.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "-"
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @config_options
@@ -148,7 +154,7 @@ def status(as_json: bool, **kw: Any) -> None:
     rows = [header] + [
         (c["name"], c["role"], c["device"] or "-", c["model"] or "-", c["state"],
          str(c["pid"] or "-"), _age(c["uptime"]) if c["pid"] else "-", str(c["restarts"]),
-         c["last_error"] or "-")
+         _last_line(c["last_error"]))
         for c in reply["children"]
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]

@@ -72,3 +72,29 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     while time.monotonic() < deadline and any(alive(p) for p in kids):
         time.sleep(0.1)
     assert not any(alive(p) for p in kids)
+
+
+def test_worker_properties_reach_openvino(tmp_path: Path) -> None:
+    """`properties` in a worker section go to its pipeline; a name OpenVINO does not know
+    fails that worker with OpenVINO's own message, and the other workers serve on."""
+    srv = Server(tmp_path, workers=[
+        {"name": "embed", "role": "embed", "properties": {"INFERENCE_NUM_THREADS": 1}},
+        {"name": "typo", "role": "embed", "max_restarts": 1,
+         "properties": {"INFERENCE_NUM_THREAD": 1}},
+    ], backoff_initial=0.2).start(wait=False)
+    try:
+        srv.wait_state("embed", ("ready",), timeout=120)
+        assert "'INFERENCE_NUM_THREADS': 1" in srv.worker_log("embed")
+        typo = srv.wait_state("typo", ("failed",), timeout=120)
+        assert "INFERENCE_NUM_THREAD" in typo["last_error"], typo
+        r = httpx.post(srv.url + "/api/embed", json={"model": "all-minilm", "input": "hi"},
+                       timeout=60)
+        assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "embed"
+        shown = srv.cli("config").stdout
+        assert "INFERENCE_NUM_THREADS = 1" in shown
+        row = next(line for line in srv.cli("status").stdout.splitlines()
+                   if line.startswith("typo "))
+        # NOTE: the cause (OpenVINO's last line), not the source location it starts with.
+        assert "INFERENCE_NUM_THREAD" in row and "Exception from" not in row, row
+    finally:
+        assert srv.stop() == set()

@@ -220,4 +220,7 @@ class WorkerProcess:
     def _compile_properties(self) -> dict[str, Any]:
         cache = self.config.model_cache_path() / "ov_cache" / self.spec.device.lower()
         cache.mkdir(parents=True, exist_ok=True)
-        return {"CACHE_DIR": str(cache)}
+        properties: dict[str, Any] = {"CACHE_DIR": str(cache), **self.spec.properties}
+        log.info("loading %s on %s with properties %s", self.spec.model_name, self.spec.device,
+                 properties)
+        return properties
