@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -99,6 +100,43 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
     return JSONResponse(error_body(exc), status_code=_status(exc), headers=headers)
+
+
+# --- models (GET /v1/models, shared with OpenAI: openai_api asks is_anthropic) -----------
+
+
+def is_anthropic(request: Request) -> bool:
+    """Anthropic's SDKs send anthropic-version on every request; OpenAI's never do."""
+    return "anthropic-version" in request.headers
+
+
+def model_info(name: str, created: int) -> dict[str, Any]:
+    when = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": name, "display_name": name, "created_at": when}
+
+
+def models_page(names: list[str], created: int, request: Request) -> Response:
+    """A page of Anthropic's model list: limit (1-1000, default 20), after_id, before_id."""
+    query = request.query_params
+    try:
+        limit = int(query.get("limit", "20"))
+        if not 1 <= limit <= 1000:
+            raise ValueError
+        start, end = 0, len(names)
+        if "after_id" in query:
+            start = names.index(query["after_id"]) + 1
+        if "before_id" in query:
+            end = names.index(query["before_id"])
+    except ValueError:
+        return error_response(invalid("limit must be 1 to 1000, and after_id/before_id the id "
+                                      "of a listed model", param="limit"))
+    if "before_id" in query and "after_id" not in query:
+        page, has_more = names[max(start, end - limit):end], end - limit > start
+    else:
+        page, has_more = names[start:min(end, start + limit)], start + limit < end
+    return JSONResponse({"data": [model_info(n, created) for n in page], "has_more": has_more,
+                         "first_id": page[0] if page else None,
+                         "last_id": page[-1] if page else None})
 
 
 # --- translation -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway import anthropic_api
 from gateway._utils import decode_body, dumps, now, request_id, unless_disconnected
 from gateway.errors import GatewayError, invalid
 from gateway.params import json_schema_text, openai_params
@@ -242,14 +243,20 @@ class OpenAIRoutes:
                 "owned_by": "npu-proxy"}
 
     async def list_models(self, request: Request) -> Response:
+        if anthropic_api.is_anthropic(request):
+            return anthropic_api.models_page(list(self.router.models), self.router.started,
+                                             request)
         data = [self._model_card(m) for m in self.router.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
     async def get_model(self, request: Request) -> Response:
+        anthropic = anthropic_api.is_anthropic(request)
         try:
             model = self.router.resolve(request.path_params["model_id"])
         except GatewayError as exc:
-            return error_response(exc)
+            return anthropic_api.error_response(exc) if anthropic else error_response(exc)
+        if anthropic:
+            return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
         return JSONResponse(self._model_card(model))
 
     async def chat(self, request: Request) -> Response:

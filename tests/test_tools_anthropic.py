@@ -457,3 +457,27 @@ def test_langchain_chat_ollama_bind_tools(base_url: str) -> None:
     (call,) = msg.tool_calls  # type: ignore[attr-defined]
     assert call["name"] == "get_weather"
     jsonschema.validate(call["args"], _ollama_schema())
+
+
+# --- models, as Anthropic's SDK lists them -----------------------------------------------
+
+
+def test_anthropic_sdk_lists_and_retrieves_models(claude: anthropic.Anthropic,
+                                                  oai: openai.OpenAI) -> None:
+    openai_ids = [m.id for m in oai.models.list()]
+    listed = list(claude.models.list())
+    assert [m.id for m in listed] == openai_ids
+    assert {"smollm2:135m", "all-minilm:l6-v2"} <= set(openai_ids)
+    assert all(m.type == "model" and m.display_name == m.id for m in listed)
+    assert listed[0].created_at.tzinfo is not None
+    # NOTE: pages of one, followed through has_more/last_id by the SDK's own paging.
+    first = claude.models.list(limit=1)
+    assert len(first.data) == 1 and first.has_more is True
+    assert [m.id for m in claude.models.list(limit=1)] == openai_ids
+    model = claude.models.retrieve("smollm2:135m")
+    assert model.id == "smollm2:135m" and model.type == "model"
+    with pytest.raises(anthropic.NotFoundError) as info:
+        claude.models.retrieve("no-such-model")
+    assert info.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        claude.models.list(limit=0)
