@@ -46,7 +46,7 @@ from gateway.tools import (
     openai_tools,
     split_calls,
 )
-from protocol.messages import ChatMessage, Finished, Generate
+from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +232,7 @@ class OllamaRoutes:
         rid = request_id(request)
         try:
             req = await decode_body(request, GenerateRequest)
-            model = self.router.resolve(req.model, kind="llm")
-            keep = parse_keep_alive(req.keep_alive)
-            params = ollama_params(req.options, format_schema(req.format))
-            _check_think(req.think, req.model)
+            model, keep, params = self._common(req)
             if req.images:
                 raise invalid(f"model '{req.model}' does not support images", param="images")
             if req.raw and (req.template or req.system or req.context):
@@ -269,10 +266,7 @@ class OllamaRoutes:
         rid = request_id(request)
         try:
             req = await decode_body(request, ChatRequest)
-            model = self.router.resolve(req.model, kind="llm")
-            keep = parse_keep_alive(req.keep_alive)
-            params = ollama_params(req.options, format_schema(req.format))
-            _check_think(req.think, req.model)
+            model, keep, params = self._common(req)
             if not req.messages:
                 return self._load(model, req.model, keep, chat=True)
             prep = await self.tooling.prepare(model, chat_messages(req.messages, req.model),
@@ -286,6 +280,15 @@ class OllamaRoutes:
                                    parser=prep.parser())
 
     # --- shared by generate and chat -----------------------------------------------------
+
+    def _common(self, req: GenerateRequest | ChatRequest,
+                ) -> tuple[ServedModel, float, SamplingParams]:
+        """What /api/generate and /api/chat check and map alike: model, keep_alive, options."""
+        model = self.router.resolve(req.model, kind="llm")
+        keep = parse_keep_alive(req.keep_alive)
+        params = ollama_params(req.options, format_schema(req.format))
+        _check_think(req.think, req.model)
+        return model, keep, params
 
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load

@@ -55,21 +55,22 @@ def test_document_lists_every_route_with_its_body(document: dict[str, Any]) -> N
     assert document["openapi"] == "3.1.0" and document["info"]["title"] == "npu-proxy"
     paths = document["paths"]
     for method, path in REQUEST_BODIES:
-        schema = paths[path][method.lower()]["requestBody"]["content"]["application/json"][
-            "schema"]
-        name = schema["$ref"].rsplit("/", 1)[-1]
-        assert document["components"]["schemas"][name]["type"] == "object"
+        assert _body_schema(document, method, path)["type"] == "object"
     assert paths["/v1/models/{model_id}"]["get"]["parameters"][0]["name"] == "model_id"
     assert {"/", "/api/tags", "/health", "/metrics", "/openapi.json"} <= set(paths)
     chat = _properties(document, "POST", "/v1/chat/completions")
     assert {"messages", "max_completion_tokens", "tools", "response_format"} <= set(chat)
 
 
+def _body_schema(document: dict[str, Any], method: str, path: str) -> dict[str, Any]:
+    """The component schema a route's request body refers to."""
+    ref = document["paths"][path][method.lower()]["requestBody"]["content"][
+        "application/json"]["schema"]["$ref"]
+    return dict(document["components"]["schemas"][ref.rsplit("/", 1)[-1]])
+
+
 def _properties(document: dict[str, Any], method: str, path: str) -> dict[str, Any]:
-    schema = document["paths"][path][method.lower()]["requestBody"]["content"][
-        "application/json"]["schema"]
-    name = schema["$ref"].rsplit("/", 1)[-1]
-    return dict(document["components"]["schemas"][name]["properties"])
+    return dict(_body_schema(document, method, path)["properties"])
 
 
 def _error_message(path: str, r: httpx.Response) -> str:
