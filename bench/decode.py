@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from serverctl import Server
 
-from protocol.registry import package_file
+from models.registry import package_file
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 

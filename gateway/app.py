@@ -12,17 +12,17 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.anthropic_api import AnthropicRoutes
-from gateway.auth import ApiKeyMiddleware
-from gateway.broker import Broker
-from gateway.embed_api import EmbeddingRoutes
-from gateway.health import HealthRoutes
-from gateway.metrics import Metrics, MetricsMiddleware
-from gateway.models_api import ModelRoutes
-from gateway.ollama_api import OllamaRoutes
-from gateway.openai_api import OpenAIRoutes
-from gateway.openapi import OpenAPIRoute
-from gateway.router import Router, new_id
+from gateway.api.anthropic import AnthropicRoutes
+from gateway.api.auth import ApiKeyMiddleware
+from gateway.api.embeddings import EmbeddingRoutes
+from gateway.api.model_admin import ModelRoutes
+from gateway.api.ollama import OllamaRoutes
+from gateway.api.openai import OpenAIRoutes
+from gateway.api.openapi import OpenAPIRoute
+from gateway.core.broker import Broker
+from gateway.core.health import HealthRoutes
+from gateway.core.metrics import Metrics, MetricsMiddleware
+from gateway.core.router import Router, new_id
 from protocol.config import Config
 
 log = logging.getLogger(__name__)

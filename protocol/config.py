@@ -14,12 +14,27 @@ from typing import Any, Literal
 
 import msgspec
 
-from protocol.registry import ModelSource
-
 Role = Literal["llm", "npu", "embed"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
+
+
+
+class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """Where a model's files come from: a Hugging Face repository (its allow-listed files, or
+    one `file` such as a GGUF, or a quantisation tag like `Q4_K_M` picking one GGUF), or a
+    local file or folder (`path`), used in place and never copied."""
+
+    repo: str = ""
+    file: str = ""
+    revision: str = "main"
+    path: str = ""
+    # "" = detected from the files (config.json architectures, GGUF general.architecture)
+    kind: Literal["llm", "embed", ""] = ""
+    # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
+    npu_ready: bool = False
+    description: str = ""
 
 
 class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

@@ -47,7 +47,7 @@ class WorkerState(enum.IntEnum):
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):
-    """The one internal parameter set every API is mapped to (see gateway/params.py)."""
+    """The one internal parameter set every API is mapped to (see gateway/api/params.py)."""
 
     max_tokens: int | None = None
     temperature: float | None = None

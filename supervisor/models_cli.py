@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from protocol.config import Config
-from protocol.registry import (
+from models.registry import (
     EMBEDDED,
     LIBRARY,
     ModelNameError,
@@ -21,7 +20,8 @@ from protocol.registry import (
     canonical,
     embedded,
 )
-from protocol.store import ModelStore
+from models.store import ModelStore
+from protocol.config import Config
 from supervisor.cli import _config, _control, config_options
 
 
@@ -72,8 +72,8 @@ def pull(name: str, **kw: Any) -> None:
     NAME is a registry name (tinyllama, qwen2.5:0.5b, phi3:mini, bge-small, ... or a
     [models] entry of the config file), hf.co/org/repo[:file.gguf] or org/repo. An
     interrupted pull resumes where it stopped when run again."""
-    from workers.pull import PullError
-    from workers.pull import pull as do_pull
+    from models.pull import PullError
+    from models.pull import pull as do_pull
 
     config = _config(**kw)
     bars = _Bars()
@@ -196,7 +196,7 @@ def convert(repo: str, weight_format: str, sym: bool, group_size: int | None,
 
     For NPU: --weight-format int4 --sym --group-size -1 --ratio 1.0. Needs the optional
     extra: pip install 'npu-proxy[convert]'."""
-    from workers.convert import ConvertError, convert_repo
+    from models.convert import ConvertError, convert_repo
 
     config = _config(**kw)
     try:

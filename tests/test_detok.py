@@ -5,7 +5,7 @@ from __future__ import annotations
 import openvino_genai as ov_genai
 import pytest
 
-from protocol.registry import package_file
+from models.registry import package_file
 from workers.detok import Detokenizer
 
 

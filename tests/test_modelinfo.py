@@ -1,4 +1,4 @@
-"""workers.modelinfo against the real SmolLM2 GGUF and synthetic GGUF / OpenVINO IR inputs."""
+"""models.facts against the real SmolLM2 GGUF and synthetic GGUF / OpenVINO IR inputs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from workers import modelinfo
-from workers.modelinfo import (
+from models import facts as modelinfo
+from models.facts import (
     GGUFError,
     ModelInfoError,
     SkippedArray,

@@ -22,13 +22,13 @@ import pytest
 from fakehub import FakeHub
 from serverctl import Server
 
-from gateway.broker import Broker
-from gateway.errors import GatewayError
-from gateway.model_table import ModelTable
-from gateway.router import ServedModel
-from gateway.switching import Switcher
+from gateway.core.broker import Broker
+from gateway.core.errors import GatewayError
+from gateway.core.model_table import ModelTable
+from gateway.core.router import ServedModel
+from gateway.core.switching import Switcher
+from models.registry import package_file
 from protocol.config import Config, WorkerSpec, load_config
-from protocol.registry import package_file
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT = "smollm2:135m"

@@ -23,8 +23,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server, free_port
 
-from gateway.broker import Broker
-from gateway.metrics import Metrics, api_of
+from gateway.core.broker import Broker
+from gateway.core.metrics import Metrics, api_of
 from protocol.config import Config, WorkerSpec
 from protocol.messages import Heartbeat, WorkerExited, WorkerState
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from starlette.routing import Route
 
+from gateway.api.openapi import REQUEST_BODIES
 from gateway.app import Gateway
-from gateway.openapi import REQUEST_BODIES
 from protocol.config import load_config
 
 LLM = "smollm2:135m"

@@ -8,16 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models.registry import sampling_defaults
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
-from protocol.registry import sampling_defaults
 from workers.process import WorkerProcess
 
 log = logging.getLogger("workers")
 
 
 def _build_engine(proc: WorkerProcess) -> Any:
-    from workers.models import model_path
+    from models.locate import model_path
 
     spec = proc.spec
     path = model_path(proc.config, spec)
@@ -26,8 +26,8 @@ def _build_engine(proc: WorkerProcess) -> Any:
         from workers.embed_engine import EmbedEngine
 
         return EmbedEngine(proc.config, spec, str(path), proc.emit)
+    from models.facts import describe_model
     from workers.llm_engine import BatchEngine
-    from workers.modelinfo import describe_model
     from workers.npu_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import openvino_genai
 
-from protocol.registry import ModelSourceMissing, package_file
+from models.registry import ModelSourceMissing, package_file
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the Ollama API says about the served models: /api/tags, /api/show and /api/ps.
 
-The model files of each served model are described once (workers/modelinfo.py: the GGUF
+The model files of each served model are described once (models/facts.py: the GGUF
 header or the IR folder's config.json, a sha256 digest of the files) in a thread, so the
 event loop never waits on hashing a model, and the result is kept for the gateway's life.
 
@@ -21,16 +21,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import invalid
-from gateway.router import Router, ServedModel
+from gateway.core.errors import invalid
+from gateway.core.router import Router, ServedModel
+from models.facts import ModelDetails, ModelInfoError, describe_model
+from models.locate import model_path
+from models.registry import ModelSourceMissing, embedded
 from protocol.config import Config
-from protocol.registry import ModelSourceMissing, embedded
-from workers.modelinfo import ModelDetails, ModelInfoError, describe_model
-from workers.models import model_path
 
 log = logging.getLogger(__name__)
 
-# NOTE: where workers/models.py model_path() puts the embedded embedding model's IR folder;
+# NOTE: where models/locate.py model_path() puts the embedded embedding model's IR folder;
 # calling model_path() for it would import OpenVINO to prepare the folder, which the gateway
 # must never do. The embedding worker builds it at its first start.
 EMBED_IR_FOLDER = "all-minilm-l6-v2"
@@ -88,7 +88,7 @@ def _locate(config: Config, model: ServedModel) -> Path:
     entry = embedded(model.name)
     if entry is not None and entry.kind == "embed" and not entry.package:
         return config.model_cache_path() / EMBED_IR_FOLDER
-    if model.path:  # pulled models and those no worker runs now (gateway/model_table.py)
+    if model.path:  # pulled models and those no worker runs now (gateway/core/model_table.py)
         return Path(model.path)
     if not model.workers:
         raise ModelSourceMissing(f"model {model.name!r} has no files here")
@@ -132,7 +132,7 @@ class ModelCatalog:
         if model.kind == "embed":
             return ["embedding"]
         # NOTE: every LLM takes tools: natively when its template has them, else through the
-        # fallback prompt (gateway/tools.py).
+        # fallback prompt (gateway/api/tools.py).
         return ["completion", "tools"]
 
     # --- keep_alive ----------------------------------------------------------------------

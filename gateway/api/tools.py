@@ -45,9 +45,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.errors import invalid
-from gateway.ollama_models import ModelCatalog
-from gateway.router import Router, ServedModel, new_id
+from gateway.api.ollama_models import ModelCatalog
+from gateway.core.errors import invalid
+from gateway.core.router import Router, ServedModel, new_id
 from protocol.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from models.pull import file_hashes
+from models.registry import ModelNameError, canonical
+from models.store import Manifest, ManifestFile, ModelStore
 from protocol.config import Config
-from protocol.registry import ModelNameError, canonical
-from protocol.store import Manifest, ManifestFile, ModelStore
-from workers.pull import file_hashes
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway import anthropic_api
-from gateway._utils import decode_body, dumps, now, request_id, unless_disconnected
-from gateway.errors import GatewayError, invalid
-from gateway.params import json_schema_text, openai_params
-from gateway.router import Generation, Router, ServedModel, new_id
-from gateway.tools import (
+from gateway.api import anthropic as anthropic_api
+from gateway.api.common import decode_body, dumps, now, request_id, unless_disconnected
+from gateway.api.params import json_schema_text, openai_params
+from gateway.api.tools import (
     CallParser,
     ToolCall,
     Tooling,
@@ -30,6 +28,8 @@ from gateway.tools import (
     openai_tools,
     split_calls,
 )
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.router import Generation, Router, ServedModel, new_id
 from protocol.messages import ChatMessage, Generate, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}

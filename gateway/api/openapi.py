@@ -16,7 +16,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import anthropic_api, embed_api, models_api, ollama_api, openai_api
+from gateway.api import anthropic as anthropic_api
+from gateway.api import embeddings as embed_api
+from gateway.api import model_admin as models_api
+from gateway.api import ollama as ollama_api
+from gateway.api import openai as openai_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {

@@ -1,12 +1,12 @@
 """Pull a model from the Hugging Face hub into the model cache, with progress and resume.
 
 Two steps so callers can answer "not found" before they start streaming progress:
-`plan_pull()` resolves the name (protocol/registry.py) and lists the repository's files with
+`plan_pull()` resolves the name (models/registry.py) and lists the repository's files with
 their sizes and digests (one metadata request); `run_pull()` downloads them.
 
 - Files land in `.staging/<folder>/` as `<file>.incomplete` and are renamed when complete;
   the staging folder is renamed into the cache only when every file is verified, together
-  with a manifest, so a partial pull is never a model (protocol/store.py).
+  with a manifest, so a partial pull is never a model (models/store.py).
 - Resume: an interrupted pull leaves its `.incomplete` files; the next pull asks the hub for
   the rest with an HTTP Range request. NOTE: huggingface_hub 2.x deletes its own partial
   files on failure, so the transfer itself is done here, with huggingface_hub's session,
@@ -35,8 +35,7 @@ from pathlib import Path
 
 import msgspec
 
-from protocol.config import Config
-from protocol.registry import (
+from models.registry import (
     ModelNameError,
     ModelSource,
     PullTarget,
@@ -44,7 +43,8 @@ from protocol.registry import (
     library_entry,
     lookup,
 )
-from protocol.store import Manifest, ManifestFile, ModelStore, inside, safe_relative
+from models.store import Manifest, ManifestFile, ModelStore, inside, safe_relative
+from protocol.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +412,7 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
         return plan.target.source.kind
     try:
         if plan.format == "gguf":
-            from workers.modelinfo import read_gguf_header
+            from models.facts import read_gguf_header
 
             arch = read_gguf_header(folder / plan.entry).metadata.get("general.architecture")
             return "embed" if arch in EMBED_ARCHS else "llm"

@@ -27,8 +27,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.broker import Broker
-from gateway.router import Generation
+from gateway.core.broker import Broker
+from gateway.core.router import Generation
 from protocol.config import Config
 from protocol.messages import Heartbeat, WorkerExited, WorkerState
 

@@ -11,8 +11,10 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import anthropic_api, ollama_api, openai_api
-from gateway.errors import GatewayError
+from gateway.api import anthropic as anthropic_api
+from gateway.api import ollama as ollama_api
+from gateway.api import openai as openai_api
+from gateway.core.errors import GatewayError
 
 OPEN_PATHS = ("/", "/api/version", "/metrics")
 

@@ -4,9 +4,9 @@ Candidates for a model are the workers that serve it, NPU role first, then by de
 preference. A worker that is not serving, whose queue is full, or that answers
 `retry_elsewhere` (prompt too long for the NPU) is skipped and the next one is tried.
 
-The served models are computed afresh (gateway/model_table.py): what the workers run now,
+The served models are computed afresh (gateway/core/model_table.py): what the workers run now,
 their configured models, pulled models and aliases. A request for a model no worker runs
-switches a worker to it first (gateway/switching.py).
+switches a worker to it first (gateway/core/switching.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Protocol
 
 import msgspec
 
-from gateway.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
-from gateway.errors import GatewayError, from_failed, model_not_found, unavailable
-from gateway.model_table import ModelTable
-from gateway.switching import Switcher
+from gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
+from gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
+from gateway.core.model_table import ModelTable
+from gateway.core.switching import Switcher
 from protocol.config import Config
 from protocol.messages import (
     Abort,
@@ -78,7 +78,7 @@ class Embedded:
 
 
 class GenerationObserver(Protocol):
-    """Told each routing decision and what every generation yields (see gateway/metrics.py)."""
+    """Told each routing decision and what every generation yields (see gateway/core/metrics.py)."""
 
     def on_route(self, request_id: str, worker: str, reason: str) -> None: ...
 

@@ -20,21 +20,7 @@ from typing import Literal
 
 import msgspec
 
-
-class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """Where a model's files come from: a Hugging Face repository (its allow-listed files, or
-    one `file` such as a GGUF, or a quantisation tag like `Q4_K_M` picking one GGUF), or a
-    local file or folder (`path`), used in place and never copied."""
-
-    repo: str = ""
-    file: str = ""
-    revision: str = "main"
-    path: str = ""
-    # "" = detected from the files (config.json architectures, GGUF general.architecture)
-    kind: Literal["llm", "embed", ""] = ""
-    # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
-    npu_ready: bool = False
-    description: str = ""
+from protocol.config import ModelSource as ModelSource
 
 
 class ModelEntry(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import invalid
+from gateway.core.errors import invalid
 from protocol.messages import SamplingParams
 
 log = logging.getLogger(__name__)

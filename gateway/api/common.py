@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.requests import Request
 
-from gateway.errors import GatewayError, invalid
-from gateway.router import new_id
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.router import new_id
 
 T = TypeVar("T")
 

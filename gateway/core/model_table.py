@@ -4,7 +4,7 @@ A model is served when a worker runs it (its heartbeat says so; before the first
 its configuration), when it is some worker's configured model, when it was pulled into the
 model cache, when a `[models]` entry of the config file points at a local path, or when it
 is an alias made by /api/copy. `workers` lists the workers running it right now; a model
-with none is loaded by switching a worker to it (gateway/switching.py).
+with none is loaded by switching a worker to it (gateway/core/switching.py).
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protocol.config import Config, WorkerSpec
-from protocol.registry import (
+from models.registry import (
     ModelSourceMissing,
     alias_table,
     embedded,
     normalize,
     package_file,
 )
-from protocol.store import ModelStore, StoreError
+from models.store import ModelStore, StoreError
+from protocol.config import Config, WorkerSpec
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
-    from gateway.router import ServedModel
+    from gateway.core.broker import Broker
+    from gateway.core.router import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ModelTable:
         return dict(self._built[1])
 
     def _build(self) -> dict[str, ServedModel]:
-        from gateway.router import ServedModel
+        from gateway.core.router import ServedModel
 
         table: dict[str, ServedModel] = {}
 

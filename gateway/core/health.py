@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.broker import Broker, WorkerLink
-from gateway.metrics import LLM_ROLES, Metrics
+from gateway.core.broker import Broker, WorkerLink
+from gateway.core.metrics import LLM_ROLES, Metrics
 from protocol.config import Config
 
 

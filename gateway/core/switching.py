@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-from gateway.errors import GatewayError, unavailable
-from gateway.model_table import ROLE_KIND
+from gateway.core.errors import GatewayError, unavailable
+from gateway.core.model_table import ROLE_KIND
 from protocol.config import Config, WorkerSpec
 from protocol.messages import WorkerState
 from protocol.sockets import control_endpoint
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
-    from gateway.model_table import ModelTable
-    from gateway.router import ServedModel
+    from gateway.core.broker import Broker
+    from gateway.core.model_table import ModelTable
+    from gateway.core.router import ServedModel
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ Translates the Messages wire format to a Generate request and the worker's frame
 message object or the named SSE events (`message_start`, `content_block_start`,
 `content_block_delta` with `text_delta`/`input_json_delta`, `content_block_stop`,
 `message_delta`, `message_stop`; `ping` after the start; `error` on a failure mid-stream).
-Routing, streaming, tools (gateway/tools.py) and sampling (gateway/params.py) are shared.
+Routing, streaming, tools (gateway/api/tools.py) and sampling (gateway/api/params.py) are shared.
 
 Decisions:
-- `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/auth.py when an
+- `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/api/auth.py when an
   api_key is configured); `anthropic-version`, `anthropic-beta` and `?beta=true` are ignored.
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
@@ -30,11 +30,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway._utils import decode_body, dumps, request_id, unless_disconnected
-from gateway.errors import GatewayError, invalid
-from gateway.params import anthropic_params, json_schema_text
-from gateway.router import Generation, Router, new_id
-from gateway.tools import (
+from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.params import anthropic_params, json_schema_text
+from gateway.api.tools import (
     CallParser,
     ToolCall,
     Tooling,
@@ -44,6 +42,8 @@ from gateway.tools import (
     fragments,
     history_call,
 )
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.router import Generation, Router, new_id
 from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 log = logging.getLogger(__name__)

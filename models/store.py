@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from protocol.registry import ModelNameError, canonical
+from models.registry import ModelNameError, canonical
 
 log = logging.getLogger(__name__)
 

@@ -3,19 +3,19 @@
 Translates Ollama's wire format to a Generate request and the worker's frames back to
 Ollama's NDJSON (streaming is the default) or one JSON object with `stream: false`; routing,
 streaming and errors below are shared with the other APIs, and the sampling options go through
-the one mapping in gateway/params.py. Errors are `{"error": "..."}`; a failure after the
+the one mapping in gateway/api/params.py. Errors are `{"error": "..."}`; a failure after the
 stream started is written as a last `{"error": "..."}` line.
 
 Decisions where Ollama's semantics do not carry over:
 - `template` (a Go template) is rendered here for the subset single-prompt templates use
-  (gateway/ollama_template.py) and the result is sent raw; other templates are a 400.
+  (gateway/api/ollama_template.py) and the result is sent raw; other templates are a 400.
 - `suffix` is a 400: chat templates of the served models have no fill-in-the-middle slot.
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
 - Ollama has no tool_choice: tools given means "auto"; the extension `options.tool_choice`
-  ("required", "none" or a function name) forces a call (gateway/tools.py).
-- keep_alive is reported by /api/ps but models stay loaded (see gateway/ollama_models.py);
+  ("required", "none" or a function name) forces a call (gateway/api/tools.py).
+- keep_alive is reported by /api/ps but models stay loaded (see gateway/api/ollama_models.py);
   load and unload requests are answered at once.
 """
 
@@ -30,13 +30,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway._utils import decode_body, dumps, request_id, unless_disconnected
-from gateway.errors import GatewayError, invalid
-from gateway.ollama_models import ModelCatalog, parse_keep_alive, utc_now
-from gateway.ollama_template import render
-from gateway.params import json_schema_text, ollama_params
-from gateway.router import Generation, Router, ServedModel
-from gateway.tools import (
+from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
+from gateway.api.ollama_template import render
+from gateway.api.params import json_schema_text, ollama_params
+from gateway.api.tools import (
     CallParser,
     ToolCall,
     Tooling,
@@ -46,6 +44,8 @@ from gateway.tools import (
     openai_tools,
     split_calls,
 )
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.router import Generation, Router, ServedModel
 from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def chat_messages(messages: list[Message], model: str) -> list[ChatMessage]:
 
 def tool_request(req: ChatRequest) -> ToolRequest | None:
     """Ollama has no tool_choice: tools mean "auto", unless the `options.tool_choice`
-    extension forces a call (see gateway/tools.py)."""
+    extension forces a call (see gateway/api/tools.py)."""
     choice = (req.options or {}).get("tool_choice")
     if not req.tools:
         return None

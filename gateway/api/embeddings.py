@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway._utils import decode_body, dumps, request_id
-from gateway.errors import GatewayError, invalid
-from gateway.ollama_api import error_response as ollama_error_response
-from gateway.ollama_models import ModelCatalog, parse_keep_alive
-from gateway.openai_api import error_response
-from gateway.router import Embedded, Router, ServedModel
+from gateway.api.common import decode_body, dumps, request_id
+from gateway.api.ollama import error_response as ollama_error_response
+from gateway.api.ollama_models import ModelCatalog, parse_keep_alive
+from gateway.api.openai import error_response
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.router import Embedded, Router, ServedModel
 from protocol.config import Config
 from protocol.messages import Embed, Embeddings
 

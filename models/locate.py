@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol.config import Config, WorkerSpec
-from protocol.registry import (
+from models.registry import (
     ModelSourceMissing,
     alias_table,
     embedded,
     normalize,
     package_file,
 )
-from protocol.store import ModelStore
+from models.store import ModelStore
+from protocol.config import Config, WorkerSpec
 
 
 def model_path(config: Config, spec: WorkerSpec) -> Path:

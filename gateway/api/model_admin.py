@@ -1,7 +1,7 @@
 """Ollama's model management: POST /api/pull, DELETE /api/delete, POST /api/copy.
 
 /api/pull resolves the name and lists the repository before answering, so an unknown or
-unsafe name is a plain 404/400; then the download runs in a thread (workers/pull.py) and its
+unsafe name is a plain 404/400; then the download runs in a thread (models/pull.py) and its
 progress reaches the event loop through a queue, streamed as Ollama's NDJSON (`pulling
 manifest`, per-file `digest`/`total`/`completed`, `verifying sha256 digest`, `writing
 manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `stream: false`,
@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway._utils import decode_body, dumps
-from gateway.errors import GatewayError, invalid, model_not_found
-from gateway.router import Router
-from protocol.registry import ModelNameError, canonical, embedded
-from workers.pull import Progress, PullError, PullPlan, plan_pull, run_pull
+from gateway.api.common import decode_body, dumps
+from gateway.core.errors import GatewayError, invalid, model_not_found
+from gateway.core.router import Router
+from models.pull import Progress, PullError, PullPlan, plan_pull, run_pull
+from models.registry import ModelNameError, canonical, embedded
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.errors import invalid
+from gateway.core.errors import invalid
 
 _ACTION = re.compile(r"\{\{(-[ \t\r\n])?\s*(.*?)\s*([ \t\r\n]-)?\}\}", re.S)
 _FIELDS = ("System", "Prompt", "Response")

@@ -1,0 +1,1 @@
+"""The HTTP dialects (OpenAI, Ollama, Anthropic) and the request path they share."""

@@ -1,0 +1,1 @@
+"""The gateway core: broker (ZeroMQ), router, model switching, served models, metrics, health."""
