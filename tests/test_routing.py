@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,22 +106,68 @@ def _stream(url: str, messages: list[dict[str, str]], max_tokens: int
     return headers, "".join(parts), first, time.monotonic()
 
 
+class HeldStream:
+    """A chat stream read in a thread that generates until cut: `started` is set at its
+    first content, `cut()` closes it (the gateway then aborts it) and records when."""
+
+    def __init__(self, url: str, messages: list[dict[str, str]]) -> None:
+        self.started = threading.Event()
+        self._cut = threading.Event()
+        self.ended = 0.0
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.future = pool.submit(self._run, url, messages)
+        pool.shutdown(wait=False)
+
+    def _run(self, url: str, messages: list[dict[str, str]]) -> httpx.Headers:
+        body = {"model": LLM, "messages": messages, "max_tokens": 4000, "stream": True,
+                "temperature": 0, "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and \
+                        json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    self.started.set()
+                if self._cut.is_set():
+                    break
+            self.ended = time.monotonic()
+            return r.headers
+
+    def cut(self) -> httpx.Headers:
+        self._cut.set()
+        return self.future.result(timeout=120)
+
+
+def _wait_queue(srv: Server, worker: str, depth: int) -> None:
+    """Until the worker's heartbeat reports `depth` requests waiting in its queue."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
+        if next(w for w in rows if w["name"] == worker)["queue"] == depth:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"worker {worker} never reported a queue of {depth}")
+
+
 def test_npu_serves_one_at_a_time_and_reroutes_when_queue_full(srv: Server) -> None:
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        a = pool.submit(_stream, srv.url, SHORT, 60)
-        time.sleep(1.0)  # a is generating on the npu worker
-        b = pool.submit(_stream, srv.url, SHORT, 10)
-        time.sleep(0.5)  # b waits in the npu queue (max_queue 1)
-        c = pool.submit(_stream, srv.url, SHORT, 10)
-        ha, _, _, a_end = a.result()
-        hb, _, b_first, _ = b.result()
-        hc, text_c, _, _ = c.result()
+    # NOTE: driven by what the server reports (first token, queue depth), never by sleeps:
+    # `a` generates on the npu worker until it is cut, `b` waits in its queue (max_queue 1),
+    # so `c` finds the queue full and goes to the llm worker.
+    a = HeldStream(srv.url, SHORT)
+    try:
+        assert a.started.wait(120), "the first request never produced a token"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            b = pool.submit(_stream, srv.url, SHORT, 10)
+            _wait_queue(srv, "npu", 1)
+            hc, text_c, _, _ = pool.submit(_stream, srv.url, SHORT, 10).result()
+            assert hc["x-npu-proxy-worker"] == "llm"
+            assert hc["x-npu-proxy-route-reason"] == "queue_full"
+            assert text_c
+            ha = a.cut()
+            hb, _, b_first, _ = b.result()
+    finally:
+        a.cut()
     assert ha["x-npu-proxy-worker"] == "npu" and hb["x-npu-proxy-worker"] == "npu"
-    # The second request started producing tokens only after the first one finished.
-    assert b_first >= a_end - 0.05
-    assert hc["x-npu-proxy-worker"] == "llm"
-    assert hc["x-npu-proxy-route-reason"] == "queue_full"
-    assert text_c
+    # The second request started producing tokens only after the first one ended.
+    assert b_first >= a.ended
 
 
 def test_npu_stopped_routes_to_llm_then_back(srv: Server) -> None:
