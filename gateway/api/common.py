@@ -43,6 +43,9 @@ async def decode_body(request: Request, kind: type[T], strict: bool = True) -> T
         # NOTE: msgspec raises this (not DecodeError) for bytes that are not UTF-8.
         raise invalid(f"the request body is not valid UTF-8 JSON: {exc.reason} at byte "
                       f"{exc.start}") from exc
+    except RecursionError:
+        # NOTE: msgspec raises this for arrays or objects nested about 1,000 deep.
+        raise invalid("the request body nests arrays or objects too deeply") from None
 
 
 async def _wait_disconnect(request: Request) -> None:

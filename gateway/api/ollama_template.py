@@ -9,11 +9,39 @@ with a 400 that names the action, rather than rendered wrongly.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from gateway.core.errors import invalid
 
-_ACTION = re.compile(r"\{\{(-[ \t\r\n])?\s*(.*?)\s*([ \t\r\n]-)?\}\}", re.S)
+_SPACE = " \t\r\n"
+
+
+class _Action(NamedTuple):
+    start: int
+    end: int
+    trim_left: bool
+    body: str
+    trim_right: bool
+
+
+def _actions(template: str) -> Iterator[_Action]:
+    """Each `{{ ... }}` with its trim markers, found by plain scanning.
+
+    NOTE: a regex with lazy `.*?` between two `\\s*` backtracked for minutes on "{{" and a
+    few thousand spaces (issue 14); this is linear in the template's length.
+    """
+    pos = 0
+    while (start := template.find("{{", pos)) >= 0:
+        end = template.find("}}", start + 2)
+        if end < 0:
+            return
+        body = template[start + 2:end]
+        trim_left = len(body) >= 2 and body[0] == "-" and body[1] in _SPACE
+        trim_right = len(body) >= 2 and body[-1] == "-" and body[-2] in _SPACE
+        body = body[2 if trim_left else 0:len(body) - 2 if trim_right else len(body)]
+        yield _Action(start, end + 2, trim_left, body.strip(), trim_right)
+        pos = end + 2
 _FIELDS = ("System", "Prompt", "Response")
 
 
@@ -36,15 +64,15 @@ def render(template: str, system: str, prompt: str) -> str:
                        "{{ .System }}, {{ .Prompt }}, {{ .Response }}, {{ if .X }}, "
                        "{{ else }} and {{ end }}", param="template")
 
-    for m in _ACTION.finditer(template):
-        text = template[pos:m.start()]
+    for m in _actions(template):
+        text = template[pos:m.start]
         text = text.lstrip() if trim_next else text
-        text = text.rstrip() if m.group(1) else text
+        text = text.rstrip() if m.trim_left else text
         if active:
             out.append(text)
-        trim_next = bool(m.group(3))
-        pos = m.end()
-        action = m.group(2)
+        trim_next = m.trim_right
+        pos = m.end
+        action = m.body
         if action.startswith("/*"):
             continue
         words = action.split()

@@ -57,7 +57,7 @@ Mode = Literal["none", "auto", "required"]
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*(.*?)\s*(?:```)?\s*$", re.S)
+_FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
 # NOTE: bounds a forced list of parallel calls, so a looping small model still ends in JSON.
 MAX_PARALLEL = 8
@@ -234,7 +234,7 @@ def loads_arguments(value: Any) -> dict[str, Any] | str:
     if isinstance(value, str):
         try:
             decoded = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return value
         if isinstance(decoded, dict):
             return decoded
@@ -470,11 +470,28 @@ def _as_call(obj: Any, names: set[str]) -> ToolCall | None:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
     return ToolCall(name=name, arguments=args)
+
+
+def _unfence(text: str) -> str:
+    """The inside of a Markdown code fence (```json ... ```, the closing fence optional).
+
+    NOTE: scanned, not matched with a regex: `\\s*(.*?)\\s*(?:```)?\\s*$` backtracked
+    quadratically on model output with long runs of spaces (issue 14).
+    """
+    if not text.startswith("```"):
+        return text
+    pos = 3
+    while pos < len(text) and text[pos] in _FENCE_INFO:
+        pos += 1
+    body = text[pos:].strip()
+    if body.endswith("```"):
+        body = body[:-3].rstrip()
+    return body
 
 
 def _json_calls(text: str, names: set[str]) -> list[ToolCall] | None:
@@ -482,9 +499,7 @@ def _json_calls(text: str, names: set[str]) -> list[ToolCall] | None:
     text = text.strip()
     if text.startswith("[TOOL_CALLS]"):
         text = text[len("[TOOL_CALLS]"):].lstrip()
-    fence = _FENCE.match(text)
-    if fence:
-        text = fence.group(1)
+    text = _unfence(text)
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     pos = 0
@@ -495,7 +510,7 @@ def _json_calls(text: str, names: set[str]) -> list[ToolCall] | None:
             break
         try:
             value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
         for item in value if isinstance(value, list) else [value]:
             call = _as_call(item, names)
