@@ -1,4 +1,7 @@
-"""The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket."""
+"""The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket.
+
+Every state change of a child is an event of protocol/states.py's table (`Child.apply`).
+"""
 
 from __future__ import annotations
 
@@ -30,11 +33,10 @@ from protocol.sockets import (
     events_endpoint,
     worker_endpoint,
 )
+from protocol.states import Event, ProcessState, reported
 from supervisor.children import Child
 
 log = logging.getLogger(__name__)
-
-LOADING_STATES = ("starting", "loading", "warming")
 
 
 class AlreadyRunning(Exception):
@@ -64,7 +66,7 @@ class Supervisor:
         self.stopping = False
         self.announced = False
         self._status_sent_at = 0.0
-        self._status_seen: dict[str, tuple[str, int, int, str]] = {}
+        self._status_seen: dict[str, tuple[ProcessState, int, int, str]] = {}
 
     # --- set-up --------------------------------------------------------------------------
 
@@ -156,11 +158,12 @@ class Supervisor:
             return  # a late frame from a previous incarnation
         child.heartbeat_at = time.monotonic()
         child.stalled_for = beat.stalled_for
-        label = beat.state.label
-        if child.state != label and child.state not in ("backoff", "failed", "stopped"):
-            if beat.state == WorkerState.FAILED:
-                child.last_error = beat.error
-            child.state = label
+        if beat.state == WorkerState.FAILED and beat.error:
+            # NOTE: the worker exits next; its exit decides between backoff and failed.
+            child.last_error = beat.error
+        event = reported(beat.state)
+        if event is not None:
+            child.apply(event)
         self._announce()
 
     def _publish_status(self) -> None:
@@ -183,7 +186,7 @@ class Supervisor:
         if self.announced:
             return
         workers = [c for c in self.children.values() if c.kind != "gateway" and c.pid]
-        if workers and all(c.state in ("ready", "busy") for c in workers):
+        if workers and all(c.state.serving for c in workers):
             self.announced = True
             print(f"npu-proxy listening on http://{self.config.host}:{self.config.port}"
                   f" (workers: {', '.join(c.name for c in workers)})", file=sys.stderr,
@@ -201,31 +204,35 @@ class Supervisor:
                     self._kill(child, "did not stop within the grace period")
                 elif child.kind != "gateway":
                     self._check_deadlines(child, now)
-            elif child.state == "backoff" and now >= child.next_start:
+            elif child.state == ProcessState.BACKOFF and now >= child.next_start:
                 child.spawn()
 
     def _check_deadlines(self, child: Child, now: float) -> None:
         spec = self.config.worker(child.name)
-        if child.state in LOADING_STATES:
+        if child.state == ProcessState.UNRESPONSIVE:
+            return  # NOTE: already killed; waiting for the exit
+        if child.state.loading:
             # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
             # while loading only the load deadline applies.
             if now - child.started_at > spec.load_timeout:
-                self._kill(child, f"stuck {child.state} for more than {spec.load_timeout:.0f} s")
+                self._kill(child, f"stuck {child.state.label} for more than "
+                           f"{spec.load_timeout:.0f} s", hung=True)
         elif child.heartbeat_at and now - child.heartbeat_at > spec.heartbeat_timeout:
-            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s")
+            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s", hung=True)
         elif child.stalled_for > spec.stall_timeout:
-            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy")
+            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy",
+                       hung=True)
 
-    def _kill(self, child: Child, reason: str) -> None:
+    def _kill(self, child: Child, reason: str, hung: bool = False) -> None:
         log.error("killing %s: %s", child.name, reason)
         if not child.expected_exit:
             child.last_error = reason
+        if hung:
+            child.apply(Event.HUNG)
         child.signal(signal.SIGKILL)
 
     def _on_exit(self, child: Child, code: int) -> None:
         pid = child.proc.pid if child.proc else 0
-        if child.kind != "gateway":
-            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
         if child.expected_exit:
             log.info("%s (pid %d) exited with code %d", child.name, pid, code)
         else:
@@ -234,9 +241,14 @@ class Supervisor:
             log.error("%s (pid %d) exited unexpectedly with code %d", child.name, pid, code)
         child.kill_at = 0.0
         if child.hold:
-            child.state = "stopped"
-            return
-        self._schedule_restart(child, counted=not child.expected_exit)
+            child.apply(Event.EXIT_HELD)
+        else:
+            self._schedule_restart(child, counted=not child.expected_exit)
+        if child.kind != "gateway":
+            # NOTE: the new state first, so that a gateway failing the worker's requests on
+            # WorkerExited already sees it down (both on one socket: they arrive in order).
+            self._publish_status()
+            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
 
     def _schedule_restart(self, child: Child, counted: bool) -> None:
         now = time.monotonic()
@@ -249,7 +261,7 @@ class Supervisor:
             if child.kind != "gateway":
                 limit = self.config.worker(child.name).max_restarts or limit
             if len(child.crash_times) > limit:
-                child.state = "failed"
+                child.apply(Event.CRASH_LOOP)
                 log.error("%s failed: %d crashes within %.0f s; not restarting until an "
                           "operator starts it (last error: %s)", child.name,
                           len(child.crash_times), self.config.restart_window, child.last_error)
@@ -257,7 +269,7 @@ class Supervisor:
             delay = min(self.config.backoff_max,
                         self.config.backoff_initial * 2 ** (len(child.crash_times) - 1))
         child.restarts += 1
-        child.state = "backoff"
+        child.apply(Event.EXIT)
         child.next_start = now + delay
         log.info("restarting %s in %.1f s", child.name, delay)
 
@@ -277,7 +289,7 @@ class Supervisor:
         for child in self.children.values():
             rows.append({
                 "name": child.name, "role": child.kind, "device": child.device,
-                "model": child.model, "state": child.state, "pid": child.pid,
+                "model": child.model, "state": child.state.label, "pid": child.pid,
                 "uptime": round(child.uptime(), 1), "restarts": child.restarts,
                 "last_error": child.last_error,
             })
@@ -304,7 +316,7 @@ class Supervisor:
         if cmd == "stop":
             child.hold = True
             if child.pid is None:
-                child.state = "stopped"
+                child.apply(Event.STOP)
             else:
                 self._terminate(child)
             return {"ok": True}
@@ -321,6 +333,7 @@ class Supervisor:
                 child.crash_times.clear()
                 child.spawn()
             elif req.get("now"):
+                # NOTE: no state of its own: SIGKILL cannot be ignored, the exit follows at once.
                 child.expected_exit = True
                 child.signal(signal.SIGKILL)
             else:
@@ -377,6 +390,7 @@ class Supervisor:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""
         child.expected_exit = True
         child.kill_at = time.monotonic() + self.config.grace_period
+        child.apply(Event.TERMINATE)
         child.signal(signal.SIGTERM)
 
     # --- shutdown ------------------------------------------------------------------------

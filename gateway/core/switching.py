@@ -31,6 +31,7 @@ from gateway.core.model_table import ROLE_KIND
 from protocol.config import Config, WorkerSpec
 from protocol.messages import WorkerState
 from protocol.sockets import control_endpoint
+from protocol.states import ProcessState
 
 if TYPE_CHECKING:
     from gateway.core.broker import Broker
@@ -184,10 +185,10 @@ class Switcher:
                     raise GatewayError(500, "internal", f"worker {worker} failed to load model "
                                        f"'{target}': {beat.error or 'see its log'}")
             sup = link.supervised
-            if sup is not None and sup.state == "failed" and seen_other:
+            if sup is not None and sup.state == ProcessState.FAILED and seen_other:
                 raise GatewayError(500, "internal", f"worker {worker} failed to load model "
                                    f"'{target}': {sup.last_error or 'see its log'}")
-            seen_other = seen_other or sup is None or sup.state != "failed"
+            seen_other = seen_other or sup is None or sup.state != ProcessState.FAILED
             if time.monotonic() > deadline:
                 raise GatewayError(504, "timeout", f"worker {worker} did not become ready "
                                    f"with model '{target}' within {self.config.switch_timeout:.0f}"
