@@ -14,8 +14,9 @@ import click
 import msgspec
 
 from protocol.config import Config
+from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from protocol.logs import setup_logging
-from supervisor.cli_common import config_options, load, request
+from supervisor.cli_common import call, config_options, load
 from supervisor.models_cli import convert, models, pull, rm
 
 
@@ -31,7 +32,7 @@ def main() -> None:
 def start(worker: str | None, quiet: bool, **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
     if worker:
-        request(load(**kw), {"cmd": "start", "worker": worker})
+        call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
     from supervisor.devices import discover
@@ -63,10 +64,10 @@ def stop(worker: str | None, **kw: Any) -> None:
     """Stop the running instance, or only one WORKER of it (it stays stopped)."""
     config = load(**kw)
     if worker:
-        request(config, {"cmd": "stop", "worker": worker})
+        call(config, Stop(worker=worker), Ok)
         click.echo(f"stopping {worker}")
     else:
-        request(config, {"cmd": "shutdown"})
+        call(config, Shutdown(), Ok)
         click.echo("stopping npu-proxy")
 
 
@@ -76,7 +77,7 @@ def stop(worker: str | None, **kw: Any) -> None:
 @config_options
 def restart(worker: str, now: bool, **kw: Any) -> None:
     """Restart one WORKER: drain its in-flight requests first unless --now."""
-    request(load(**kw), {"cmd": "restart", "worker": worker, "now": now})
+    call(load(**kw), Restart(worker=worker, now=now), Ok)
     click.echo(f"restarting {worker}")
 
 
@@ -96,19 +97,20 @@ def _last_line(error: str) -> str:
 @config_options
 def status(as_json: bool, **kw: Any) -> None:
     """Show every process: role, device, model, state, pid, uptime, restarts, last error."""
-    reply = request(load(**kw), {"cmd": "status"}, timeout_ms=3000)
+    reply = call(load(**kw), Status(), StatusReply, timeout=3.0)
     if as_json:
-        click.echo(msgspec.json.encode(reply).decode())
+        click.echo(msgspec.json.encode({
+            "ok": True, "pid": reply.pid, "host": reply.host, "port": reply.port,
+            "children": [c.as_json() for c in reply.children]}).decode())
         return
-    click.echo(f"npu-proxy on http://{reply['host']}:{reply['port']} (supervisor pid "
-               f"{reply['pid']})")
+    click.echo(f"npu-proxy on http://{reply.host}:{reply.port} (supervisor pid {reply.pid})")
     header = ("WORKER", "ROLE", "DEVICE", "MODEL", "STATE", "PID", "UPTIME", "RESTARTS",
               "LAST ERROR")
     rows = [header] + [
-        (c["name"], c["role"], c["device"] or "-", c["model"] or "-", c["state"],
-         str(c["pid"] or "-"), _age(c["uptime"]) if c["pid"] else "-", str(c["restarts"]),
-         _last_line(c["last_error"]))
-        for c in reply["children"]
+        (c.name, c.role, c.device or "-", c.model or "-", c.state.label,
+         str(c.pid or "-"), _age(c.uptime) if c.pid else "-", str(c.restarts),
+         _last_line(c.last_error))
+        for c in reply.children
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:

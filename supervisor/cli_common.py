@@ -1,5 +1,5 @@
-"""What every `npx-supervisor` command shares: the configuration options and the request to
-a running instance's control socket."""
+"""What every `npx-supervisor` command shares: the configuration options and the call to a
+running instance's control socket (protocol/control.py) with click's error reporting."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
-import zmq
 
+from protocol import control
 from protocol.config import Config, ConfigError, load_config
-from protocol.sockets import control_endpoint
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 def config_options(func: F) -> F:
@@ -43,19 +43,10 @@ def load(config_file: Path | None, host: str | None, port: int | None,
         raise click.ClickException(str(exc)) from exc
 
 
-def request(config: Config, request: dict[str, Any], timeout_ms: int = 30_000) -> Any:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(control_endpoint(config))
+def call(config: Config, command: control.Command, expect: type[R],
+         timeout: float = 30.0) -> R:
+    """`control.call`, its errors (no instance, refused) reported as click errors."""
     try:
-        sock.send(msgspec.json.encode(request))
-        if not sock.poll(timeout_ms):
-            raise click.ClickException(
-                f"no npu-proxy instance answers at {control_endpoint(config)}")
-        reply = msgspec.json.decode(sock.recv())
-    finally:
-        sock.close(0)
-    if not reply.get("ok"):
-        raise click.ClickException(reply.get("error", "failed"))
-    return reply
+        return control.call(config, command, expect, timeout)
+    except control.ControlError as exc:
+        raise click.ClickException(str(exc)) from exc

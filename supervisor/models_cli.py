@@ -22,7 +22,9 @@ from models.registry import (
 )
 from models.store import ModelStore
 from protocol.config import Config
-from supervisor.cli_common import config_options, load, request
+from protocol.control import ControlError, Load, Loaded, NoSupervisor, Status, StatusReply
+from protocol.control import call as control_call
+from supervisor.cli_common import call, config_options, load
 
 
 def _size(n: int) -> str:
@@ -167,13 +169,15 @@ def _unload(config: Config, name: str) -> None:
         raise click.ClickException(f"'{name}' is the configured model of worker "
                                    f"{', '.join(homes)}; change the config file first")
     try:
-        children = request(config, {"cmd": "status"}, timeout_ms=1000)["children"]
-    except click.ClickException:
+        children = control_call(config, Status(), StatusReply, timeout=1.0).children
+    except NoSupervisor:
         return  # NOTE: no instance running
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from exc
     for child in children:
-        if child["role"] != "gateway" and child["model"] == name:
-            click.echo(f"worker {child['name']} runs '{name}': switching it back")
-            request(config, {"cmd": "load", "worker": child["name"], "model": ""})
+        if child.role != "gateway" and child.model == name:
+            click.echo(f"worker {child.name} runs '{name}': switching it back")
+            call(config, Load(worker=child.name), Loaded)
 
 
 @click.command()

@@ -1,6 +1,7 @@
 """The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket.
 
-Every state change of a child is an event of protocol/states.py's table (`Child.apply`).
+Every state change of a child is an event of protocol/states.py's table (`Child.apply`);
+every control command (protocol/control.py) has one handler method here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,25 @@ from typing import Any
 import msgspec
 import zmq
 
+from protocol import control
 from protocol.config import Config, ConfigError, WorkerSpec, dump_config
+from protocol.control import (
+    ChildStatus,
+    Command,
+    Load,
+    Loaded,
+    Ok,
+    Ping,
+    Pong,
+    Refused,
+    Reply,
+    Restart,
+    Shutdown,
+    Start,
+    Status,
+    StatusReply,
+    Stop,
+)
 from protocol.messages import (
     Heartbeat,
     WorkerExited,
@@ -41,6 +60,10 @@ log = logging.getLogger(__name__)
 
 class AlreadyRunning(Exception):
     pass
+
+
+class Refusal(Exception):
+    """A control command that cannot be carried out; its message goes back as Refused."""
 
 
 def prepare_runtime_dir(path: Path) -> None:
@@ -67,18 +90,28 @@ class Supervisor:
         self.announced = False
         self._status_sent_at = 0.0
         self._status_seen: dict[str, tuple[ProcessState, int, int, str]] = {}
+        self._commands = control.command_decoder()
+        # NOTE: one handler per command type; a new command is a Struct and an entry here.
+        self._handlers: dict[type[Command], Callable[[Any], Reply]] = {
+            Ping: self._ping,
+            Status: self._status,
+            Shutdown: self._shutdown,
+            Start: self._start,
+            Stop: self._stop,
+            Restart: self._restart,
+            Load: self._load,
+        }
 
     # --- set-up --------------------------------------------------------------------------
 
     def _check_not_running(self) -> None:
-        req = self.ctx.socket(zmq.REQ)
-        req.setsockopt(zmq.LINGER, 0)
-        req.connect(control_endpoint(self.config))
-        req.send(b'{"cmd":"ping"}')
-        alive = req.poll(300)
-        req.close(0)
-        if alive:
-            raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
+        try:
+            control.call(self.config, Ping(), Pong, timeout=0.3)
+        except control.NoSupervisor:
+            return
+        except control.ControlError:
+            pass  # NOTE: something answers there, even if not as this version would
+        raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
 
     def setup(self) -> None:
         prepare_runtime_dir(self.runtime)
@@ -277,69 +310,78 @@ class Supervisor:
 
     def _serve_control(self) -> None:
         raw = self.control.recv()
+        reply: Reply
         try:
-            req = msgspec.json.decode(raw, type=dict[str, Any])
-            reply = self._command(req)
+            command = self._commands.decode(raw)
+            reply = self._handlers[type(command)](command)
+        except msgspec.DecodeError as exc:
+            reply = Refused(error=f"not a control command: {exc}")
+        except Refusal as exc:
+            reply = Refused(error=str(exc))
         except Exception as exc:
-            reply = {"ok": False, "error": str(exc)}
-        self.control.send(msgspec.json.encode(reply))
+            log.exception("control command failed")
+            reply = Refused(error=str(exc))
+        self.control.send(control.encode(reply))
 
-    def status(self) -> list[dict[str, Any]]:
-        rows = []
-        for child in self.children.values():
-            rows.append({
-                "name": child.name, "role": child.kind, "device": child.device,
-                "model": child.model, "state": child.state.label, "pid": child.pid,
-                "uptime": round(child.uptime(), 1), "restarts": child.restarts,
-                "last_error": child.last_error,
-            })
-        return rows
+    def status(self) -> list[ChildStatus]:
+        return [ChildStatus(name=child.name, role=child.kind, device=child.device,
+                            model=child.model, state=child.state, pid=child.pid,
+                            uptime=round(child.uptime(), 1), restarts=child.restarts,
+                            last_error=child.last_error)
+                for child in self.children.values()]
 
-    def _command(self, req: dict[str, Any]) -> dict[str, Any]:
-        cmd = req.get("cmd")
-        if cmd == "ping":
-            return {"ok": True, "pid": os.getpid()}
-        if cmd == "status":
-            return {"ok": True, "pid": os.getpid(), "host": self.config.host,
-                    "port": self.config.port, "children": self.status()}
-        if cmd == "shutdown":
-            self.stopping = True
-            return {"ok": True}
-        name = req.get("worker", "")
+    def _child(self, name: str) -> Child:
         child = self.children.get(name)
         if child is None:
-            return {"ok": False, "error": f"no worker named {name!r}"}
-        if cmd == "load" and child.kind != "gateway":
-            return self._load(child, str(req.get("model") or ""))
-        if cmd in ("start", "restart") and child.kind != "gateway":
-            self._reload_spec(name)
-        if cmd == "stop":
-            child.hold = True
-            if child.pid is None:
-                child.apply(Event.STOP)
-            else:
-                self._terminate(child)
-            return {"ok": True}
-        if cmd == "start":
-            child.hold = False
-            if child.pid is None:
-                child.crash_times.clear()
-                child.last_error = ""
-                child.spawn()
-            return {"ok": True}
-        if cmd == "restart":
-            child.hold = False
-            if child.pid is None:
-                child.crash_times.clear()
-                child.spawn()
-            elif req.get("now"):
-                # NOTE: no state of its own: SIGKILL cannot be ignored, the exit follows at once.
-                child.expected_exit = True
-                child.signal(signal.SIGKILL)
-            else:
-                self._terminate(child)
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown command {cmd!r}"}
+            raise Refusal(f"no worker named {name!r}")
+        return child
+
+    def _ping(self, command: Ping) -> Reply:
+        return Pong(pid=os.getpid())
+
+    def _status(self, command: Status) -> Reply:
+        return StatusReply(pid=os.getpid(), host=self.config.host, port=self.config.port,
+                           children=self.status())
+
+    def _shutdown(self, command: Shutdown) -> Reply:
+        self.stopping = True
+        return Ok()
+
+    def _stop(self, command: Stop) -> Reply:
+        child = self._child(command.worker)
+        child.hold = True
+        if child.pid is None:
+            child.apply(Event.STOP)
+        else:
+            self._terminate(child)
+        return Ok()
+
+    def _start(self, command: Start) -> Reply:
+        child = self._child(command.worker)
+        if child.kind != "gateway":
+            self._reload_spec(child.name)
+        child.hold = False
+        if child.pid is None:
+            child.crash_times.clear()
+            child.last_error = ""
+            child.spawn()
+        return Ok()
+
+    def _restart(self, command: Restart) -> Reply:
+        child = self._child(command.worker)
+        if child.kind != "gateway":
+            self._reload_spec(child.name)
+        child.hold = False
+        if child.pid is None:
+            child.crash_times.clear()
+            child.spawn()
+        elif command.now:
+            # NOTE: no state of its own: SIGKILL cannot be ignored, the exit follows at once.
+            child.expected_exit = True
+            child.signal(signal.SIGKILL)
+        else:
+            self._terminate(child)
+        return Ok()
 
     def _reload_spec(self, name: str) -> None:
         """Take a worker's section from the configuration as it is now (a fixed file)."""
@@ -363,15 +405,17 @@ class Supervisor:
         child.model = spec.model_name
         child.device = spec.device
 
-    def _load(self, child: Child, model: str) -> dict[str, Any]:
+    def _load(self, command: Load) -> Reply:
         """Reload a worker with another model ("" = back to its configured one): the
         gateway asks when a request names a model no worker runs, or when keep_alive ends."""
+        child = self._child(command.worker)
+        if child.kind == "gateway":
+            raise Refusal("the gateway runs no model")
         spec = self.config.worker(child.name)
         if not spec.allow_switch:
-            return {"ok": False, "error": f"worker {child.name} does not switch models "
-                                          "(allow_switch = false)"}
+            raise Refusal(f"worker {child.name} does not switch models (allow_switch = false)")
         home = spec.switched_from or spec.model_name
-        target = model or home
+        target = command.model or home
         changed = target != spec.model_name
         if changed:
             log.info("worker %s: switching model %s -> %s", child.name, spec.model_name, target)
@@ -384,7 +428,7 @@ class Supervisor:
             child.spawn()
         elif changed:
             self._terminate(child)  # NOTE: drains; the exit handler restarts it at once
-        return {"ok": True, "model": target, "changed": changed}
+        return Loaded(model=target, changed=changed)
 
     def _terminate(self, child: Child) -> None:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""
