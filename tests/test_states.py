@@ -1,8 +1,20 @@
-"""One state vocabulary: the transition table itself and the gateway's view of a worker."""
+"""One state vocabulary: the transition table itself, the gateway's view of a worker, and a
+real worker walked through its life cycle while /metrics, /health/devices and
+`npx-supervisor status --json` are read side by side and must name the same state."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from serverctl import Server
 
 from gateway.core.broker import WorkerLink
 from protocol.config import WorkerSpec
@@ -101,3 +113,94 @@ def test_the_gateway_reads_the_supervisors_state_and_its_own_freshness() -> None
     assert _link(None, _beat(7, S.LOADING)).state == S.LOADING
     assert _link(None, _beat(7, S.FAILED)).state == S.STARTING
     assert _link(None, None).state == S.STARTING
+
+
+# --- a real worker, three surfaces ---------------------------------------------------------
+
+
+def _from_metrics(srv: Server, worker: str) -> str:
+    r = httpx.get(srv.url + "/metrics", timeout=10)
+    r.raise_for_status()
+    states = [s.labels["state"]
+              for family in text_string_to_metric_families(r.text)
+              for s in family.samples
+              if s.name == "npu_proxy_worker_state" and s.labels["worker"] == worker
+              and s.value == 1]
+    assert len(states) == 1, states
+    return states[0]
+
+
+def _from_health(srv: Server, worker: str) -> str:
+    r = httpx.get(srv.url + "/health/devices", timeout=10)
+    r.raise_for_status()
+    return str(next(w["state"] for w in r.json()["workers"] if w["name"] == worker))
+
+
+def _from_status(srv: Server, worker: str) -> dict[str, Any]:
+    out = srv.cli("status", "--json").stdout
+    reply = json.loads(out)
+    assert reply["ok"] is True
+    row: dict[str, Any] = next(c for c in reply["children"] if c["name"] == worker)
+    return row
+
+
+def _all_say(srv: Server, worker: str, state: str, timeout: float = 240.0) -> dict[str, Any]:
+    """Poll until /metrics, /health/devices and `status --json` all name `state`; returns
+    the status row. The three are read one after the other, so while the worker changes
+    state they may differ for a moment; they must agree once it has settled."""
+    deadline = time.monotonic() + timeout
+    seen: tuple[str, str, str] = ("", "", "")
+    while time.monotonic() < deadline:
+        row = _from_status(srv, worker)
+        seen = (_from_metrics(srv, worker), _from_health(srv, worker), row["state"])
+        if seen == (state, state, state):
+            return row
+        time.sleep(0.2)
+    raise AssertionError(f"{worker}: expected {state} everywhere, last saw (metrics, health, "
+                         f"status) = {seen}\n{srv.logs()}")
+
+
+def _still_all_say(srv: Server, worker: str, state: str) -> None:
+    """In a state that only the test ends, every further reading agrees."""
+    for _ in range(3):
+        row = _from_status(srv, worker)
+        assert (_from_metrics(srv, worker), _from_health(srv, worker), row["state"]) == (
+            state, state, state)
+
+
+@pytest.mark.timeout(900)
+def test_one_worker_through_its_life_cycle(tmp_path: Path) -> None:
+    gate = tmp_path / "load-may-finish"
+    # NOTE: every state the test checks lasts until the test ends it: loading until the
+    # gate file exists, backoff for ten minutes unless started by hand, stopped until
+    # started. Nothing depends on how fast this machine is.
+    srv = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "load_timeout": 1800.0,
+         "faults": {"hold_load_until": str(gate)}},
+    ], backoff_initial=600.0, backoff_max=600.0)
+    srv.start(wait=False)
+    try:
+        srv.wait_http(120)
+        _all_say(srv, "llm", "loading")
+        _still_all_say(srv, "llm", "loading")
+
+        gate.touch()
+        first = _all_say(srv, "llm", "ready")
+        assert first["pid"]
+
+        os.kill(first["pid"], signal.SIGKILL)
+        down = _all_say(srv, "llm", "backoff")
+        assert down["pid"] is None and down["restarts"] == first["restarts"] + 1
+        _still_all_say(srv, "llm", "backoff")
+
+        # An operator does not wait out the backoff.
+        assert "started llm" in srv.cli("start", "llm").stdout
+        second = _all_say(srv, "llm", "ready")
+        assert second["pid"] not in (None, first["pid"])
+
+        assert "stopping llm" in srv.cli("stop", "llm").stdout
+        stopped = _all_say(srv, "llm", "stopped")
+        assert stopped["pid"] is None
+        _still_all_say(srv, "llm", "stopped")
+    finally:
+        assert srv.stop() == set()
