@@ -45,6 +45,8 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     exit_after_tokens: int | None = None
     abort_after_tokens: int | None = None
     stall_after_tokens: int | None = None
+    # Stay loading until this file exists (a test can then observe the loading state).
+    hold_load_until: str = ""
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from protocol.states import ProcessState
+
 
 class ErrorCode(enum.IntEnum):
     """Why a request failed; the gateway maps each to a status and body per API."""
@@ -27,23 +29,9 @@ class ErrorCode(enum.IntEnum):
     NOT_READY = 9
 
 
-class WorkerState(enum.IntEnum):
-    STARTING = 0
-    LOADING = 1
-    WARMING = 2
-    READY = 3
-    BUSY = 4
-    DRAINING = 5
-    STOPPED = 6
-    FAILED = 7
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-    @property
-    def serving(self) -> bool:
-        return self in (WorkerState.READY, WorkerState.BUSY)
+# NOTE: one enum for the heartbeat's state and every process state the supervisor, /health
+# and /metrics name (protocol/states.py); its numbering is this wire format's, append-only.
+WorkerState = ProcessState
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):
@@ -235,11 +223,11 @@ class WorkerExited(msgspec.Struct, tag=True, array_like=True):
 
 
 class WorkerStatus(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """The supervisor's view of a worker (backoff, failed, stopped ... and why), sent on
-    every change and once a second, so a gateway (also a restarted one) knows it."""
+    """The supervisor's state of a worker (protocol/states.py) and why, sent on every change
+    and once a second, so a gateway (also a restarted one) knows it."""
 
     worker: str
-    state: str
+    state: ProcessState
     pid: int = 0
     restarts: int = 0
     last_error: str = ""

@@ -1,8 +1,8 @@
 """One supervised child process: spawn, state, backoff, graceful stop.
 
-States (circus/supervisord style): starting, loading, warming, ready, busy, draining,
-backoff (waiting to restart), stopped (by an operator), failed (crash loop; an operator
-must act). Worker states between starting and busy come from the worker's heartbeats.
+Its state is a `ProcessState` and changes only through `Child.apply`, by the transition
+table of protocol/states.py; worker states between starting and busy come from the worker's
+heartbeats, the others from the supervisor's own decisions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import IO
+
+from protocol.states import Event, ProcessState, transition
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class Child:
         self.log_path = log_path
         self.echo = echo
         self.proc: subprocess.Popen[bytes] | None = None
-        self.state = "stopped"
+        self.state = ProcessState.STOPPED
         self.started_at = 0.0
         self.restarts = 0
         self.crash_times: deque[float] = deque()
@@ -87,13 +89,21 @@ class Child:
         threading.Thread(target=_tee, args=(self.proc.stdout, self.log_path, self.echo),
                          name=f"tee-{self.name}", daemon=True).start()
         # NOTE: workers report their own states in heartbeats; the gateway has none.
-        self.state = "running" if self.kind == "gateway" else "starting"
+        self.apply(Event.SPAWN_SILENT if self.kind == "gateway" else Event.SPAWN)
         self.started_at = time.monotonic()
         self.heartbeat_at = 0.0
         self.stalled_for = 0.0
         self.expected_exit = False
         self.kill_at = 0.0
         log.info("started %s pid %d", self.name, self.proc.pid)
+
+    def apply(self, event: Event) -> ProcessState:
+        """Move to the state the transition table gives for `event`; returns it."""
+        new = transition(self.state, event)
+        if new != self.state:
+            log.debug("%s: %s -> %s (%s)", self.name, self.state.label, new.label, event.value)
+            self.state = new
+        return new
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

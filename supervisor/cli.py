@@ -8,62 +8,16 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import msgspec
-import zmq
 
-from protocol.config import Config, ConfigError, load_config
+from protocol.config import Config
+from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from protocol.logs import setup_logging
-from protocol.sockets import control_endpoint
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def config_options(func: F) -> F:
-    for option in reversed([
-        click.option("--config", "config_file", type=click.Path(path_type=Path),
-                     help="TOML configuration file."),
-        click.option("--host", help="Address to listen on (default 127.0.0.1)."),
-        click.option("--port", type=int, help="HTTP port (default 11435)."),
-        click.option("--runtime-dir", help="Private folder for sockets and logs."),
-        click.option("--transport", type=click.Choice(["ipc", "tcp"]),
-                     help="ZeroMQ transport between processes."),
-    ]):
-        func = option(func)
-    return func
-
-
-def _config(config_file: Path | None, host: str | None, port: int | None,
-            runtime_dir: str | None, transport: str | None,
-            devices: dict[str, str] | None = None) -> Config:
-    try:
-        return load_config(config_file, overrides={"host": host, "port": port,
-                                                   "runtime_dir": runtime_dir,
-                                                   "transport": transport}, devices=devices)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def _control(config: Config, request: dict[str, Any], timeout_ms: int = 30_000) -> Any:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(control_endpoint(config))
-    try:
-        sock.send(msgspec.json.encode(request))
-        if not sock.poll(timeout_ms):
-            raise click.ClickException(
-                f"no npu-proxy instance answers at {control_endpoint(config)}")
-        reply = msgspec.json.decode(sock.recv())
-    finally:
-        sock.close(0)
-    if not reply.get("ok"):
-        raise click.ClickException(reply.get("error", "failed"))
-    return reply
+from supervisor.cli_common import call, config_options, load
+from supervisor.models_cli import convert, models, pull, rm
 
 
 @click.group()
@@ -78,14 +32,14 @@ def main() -> None:
 def start(worker: str | None, quiet: bool, **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
     if worker:
-        _control(_config(**kw), {"cmd": "start", "worker": worker})
+        call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
     from supervisor.devices import discover
     from supervisor.service import AlreadyRunning, Supervisor
 
     found = discover()
-    config = _config(**kw, devices=found)
+    config = load(**kw, devices=found)
     setup_logging("supervisor", config.log_level, config.log_format)
     logging.getLogger("supervisor").info(
         "devices: %s", ", ".join(f"{k} ({v})" for k, v in found.items()))
@@ -94,7 +48,7 @@ def start(worker: str | None, quiet: bool, **kw: Any) -> None:
             "listening on %s without an API key: anyone who can reach it can use it; "
             "set NPU_PROXY_API_KEY", config.host)
     def reload() -> Config:
-        return _config(**kw, devices=found)
+        return load(**kw, devices=found)
 
     try:
         code = Supervisor(config, echo=not quiet, reload=reload).run()
@@ -108,12 +62,12 @@ def start(worker: str | None, quiet: bool, **kw: Any) -> None:
 @config_options
 def stop(worker: str | None, **kw: Any) -> None:
     """Stop the running instance, or only one WORKER of it (it stays stopped)."""
-    config = _config(**kw)
+    config = load(**kw)
     if worker:
-        _control(config, {"cmd": "stop", "worker": worker})
+        call(config, Stop(worker=worker), Ok)
         click.echo(f"stopping {worker}")
     else:
-        _control(config, {"cmd": "shutdown"})
+        call(config, Shutdown(), Ok)
         click.echo("stopping npu-proxy")
 
 
@@ -123,7 +77,7 @@ def stop(worker: str | None, **kw: Any) -> None:
 @config_options
 def restart(worker: str, now: bool, **kw: Any) -> None:
     """Restart one WORKER: drain its in-flight requests first unless --now."""
-    _control(_config(**kw), {"cmd": "restart", "worker": worker, "now": now})
+    call(load(**kw), Restart(worker=worker, now=now), Ok)
     click.echo(f"restarting {worker}")
 
 
@@ -143,19 +97,20 @@ def _last_line(error: str) -> str:
 @config_options
 def status(as_json: bool, **kw: Any) -> None:
     """Show every process: role, device, model, state, pid, uptime, restarts, last error."""
-    reply = _control(_config(**kw), {"cmd": "status"}, timeout_ms=3000)
+    reply = call(load(**kw), Status(), StatusReply, timeout=3.0)
     if as_json:
-        click.echo(msgspec.json.encode(reply).decode())
+        click.echo(msgspec.json.encode({
+            "ok": True, "pid": reply.pid, "host": reply.host, "port": reply.port,
+            "children": [c.as_json() for c in reply.children]}).decode())
         return
-    click.echo(f"npu-proxy on http://{reply['host']}:{reply['port']} (supervisor pid "
-               f"{reply['pid']})")
+    click.echo(f"npu-proxy on http://{reply.host}:{reply.port} (supervisor pid {reply.pid})")
     header = ("WORKER", "ROLE", "DEVICE", "MODEL", "STATE", "PID", "UPTIME", "RESTARTS",
               "LAST ERROR")
     rows = [header] + [
-        (c["name"], c["role"], c["device"] or "-", c["model"] or "-", c["state"],
-         str(c["pid"] or "-"), _age(c["uptime"]) if c["pid"] else "-", str(c["restarts"]),
-         _last_line(c["last_error"]))
-        for c in reply["children"]
+        (c.name, c.role, c.device or "-", c.model or "-", c.state.label,
+         str(c.pid or "-"), _age(c.uptime) if c.pid else "-", str(c.restarts),
+         _last_line(c.last_error))
+        for c in reply.children
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
@@ -169,7 +124,7 @@ def status(as_json: bool, **kw: Any) -> None:
 @config_options
 def logs(worker: str, lines: int, **kw: Any) -> None:
     """Print the tail of WORKER's log file ("gateway" for the gateway)."""
-    path = _config(**kw).runtime_path() / "logs" / f"{worker}.log"
+    path = load(**kw).runtime_path() / "logs" / f"{worker}.log"
     if not path.exists():
         raise click.ClickException(f"no log for {worker!r} at {path}")
     text = path.read_bytes().decode("utf-8", "replace").splitlines()
@@ -182,7 +137,7 @@ def show_config(**kw: Any) -> None:
     """Print the effective configuration as TOML (with the devices found here)."""
     from supervisor.devices import discover
 
-    config = _config(**kw, devices=discover())
+    config = load(**kw, devices=discover())
     click.echo(msgspec.toml.encode(_everything(config)).decode())
 
 
@@ -197,9 +152,6 @@ def _everything(obj: Any) -> Any:
         return {k: _everything(v) for k, v in obj.items() if v is not None}
     return obj
 
-
-# NOTE: imported last: the model commands reuse this module's config options.
-from supervisor.models_cli import convert, models, pull, rm  # noqa: E402
 
 for _command in (pull, models, rm, convert):
     main.add_command(_command)

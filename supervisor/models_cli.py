@@ -22,7 +22,9 @@ from models.registry import (
 )
 from models.store import ModelStore
 from protocol.config import Config
-from supervisor.cli import _config, _control, config_options
+from protocol.control import ControlError, Load, Loaded, NoSupervisor, Status, StatusReply
+from protocol.control import call as control_call
+from supervisor.cli_common import call, config_options, load
 
 
 def _size(n: int) -> str:
@@ -75,7 +77,7 @@ def pull(name: str, **kw: Any) -> None:
     from models.pull import PullError
     from models.pull import pull as do_pull
 
-    config = _config(**kw)
+    config = load(**kw)
     bars = _Bars()
     try:
         do_pull(config, name, bars)
@@ -112,7 +114,7 @@ def _where(source: ModelSource) -> str:
 @config_options
 def models(available: bool, **kw: Any) -> None:
     """List the models in the model cache: name, kind, size, source."""
-    config = _config(**kw)
+    config = load(**kw)
     header = ("NAME", "KIND", "SIZE", "SOURCE", "")
     if available:
         rows = [header] + [
@@ -133,7 +135,7 @@ def models(available: bool, **kw: Any) -> None:
 @config_options
 def rm(name: str, **kw: Any) -> None:
     """Delete pulled model NAME from the model cache (or an alias made by copy)."""
-    config = _config(**kw)
+    config = load(**kw)
     try:
         key = canonical(name)
     except ModelNameError as exc:
@@ -167,13 +169,15 @@ def _unload(config: Config, name: str) -> None:
         raise click.ClickException(f"'{name}' is the configured model of worker "
                                    f"{', '.join(homes)}; change the config file first")
     try:
-        children = _control(config, {"cmd": "status"}, timeout_ms=1000)["children"]
-    except click.ClickException:
+        children = control_call(config, Status(), StatusReply, timeout=1.0).children
+    except NoSupervisor:
         return  # NOTE: no instance running
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from exc
     for child in children:
-        if child["role"] != "gateway" and child["model"] == name:
-            click.echo(f"worker {child['name']} runs '{name}': switching it back")
-            _control(config, {"cmd": "load", "worker": child["name"], "model": ""})
+        if child.role != "gateway" and child.model == name:
+            click.echo(f"worker {child.name} runs '{name}': switching it back")
+            call(config, Load(worker=child.name), Loaded)
 
 
 @click.command()
@@ -198,7 +202,7 @@ def convert(repo: str, weight_format: str, sym: bool, group_size: int | None,
     extra: pip install 'npu-proxy[convert]'."""
     from models.convert import ConvertError, convert_repo
 
-    config = _config(**kw)
+    config = load(**kw)
     try:
         manifest = convert_repo(config, repo, weight_format=weight_format, sym=sym,
                                 group_size=group_size, ratio=ratio, task=task,

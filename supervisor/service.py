@@ -1,4 +1,8 @@
-"""The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket."""
+"""The supervisor's main loop: children, heartbeats, deadlines, restarts, control socket.
+
+Every state change of a child is an event of protocol/states.py's table (`Child.apply`);
+every control command (protocol/control.py) has one handler method here.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,25 @@ from typing import Any
 import msgspec
 import zmq
 
+from protocol import control
 from protocol.config import Config, ConfigError, WorkerSpec, dump_config
+from protocol.control import (
+    ChildStatus,
+    Command,
+    Load,
+    Loaded,
+    Ok,
+    Ping,
+    Pong,
+    Refused,
+    Reply,
+    Restart,
+    Shutdown,
+    Start,
+    Status,
+    StatusReply,
+    Stop,
+)
 from protocol.messages import (
     Heartbeat,
     WorkerExited,
@@ -30,15 +52,18 @@ from protocol.sockets import (
     events_endpoint,
     worker_endpoint,
 )
+from protocol.states import Event, ProcessState, reported
 from supervisor.children import Child
 
 log = logging.getLogger(__name__)
 
-LOADING_STATES = ("starting", "loading", "warming")
-
 
 class AlreadyRunning(Exception):
     pass
+
+
+class Refusal(Exception):
+    """A control command that cannot be carried out; its message goes back as Refused."""
 
 
 def prepare_runtime_dir(path: Path) -> None:
@@ -64,19 +89,29 @@ class Supervisor:
         self.stopping = False
         self.announced = False
         self._status_sent_at = 0.0
-        self._status_seen: dict[str, tuple[str, int, int, str]] = {}
+        self._status_seen: dict[str, tuple[ProcessState, int, int, str]] = {}
+        self._commands = control.command_decoder()
+        # NOTE: one handler per command type; a new command is a Struct and an entry here.
+        self._handlers: dict[type[Command], Callable[[Any], Reply]] = {
+            Ping: self._ping,
+            Status: self._status,
+            Shutdown: self._shutdown,
+            Start: self._start,
+            Stop: self._stop,
+            Restart: self._restart,
+            Load: self._load,
+        }
 
     # --- set-up --------------------------------------------------------------------------
 
     def _check_not_running(self) -> None:
-        req = self.ctx.socket(zmq.REQ)
-        req.setsockopt(zmq.LINGER, 0)
-        req.connect(control_endpoint(self.config))
-        req.send(b'{"cmd":"ping"}')
-        alive = req.poll(300)
-        req.close(0)
-        if alive:
-            raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
+        try:
+            control.call(self.config, Ping(), Pong, timeout=0.3)
+        except control.NoSupervisor:
+            return
+        except control.ControlError:
+            pass  # NOTE: something answers there, even if not as this version would
+        raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
 
     def setup(self) -> None:
         prepare_runtime_dir(self.runtime)
@@ -156,11 +191,12 @@ class Supervisor:
             return  # a late frame from a previous incarnation
         child.heartbeat_at = time.monotonic()
         child.stalled_for = beat.stalled_for
-        label = beat.state.label
-        if child.state != label and child.state not in ("backoff", "failed", "stopped"):
-            if beat.state == WorkerState.FAILED:
-                child.last_error = beat.error
-            child.state = label
+        if beat.state == WorkerState.FAILED and beat.error:
+            # NOTE: the worker exits next; its exit decides between backoff and failed.
+            child.last_error = beat.error
+        event = reported(beat.state)
+        if event is not None:
+            child.apply(event)
         self._announce()
 
     def _publish_status(self) -> None:
@@ -183,7 +219,7 @@ class Supervisor:
         if self.announced:
             return
         workers = [c for c in self.children.values() if c.kind != "gateway" and c.pid]
-        if workers and all(c.state in ("ready", "busy") for c in workers):
+        if workers and all(c.state.serving for c in workers):
             self.announced = True
             print(f"npu-proxy listening on http://{self.config.host}:{self.config.port}"
                   f" (workers: {', '.join(c.name for c in workers)})", file=sys.stderr,
@@ -201,31 +237,35 @@ class Supervisor:
                     self._kill(child, "did not stop within the grace period")
                 elif child.kind != "gateway":
                     self._check_deadlines(child, now)
-            elif child.state == "backoff" and now >= child.next_start:
+            elif child.state == ProcessState.BACKOFF and now >= child.next_start:
                 child.spawn()
 
     def _check_deadlines(self, child: Child, now: float) -> None:
         spec = self.config.worker(child.name)
-        if child.state in LOADING_STATES:
+        if child.state == ProcessState.UNRESPONSIVE:
+            return  # NOTE: already killed; waiting for the exit
+        if child.state.loading:
             # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
             # while loading only the load deadline applies.
             if now - child.started_at > spec.load_timeout:
-                self._kill(child, f"stuck {child.state} for more than {spec.load_timeout:.0f} s")
+                self._kill(child, f"stuck {child.state.label} for more than "
+                           f"{spec.load_timeout:.0f} s", hung=True)
         elif child.heartbeat_at and now - child.heartbeat_at > spec.heartbeat_timeout:
-            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s")
+            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s", hung=True)
         elif child.stalled_for > spec.stall_timeout:
-            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy")
+            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy",
+                       hung=True)
 
-    def _kill(self, child: Child, reason: str) -> None:
+    def _kill(self, child: Child, reason: str, hung: bool = False) -> None:
         log.error("killing %s: %s", child.name, reason)
         if not child.expected_exit:
             child.last_error = reason
+        if hung:
+            child.apply(Event.HUNG)
         child.signal(signal.SIGKILL)
 
     def _on_exit(self, child: Child, code: int) -> None:
         pid = child.proc.pid if child.proc else 0
-        if child.kind != "gateway":
-            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
         if child.expected_exit:
             log.info("%s (pid %d) exited with code %d", child.name, pid, code)
         else:
@@ -234,9 +274,14 @@ class Supervisor:
             log.error("%s (pid %d) exited unexpectedly with code %d", child.name, pid, code)
         child.kill_at = 0.0
         if child.hold:
-            child.state = "stopped"
-            return
-        self._schedule_restart(child, counted=not child.expected_exit)
+            child.apply(Event.EXIT_HELD)
+        else:
+            self._schedule_restart(child, counted=not child.expected_exit)
+        if child.kind != "gateway":
+            # NOTE: the new state first, so that a gateway failing the worker's requests on
+            # WorkerExited already sees it down (both on one socket: they arrive in order).
+            self._publish_status()
+            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
 
     def _schedule_restart(self, child: Child, counted: bool) -> None:
         now = time.monotonic()
@@ -249,7 +294,7 @@ class Supervisor:
             if child.kind != "gateway":
                 limit = self.config.worker(child.name).max_restarts or limit
             if len(child.crash_times) > limit:
-                child.state = "failed"
+                child.apply(Event.CRASH_LOOP)
                 log.error("%s failed: %d crashes within %.0f s; not restarting until an "
                           "operator starts it (last error: %s)", child.name,
                           len(child.crash_times), self.config.restart_window, child.last_error)
@@ -257,7 +302,7 @@ class Supervisor:
             delay = min(self.config.backoff_max,
                         self.config.backoff_initial * 2 ** (len(child.crash_times) - 1))
         child.restarts += 1
-        child.state = "backoff"
+        child.apply(Event.EXIT)
         child.next_start = now + delay
         log.info("restarting %s in %.1f s", child.name, delay)
 
@@ -265,68 +310,78 @@ class Supervisor:
 
     def _serve_control(self) -> None:
         raw = self.control.recv()
+        reply: Reply
         try:
-            req = msgspec.json.decode(raw, type=dict[str, Any])
-            reply = self._command(req)
+            command = self._commands.decode(raw)
+            reply = self._handlers[type(command)](command)
+        except msgspec.DecodeError as exc:
+            reply = Refused(error=f"not a control command: {exc}")
+        except Refusal as exc:
+            reply = Refused(error=str(exc))
         except Exception as exc:
-            reply = {"ok": False, "error": str(exc)}
-        self.control.send(msgspec.json.encode(reply))
+            log.exception("control command failed")
+            reply = Refused(error=str(exc))
+        self.control.send(control.encode(reply))
 
-    def status(self) -> list[dict[str, Any]]:
-        rows = []
-        for child in self.children.values():
-            rows.append({
-                "name": child.name, "role": child.kind, "device": child.device,
-                "model": child.model, "state": child.state, "pid": child.pid,
-                "uptime": round(child.uptime(), 1), "restarts": child.restarts,
-                "last_error": child.last_error,
-            })
-        return rows
+    def status(self) -> list[ChildStatus]:
+        return [ChildStatus(name=child.name, role=child.kind, device=child.device,
+                            model=child.model, state=child.state, pid=child.pid,
+                            uptime=round(child.uptime(), 1), restarts=child.restarts,
+                            last_error=child.last_error)
+                for child in self.children.values()]
 
-    def _command(self, req: dict[str, Any]) -> dict[str, Any]:
-        cmd = req.get("cmd")
-        if cmd == "ping":
-            return {"ok": True, "pid": os.getpid()}
-        if cmd == "status":
-            return {"ok": True, "pid": os.getpid(), "host": self.config.host,
-                    "port": self.config.port, "children": self.status()}
-        if cmd == "shutdown":
-            self.stopping = True
-            return {"ok": True}
-        name = req.get("worker", "")
+    def _child(self, name: str) -> Child:
         child = self.children.get(name)
         if child is None:
-            return {"ok": False, "error": f"no worker named {name!r}"}
-        if cmd == "load" and child.kind != "gateway":
-            return self._load(child, str(req.get("model") or ""))
-        if cmd in ("start", "restart") and child.kind != "gateway":
-            self._reload_spec(name)
-        if cmd == "stop":
-            child.hold = True
-            if child.pid is None:
-                child.state = "stopped"
-            else:
-                self._terminate(child)
-            return {"ok": True}
-        if cmd == "start":
-            child.hold = False
-            if child.pid is None:
-                child.crash_times.clear()
-                child.last_error = ""
-                child.spawn()
-            return {"ok": True}
-        if cmd == "restart":
-            child.hold = False
-            if child.pid is None:
-                child.crash_times.clear()
-                child.spawn()
-            elif req.get("now"):
-                child.expected_exit = True
-                child.signal(signal.SIGKILL)
-            else:
-                self._terminate(child)
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown command {cmd!r}"}
+            raise Refusal(f"no worker named {name!r}")
+        return child
+
+    def _ping(self, command: Ping) -> Reply:
+        return Pong(pid=os.getpid())
+
+    def _status(self, command: Status) -> Reply:
+        return StatusReply(pid=os.getpid(), host=self.config.host, port=self.config.port,
+                           children=self.status())
+
+    def _shutdown(self, command: Shutdown) -> Reply:
+        self.stopping = True
+        return Ok()
+
+    def _stop(self, command: Stop) -> Reply:
+        child = self._child(command.worker)
+        child.hold = True
+        if child.pid is None:
+            child.apply(Event.STOP)
+        else:
+            self._terminate(child)
+        return Ok()
+
+    def _start(self, command: Start) -> Reply:
+        child = self._child(command.worker)
+        if child.kind != "gateway":
+            self._reload_spec(child.name)
+        child.hold = False
+        if child.pid is None:
+            child.crash_times.clear()
+            child.last_error = ""
+            child.spawn()
+        return Ok()
+
+    def _restart(self, command: Restart) -> Reply:
+        child = self._child(command.worker)
+        if child.kind != "gateway":
+            self._reload_spec(child.name)
+        child.hold = False
+        if child.pid is None:
+            child.crash_times.clear()
+            child.spawn()
+        elif command.now:
+            # NOTE: no state of its own: SIGKILL cannot be ignored, the exit follows at once.
+            child.expected_exit = True
+            child.signal(signal.SIGKILL)
+        else:
+            self._terminate(child)
+        return Ok()
 
     def _reload_spec(self, name: str) -> None:
         """Take a worker's section from the configuration as it is now (a fixed file)."""
@@ -350,15 +405,17 @@ class Supervisor:
         child.model = spec.model_name
         child.device = spec.device
 
-    def _load(self, child: Child, model: str) -> dict[str, Any]:
+    def _load(self, command: Load) -> Reply:
         """Reload a worker with another model ("" = back to its configured one): the
         gateway asks when a request names a model no worker runs, or when keep_alive ends."""
+        child = self._child(command.worker)
+        if child.kind == "gateway":
+            raise Refusal("the gateway runs no model")
         spec = self.config.worker(child.name)
         if not spec.allow_switch:
-            return {"ok": False, "error": f"worker {child.name} does not switch models "
-                                          "(allow_switch = false)"}
+            raise Refusal(f"worker {child.name} does not switch models (allow_switch = false)")
         home = spec.switched_from or spec.model_name
-        target = model or home
+        target = command.model or home
         changed = target != spec.model_name
         if changed:
             log.info("worker %s: switching model %s -> %s", child.name, spec.model_name, target)
@@ -371,12 +428,13 @@ class Supervisor:
             child.spawn()
         elif changed:
             self._terminate(child)  # NOTE: drains; the exit handler restarts it at once
-        return {"ok": True, "model": target, "changed": changed}
+        return Loaded(model=target, changed=changed)
 
     def _terminate(self, child: Child) -> None:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""
         child.expected_exit = True
         child.kill_at = time.monotonic() + self.config.grace_period
+        child.apply(Event.TERMINATE)
         child.signal(signal.SIGTERM)
 
     # --- shutdown ------------------------------------------------------------------------

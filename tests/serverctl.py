@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import tomli_w
 import zmq
 
+from protocol import control
 from protocol.config import load_config
-from protocol.sockets import control_endpoint
 
 SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
 # Shared by every test server so the embedding model is prepared once per machine.
@@ -120,21 +119,15 @@ class Server:
                 raise
         return self
 
-    def control(self, request: dict[str, Any], timeout_ms: int = 5000) -> Any:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(control_endpoint(self.config))
+    def status(self, timeout: float = 5.0) -> control.StatusReply:
         try:
-            sock.send(msgspec.json.encode(request))
-            if not sock.poll(timeout_ms):
-                raise TimeoutError("supervisor did not answer")
-            return msgspec.json.decode(sock.recv())
-        finally:
-            sock.close(0)
+            return control.call(self.config, control.Status(), control.StatusReply, timeout)
+        except control.NoSupervisor:
+            raise TimeoutError("supervisor did not answer") from None
 
     def children(self) -> dict[str, dict[str, Any]]:
-        return {c["name"]: c for c in self.control({"cmd": "status"})["children"]}
+        """Each process's status row by name, as `npx-supervisor status --json` shows it."""
+        return {c.name: c.as_json() for c in self.status().children}
 
     def wait_state(self, worker: str, states: tuple[str, ...], timeout: float = 120.0,
                    check: Any = None) -> dict[str, Any]:

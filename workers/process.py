@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -189,6 +190,11 @@ class WorkerProcess:
             if self.spec.faults.hang_in_load:
                 log.error("fault hook: hanging in load")
                 while not self._stop.is_set():
+                    time.sleep(0.1)
+            if self.spec.faults.hold_load_until:
+                held = Path(self.spec.faults.hold_load_until)
+                log.error("fault hook: loading held until %s exists", held)
+                while not held.exists() and not self._stop.is_set():
                     time.sleep(0.1)
             engine: Engine = build_engine(self)
             engine.load(self._compile_properties())

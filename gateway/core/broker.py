@@ -2,6 +2,10 @@
 
 A request's frames carry consecutive sequence numbers; a gap means PUB dropped a frame and
 the request fails with a clear error instead of delivering corrupted text.
+
+A worker's state (`WorkerLink.state`) is decided here and only here for the gateway: the
+supervisor's state of it, unless the gateway itself no longer hears the worker. /health/*
+and /metrics read that property, so they name the same state as `npx-supervisor status`.
 """
 
 from __future__ import annotations
@@ -35,16 +39,9 @@ from protocol.sockets import (
     events_endpoint,
     worker_endpoint,
 )
+from protocol.states import ProcessState, observed, reported, transition
 
 log = logging.getLogger(__name__)
-
-
-# Supervisor states that override whatever the last heartbeat said.
-_SUPERVISOR_STATES = {
-    "failed": WorkerState.FAILED,
-    "stopped": WorkerState.STOPPED,
-    "backoff": WorkerState.STOPPED,
-}
 
 
 class WorkerUnavailable(Exception):
@@ -76,8 +73,10 @@ class WorkerLink:
     sub: zmq.asyncio.Socket
     heartbeat: Heartbeat | None = None
     seen_at: float = 0.0
-    # The supervisor's view: backoff, failed, stopped and the last error.
+    # The supervisor's state of the worker (its process, restarts, last error).
     supervised: WorkerStatus | None = None
+    # monotonic time the supervisor first named its current process (supervised.pid).
+    pid_since: float = field(default_factory=time.monotonic)
     requests: dict[str, RequestStream] = field(default_factory=dict)
 
     @property
@@ -85,25 +84,48 @@ class WorkerLink:
         return self.spec.name
 
     @property
-    def state(self) -> WorkerState:
-        held = _SUPERVISOR_STATES.get(self.supervised.state if self.supervised else "")
-        if held is not None:
-            return held
-        if self.heartbeat is None:
-            return WorkerState.STARTING
-        return self.heartbeat.state
+    def pid(self) -> int:
+        """The worker's current process (0: none), as the supervisor names it."""
+        if self.supervised is not None:
+            return self.supervised.pid
+        return self.heartbeat.pid if self.heartbeat is not None else 0
+
+    @property
+    def state(self) -> ProcessState:
+        """The one state of this worker that /health/* and /metrics report."""
+        if self.supervised is not None:
+            state = self.supervised.state
+        else:
+            # NOTE: only until the supervisor's first status reaches a (re)started gateway
+            # (it sends one a second): the heartbeat, read through the same table.
+            state = ProcessState.STARTING
+            event = reported(self.heartbeat.state) if self.heartbeat is not None else None
+            if event is not None:
+                state = transition(state, event)
+        return observed(state, self._fresh())
+
+    def _fresh(self) -> bool:
+        """The gateway hears the current process, and it makes progress."""
+        beat = self.heartbeat
+        pid = self.pid
+        if beat is None or beat.pid != pid:
+            # NOTE: a process the supervisor named but this gateway has not heard yet (its
+            # SUB reconnects to a new process within a heartbeat or two) gets one timeout.
+            return time.monotonic() - self.pid_since < self.spec.heartbeat_timeout
+        # NOTE: a worker stuck mid-generation still heartbeats; stop routing to it as soon
+        # as it has made no progress for its stall timeout (the supervisor then restarts it).
+        return (self.heartbeat_age() < self.spec.heartbeat_timeout
+                and beat.stalled_for <= self.spec.stall_timeout)
 
     def heartbeat_age(self) -> float:
         return time.monotonic() - self.seen_at if self.seen_at else float("inf")
 
     @property
     def serving(self) -> bool:
-        # NOTE: a worker stuck mid-generation still heartbeats; stop routing to it as soon
-        # as it has made no progress for its stall timeout (the supervisor then restarts it).
-        stalled = self.heartbeat is not None and (
-            self.heartbeat.stalled_for > self.spec.stall_timeout)
-        return (self.state.serving and not stalled
-                and self.heartbeat_age() < self.spec.heartbeat_timeout)
+        # NOTE: only once the gateway has heard the process itself: that proves its SUB is
+        # connected, so the frames of a request sent there are not lost.
+        beat = self.heartbeat
+        return self.state.serving and beat is not None and beat.pid == self.pid
 
 
 class Broker:
@@ -222,8 +244,6 @@ class Broker:
         link = self.links.get(name)
         if link is None:
             return
-        if link.heartbeat is not None:
-            link.heartbeat = msgspec.structs.replace(link.heartbeat, state=WorkerState.STOPPED)
         if link.requests:
             log.error("worker %s lost (%s); failing %d request(s)", name, reason,
                       len(link.requests), extra={"worker": name})
@@ -252,6 +272,8 @@ class Broker:
                 if isinstance(event, WorkerStatus):
                     link = self.links.get(event.worker)
                     if link is not None:
+                        if link.supervised is None or link.supervised.pid != event.pid:
+                            link.pid_since = time.monotonic()
                         link.supervised = event
                     continue
                 if isinstance(event, WorkerExited):

@@ -1,7 +1,9 @@
 """Health endpoints: liveness, readiness and the devices/workers overview.
 
 All three read state the gateway already holds (heartbeats, the metrics' worker records);
-none of them waits on a worker, so they answer at once even while a worker hangs.
+none of them waits on a worker, so they answer at once even while a worker hangs. A worker's
+state is `WorkerLink.state` (the broker decides it), the same name /metrics and
+`npx-supervisor status` give.
 """
 
 from __future__ import annotations
@@ -15,15 +17,21 @@ from starlette.routing import Route
 from gateway.core.broker import Broker, WorkerLink
 from gateway.core.metrics import LLM_ROLES, Metrics
 from protocol.config import Config
+from protocol.states import ProcessState
 
 
 def _describe(link: WorkerLink) -> str:
-    age = link.heartbeat_age()
-    if link.heartbeat is None:
+    state = link.state
+    beat = link.heartbeat
+    if state == ProcessState.STARTING and beat is None:
         return f"{link.name} has not reported yet"
-    if link.state.serving and age >= link.spec.heartbeat_timeout:
-        return f"{link.name} sent no heartbeat for {age:.0f} s"
-    return f"{link.name} is {link.state.label}"
+    if state == ProcessState.UNRESPONSIVE and beat is not None:
+        age = link.heartbeat_age()
+        if age >= link.spec.heartbeat_timeout:
+            return f"{link.name} sent no heartbeat for {age:.0f} s"
+        if beat.stalled_for > link.spec.stall_timeout:
+            return f"{link.name} made no progress for {beat.stalled_for:.0f} s"
+    return f"{link.name} is {state.label}"
 
 
 class HealthRoutes:
@@ -67,16 +75,11 @@ class HealthRoutes:
         if supervised is not None:
             restarts = supervised.restarts
             last_error = supervised.last_error or last_error
-        if link is None:
-            state = "disabled"
-        elif supervised is not None and supervised.state in ("backoff", "failed", "stopped"):
-            state = supervised.state
-        elif beat is not None and link.state.serving and not link.serving:
-            state = "unresponsive"
-        else:
-            state = link.state.label
+        # NOTE: a disabled worker has no link; the supervisor holds it stopped.
+        state = link.state if link is not None else ProcessState.STOPPED
         return {
-            "name": name, "role": role, "device": device, "model": model, "state": state,
+            "name": name, "role": role, "device": device, "model": model,
+            "state": state.label,
             "up": bool(link is not None and link.serving),
             "pid": beat.pid if beat is not None else None,
             "queue": beat.queue if beat is not None else 0,

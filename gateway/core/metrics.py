@@ -31,6 +31,7 @@ from gateway.core.broker import Broker
 from gateway.core.router import Generation
 from protocol.config import Config
 from protocol.messages import Heartbeat, WorkerExited, WorkerState
+from protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,9 @@ class _WorkerGauges(Collector):
             spec = link.spec
             serving = link.serving
             up.add_metric([spec.name, spec.role, spec.device], 1.0 if serving else 0.0)
+            # NOTE: link.state, like /health/devices; every state gets a sample (0 or 1).
             current = link.state
-            for s in WorkerState:
+            for s in ProcessState:
                 state.add_metric([spec.name, spec.role, spec.device, s.label],
                                  1.0 if s == current else 0.0)
             beat = link.heartbeat

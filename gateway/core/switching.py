@@ -3,7 +3,7 @@
 A request for a model that no worker runs (pulled, or a worker's configured model while that
 worker runs another) picks a worker of the right kind that may switch (`allow_switch`, off
 for npu by default: a cold NPU compile takes minutes), asks the supervisor over its control
-socket to reload it with that model (`{"cmd": "load", ...}`: the supervisor rewrites the
+socket to reload it with that model (`control.Load`: the supervisor rewrites the
 worker's spec and restarts it, draining in-flight work) and waits, up to `switch_timeout`,
 until the worker's heartbeats say it is serving that model. Requests for the same worker
 wait on one lock, so a burst causes one switch.
@@ -23,14 +23,12 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-import zmq
-
 from gateway.core.errors import GatewayError, unavailable
 from gateway.core.model_table import ROLE_KIND
+from protocol import control
 from protocol.config import Config, WorkerSpec
 from protocol.messages import WorkerState
-from protocol.sockets import control_endpoint
+from protocol.states import ProcessState
 
 if TYPE_CHECKING:
     from gateway.core.broker import Broker
@@ -40,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_KEEP_ALIVE = 300.0
-CONTROL_TIMEOUT_MS = 10_000
+CONTROL_TIMEOUT = 10.0
 REAP_INTERVAL = 0.5
 
 
@@ -149,14 +147,19 @@ class Switcher:
             self.pending[worker] = target
             log.info("switching worker %s to model %s", worker, target,
                      extra={"worker": worker})
-            reply = await self._control({"cmd": "load", "worker": worker,
-                                         "model": "" if target == home else target})
-            if not reply.get("ok"):
-                raise unavailable(f"the supervisor refused to switch worker {worker} to "
-                                  f"'{target}': {reply.get('error', 'unknown error')}")
+            command = control.Load(worker=worker, model="" if target == home else target)
             try:
-                await self._wait(worker, target, old_pid if reply.get("changed") else -1,
-                                 deadline)
+                # NOTE: the one blocking client, in a thread: the event loop never waits.
+                reply = await asyncio.to_thread(control.call, self.config, command,
+                                                control.Loaded, CONTROL_TIMEOUT)
+            except control.NoSupervisor:
+                raise unavailable("the supervisor does not answer on its control socket"
+                                  ) from None
+            except control.ControlError as exc:
+                raise unavailable(f"the supervisor refused to switch worker {worker} to "
+                                  f"'{target}': {exc}") from None
+            try:
+                await self._wait(worker, target, old_pid if reply.changed else -1, deadline)
             except GatewayError:
                 if target != home:
                     self._spawn(self._revert(worker))
@@ -184,27 +187,15 @@ class Switcher:
                     raise GatewayError(500, "internal", f"worker {worker} failed to load model "
                                        f"'{target}': {beat.error or 'see its log'}")
             sup = link.supervised
-            if sup is not None and sup.state == "failed" and seen_other:
+            if sup is not None and sup.state == ProcessState.FAILED and seen_other:
                 raise GatewayError(500, "internal", f"worker {worker} failed to load model "
                                    f"'{target}': {sup.last_error or 'see its log'}")
-            seen_other = seen_other or sup is None or sup.state != "failed"
+            seen_other = seen_other or sup is None or sup.state != ProcessState.FAILED
             if time.monotonic() > deadline:
                 raise GatewayError(504, "timeout", f"worker {worker} did not become ready "
                                    f"with model '{target}' within {self.config.switch_timeout:.0f}"
                                    " s (switch_timeout)")
             await asyncio.sleep(0.1)
-
-    async def _control(self, request: dict[str, Any]) -> dict[str, Any]:
-        sock = self.broker.ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(control_endpoint(self.config))
-        try:
-            await sock.send(msgspec.json.encode(request))
-            if not await sock.poll(CONTROL_TIMEOUT_MS):
-                raise unavailable("the supervisor does not answer on its control socket")
-            return msgspec.json.decode(await sock.recv(), type=dict[str, Any])
-        finally:
-            sock.close(0)
 
     # --- keep_alive ----------------------------------------------------------------------
 
