@@ -135,6 +135,10 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     inference_timeout: float = 180.0
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
+    # Each process's log file (<runtime>/logs/<name>.log) rotates past this size, keeping
+    # log_backups older files (<name>.log.1 is the newest of them).
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_backups: int = 3
     api_key: str = ""
     heartbeat_interval: float = 0.5
     grace_period: float = 10.0

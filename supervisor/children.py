@@ -13,14 +13,12 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
-from typing import IO
 
 from protocol.states import Event, ProcessState, transition
+from supervisor.logfiles import RotatingLog, tee
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +34,13 @@ def _die_with_parent() -> None:
         pass  # NOTE: not Linux; the supervisor's own exit path stops its children.
 
 
-def _tee(stream: IO[bytes], log_path: Path, echo: bool) -> None:
-    with open(log_path, "ab", buffering=0) as out:
-        for line in iter(stream.readline, b""):
-            out.write(line)
-            if echo:
-                sys.stderr.buffer.write(line)
-                sys.stderr.buffer.flush()
-
-
 class Child:
-    def __init__(self, name: str, kind: str, argv: list[str], log_path: Path,
+    def __init__(self, name: str, kind: str, argv: list[str], log: RotatingLog,
                  echo: bool) -> None:
         self.name = name
         self.kind = kind  # "gateway" or the worker role
         self.argv = argv
-        self.log_path = log_path
+        self.log = log
         self.echo = echo
         self.proc: subprocess.Popen[bytes] | None = None
         self.state = ProcessState.STOPPED
@@ -86,7 +75,7 @@ class Child:
             start_new_session=True,
         )
         assert self.proc.stdout is not None
-        threading.Thread(target=_tee, args=(self.proc.stdout, self.log_path, self.echo),
+        threading.Thread(target=tee, args=(self.proc.stdout, self.log, self.echo),
                          name=f"tee-{self.name}", daemon=True).start()
         # NOTE: workers report their own states in heartbeats; the gateway has none.
         self.apply(Event.SPAWN_SILENT if self.kind == "gateway" else Event.SPAWN)

@@ -6,6 +6,7 @@ NPU_PROXY_* environment variables and these flags, in that order of precedence.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any
@@ -17,6 +18,8 @@ from protocol.config import Config
 from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from protocol.logs import setup_logging
 from supervisor.cli_common import call, config_options, load
+from supervisor.logfiles import follow as follow_lines
+from supervisor.logfiles import tail
 from supervisor.models_cli import convert, models, pull, rm
 
 
@@ -121,14 +124,23 @@ def status(as_json: bool, **kw: Any) -> None:
 @main.command()
 @click.argument("worker")
 @click.option("-n", "--lines", default=50, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C stops).")
 @config_options
-def logs(worker: str, lines: int, **kw: Any) -> None:
+def logs(worker: str, lines: int, follow: bool, **kw: Any) -> None:
     """Print the tail of WORKER's log file ("gateway" for the gateway)."""
-    path = load(**kw).runtime_path() / "logs" / f"{worker}.log"
-    if not path.exists():
-        raise click.ClickException(f"no log for {worker!r} at {path}")
-    text = path.read_bytes().decode("utf-8", "replace").splitlines()
-    click.echo("\n".join(text[-lines:]))
+    folder = load(**kw).runtime_path() / "logs"
+    path = folder / f"{worker}.log"
+    # NOTE: the name becomes a file name: only names the folder actually holds.
+    if worker != path.stem or not path.is_file():
+        raise click.ClickException(f"no log for {worker!r} in {folder}")
+    out = sys.stdout.buffer
+    out.write(b"".join(tail(path, lines)))
+    out.flush()
+    if follow:
+        with contextlib.suppress(KeyboardInterrupt):
+            for line in follow_lines(path):
+                out.write(line)
+                out.flush()
 
 
 @main.command("config")

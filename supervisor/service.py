@@ -54,6 +54,7 @@ from protocol.sockets import (
 )
 from protocol.states import Event, ProcessState, reported
 from supervisor.children import Child
+from supervisor.logfiles import RotatingLog
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,10 @@ class Supervisor:
             pass  # NOTE: something answers there, even if not as this version would
         raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
 
+    def _log(self, name: str) -> RotatingLog:
+        return RotatingLog(self.runtime / "logs" / f"{name}.log", self.config.log_max_bytes,
+                           self.config.log_backups)
+
     def setup(self) -> None:
         prepare_runtime_dir(self.runtime)
         if self.config.transport == "ipc":
@@ -121,15 +126,14 @@ class Supervisor:
         config_path.write_bytes(dump_config(self.config))
         os.chmod(config_path, 0o600)
         python = sys.executable
-        logs = self.runtime / "logs"
         self.children["gateway"] = Child(
             "gateway", "gateway", [python, "-m", "gateway", "--config", str(config_path)],
-            logs / "gateway.log", self.echo)
+            self._log("gateway"), self.echo)
         for spec in self.config.workers:
             child = Child(spec.name, spec.role,
                           [python, "-m", "workers", "--config", str(config_path),
                            "--worker", spec.name],
-                          logs / f"{spec.name}.log", self.echo)
+                          self._log(spec.name), self.echo)
             child.model = spec.model_name
             child.device = spec.device
             self.children[spec.name] = child
