@@ -6,17 +6,20 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from models.registry import sampling_defaults
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
 from workers.process import WorkerProcess
 
+if TYPE_CHECKING:
+    from workers.engine import Engine
+
 log = logging.getLogger("workers")
 
 
-def _build_engine(proc: WorkerProcess) -> Any:
+def _build_engine(proc: WorkerProcess) -> Engine:
     from models.locate import model_path
 
     spec = proc.spec
@@ -27,8 +30,8 @@ def _build_engine(proc: WorkerProcess) -> Any:
 
         return EmbedEngine(proc.config, spec, str(path), proc.emit)
     from models.facts import describe_model
-    from workers.llm_engine import BatchEngine
-    from workers.npu_engine import SerialEngine
+    from workers.batch_engine import BatchEngine
+    from workers.serial_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
     kind = SerialEngine if spec.role == "npu" else BatchEngine

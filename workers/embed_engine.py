@@ -21,7 +21,7 @@ import openvino_genai as ov_genai
 from protocol.config import Config, WorkerSpec
 from protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Timings
 from workers.embed_model import MAX_SEQ_LENGTH, count_tokens, embedding_config
-from workers.llm_engine import Emit
+from workers.engine import Emit
 
 log = logging.getLogger(__name__)
 
