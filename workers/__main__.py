@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.locate import Origin, locate
 from models.registry import sampling_defaults
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
@@ -20,15 +21,15 @@ log = logging.getLogger("workers")
 
 
 def _build_engine(proc: WorkerProcess) -> Engine:
-    from models.locate import model_path
-
     spec = proc.spec
-    path = model_path(proc.config, spec)
-    log.info("loading %s (%s) on %s", spec.model_name, path, spec.device)
+    found = locate(proc.config, spec.model_name)
+    path = found.path
+    log.info("loading %s (%s, %s) on %s", spec.model_name, path, found.origin.value, spec.device)
     if spec.role == "embed":
         from workers.embed_engine import EmbedEngine
 
-        return EmbedEngine(proc.config, spec, str(path), proc.emit)
+        return EmbedEngine(proc.config, spec, str(path), proc.emit,
+                           build_minilm=found.origin is Origin.EMBEDDED_IR)
     from models.facts import describe_model
     from workers.batch_engine import BatchEngine
     from workers.serial_engine import SerialEngine
