@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openvino_genai as ov_genai
 from serverctl import MODEL_CACHE, Server
 
+from models.locate import MINILM_IR_FOLDER, minilm_ir_folder
 from workers.embed_model import embedding_config
 
 MODEL = "all-minilm:l6-v2"
@@ -201,14 +202,14 @@ def main() -> int:
     server: Server | None = None
     if args.url:
         url = args.url.rstrip("/")
-        folder = Path(args.model_dir) if args.model_dir else MODEL_CACHE / "all-minilm-l6-v2"
+        folder = Path(args.model_dir) if args.model_dir else MODEL_CACHE / MINILM_IR_FOLDER
     else:
         tmp = Path(tempfile.mkdtemp(prefix="npx-bench-embed-"))
         print(f"starting a private server in {tmp} (embed worker only, cache size 0)")
         server = Server(tmp, workers=[{"name": "embed", "role": "embed"}],
                         embedding_cache_size=0).start()
         url = server.url
-        folder = server.config.model_cache_path() / "all-minilm-l6-v2"
+        folder = minilm_ir_folder(server.config)
     try:
         pipe = ov_genai.TextEmbeddingPipeline(str(folder), "CPU", embedding_config())
         texts = make_texts(8192)

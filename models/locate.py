@@ -1,8 +1,27 @@
-"""Where a worker's model files are: embedded defaults, pulled models in the model cache,
-`[models]` entries with a local path, local paths."""
+"""Where a model's files are: the one lookup the workers and the gateway both use.
+
+`locate()` takes a model by any of its names: config aliases and then /api/copy aliases are
+resolved first. The first of these that has the model wins:
+
+1. a model pulled into the model cache (the store);
+2. a `[models]` entry of the config file with a local `path`;
+3. an embedded default shipped as a file inside a PyPI package (SmolLM2's GGUF);
+4. the embedded embedding model: its IR folder in the model cache, `MINILM_IR_FOLDER`;
+5. a local file or folder named by the name itself.
+
+What the user pulled or configured comes before the built-in defaults, so a name is never
+quietly taken over by an embedded model the user meant to replace; a bare path comes last, as
+a name that matched nothing else.
+
+It never imports OpenVINO and never prepares anything, so the gateway may call it: the MiniLM
+folder (4) is only named here, and built by the embedding worker that loads it
+(workers/embed_engine.py with workers/embed_model.py), before it exists.
+"""
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from pathlib import Path
 
 from models.registry import (
@@ -12,30 +31,66 @@ from models.registry import (
     normalize,
     package_file,
 )
-from models.store import ModelStore
-from protocol.config import Config, WorkerSpec
+from models.store import ModelStore, StoreError
+from protocol.config import Config
+
+# The folder in the model cache that the embedded all-MiniLM-L6-v2 is converted into.
+MINILM_IR_FOLDER = "all-minilm-l6-v2"
 
 
-def model_path(config: Config, spec: WorkerSpec) -> Path:
-    """The file or folder the worker loads, preparing embedded defaults on first use."""
-    name = alias_table(config.model_aliases).get(normalize(spec.model_name), spec.model_name)
-    entry = embedded(name)
-    if entry is not None and entry.package:
-        return package_file(entry.package, entry.package_file)
-    if entry is not None and entry.kind == "embed":
-        from workers.embed_model import ensure_minilm_ir
+class Origin(enum.Enum):
+    """Which rule of `locate()` found the files."""
 
-        return ensure_minilm_ir(config.model_cache_path() / "all-minilm-l6-v2")
-    store = ModelStore(config.model_cache_path())
-    key = normalize(name)
-    pulled = store.get(store.aliases().get(key, key))
-    if pulled is not None:
-        return store.entry_path(pulled)
+    PULLED = "pulled"
+    CONFIGURED = "configured"
+    PACKAGED = "packaged"
+    # The embedded MiniLM's IR folder: may not exist yet; its worker builds it when loading.
+    EMBEDDED_IR = "embedded-ir"
+    LOCAL = "local"
+
+
+class NotLocated(ModelSourceMissing):
+    """No rule of `locate()` has the model (its other errors mean a rule's files are broken)."""
+
+
+@dataclass(frozen=True)
+class Location:
+    path: Path
+    origin: Origin
+
+
+def minilm_ir_folder(config: Config) -> Path:
+    """Where the embedded embedding model's IR folder is (or will be, once built)."""
+    return config.model_cache_path() / MINILM_IR_FOLDER
+
+
+def locate(config: Config, name: str, store: ModelStore | None = None) -> Location:
+    """The file or folder of the model `name`, by the precedence in this module's docstring.
+
+    `store` is the caller's ModelStore of the model cache, when it keeps one (it re-reads the
+    cache only when it changed). Raises NotLocated when no rule has the model, and
+    ModelSourceMissing when the rule that has it is broken (a pulled model whose entry leaves
+    the cache, an embedded model whose package is not installed).
+    """
+    store = store if store is not None else ModelStore(config.model_cache_path())
+    wanted = alias_table(config.model_aliases).get(normalize(name), name)
+    key = normalize(wanted)
+    key = store.aliases().get(key, key)
+    manifest = store.get(key)
+    if manifest is not None:
+        try:
+            return Location(store.entry_path(manifest), Origin.PULLED)
+        except StoreError as exc:
+            raise ModelSourceMissing(str(exc)) from exc
     for user_name, source in config.models.items():
         if source.path and normalize(user_name) == key:
-            return Path(source.path).expanduser()
-    path = Path(spec.model_name).expanduser()
+            return Location(Path(source.path).expanduser(), Origin.CONFIGURED)
+    entry = embedded(key)
+    if entry is not None and entry.package:
+        return Location(package_file(entry.package, entry.package_file), Origin.PACKAGED)
+    if entry is not None and entry.kind == "embed":
+        return Location(minilm_ir_folder(config), Origin.EMBEDDED_IR)
+    path = Path(wanted).expanduser()
     if path.exists():
-        return path
-    raise ModelSourceMissing(f"model {spec.model_name!r} is not available locally")
-
+        return Location(path, Origin.LOCAL)
+    raise NotLocated(f"model {name!r} is not available locally")

@@ -26,6 +26,7 @@ from langchain_ollama import OllamaEmbeddings
 from langchain_openai import OpenAIEmbeddings
 from serverctl import Server
 
+from models.locate import minilm_ir_folder
 from protocol.config import Config, WorkerSpec
 from protocol.messages import Embed, Embeddings, Failed, Heartbeat, reply_decoder
 from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, worker_endpoint
@@ -69,7 +70,7 @@ def olla(base_url: str) -> ollama.Client:
 
 @pytest.fixture(scope="module")
 def ir_folder(server: Server) -> Path:
-    return server.config.model_cache_path() / "all-minilm-l6-v2"
+    return minilm_ir_folder(server.config)
 
 
 @pytest.fixture(scope="module")

@@ -6,29 +6,33 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from models.locate import Origin, locate
 from models.registry import sampling_defaults
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
 from workers.process import WorkerProcess
 
+if TYPE_CHECKING:
+    from workers.engine import Engine
+
 log = logging.getLogger("workers")
 
 
-def _build_engine(proc: WorkerProcess) -> Any:
-    from models.locate import model_path
-
+def _build_engine(proc: WorkerProcess) -> Engine:
     spec = proc.spec
-    path = model_path(proc.config, spec)
-    log.info("loading %s (%s) on %s", spec.model_name, path, spec.device)
+    found = locate(proc.config, spec.model_name)
+    path = found.path
+    log.info("loading %s (%s, %s) on %s", spec.model_name, path, found.origin.value, spec.device)
     if spec.role == "embed":
         from workers.embed_engine import EmbedEngine
 
-        return EmbedEngine(proc.config, spec, str(path), proc.emit)
+        return EmbedEngine(proc.config, spec, str(path), proc.emit,
+                           build_minilm=found.origin is Origin.EMBEDDED_IR)
     from models.facts import describe_model
-    from workers.llm_engine import BatchEngine
-    from workers.npu_engine import SerialEngine
+    from workers.batch_engine import BatchEngine
+    from workers.serial_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
     kind = SerialEngine if spec.role == "npu" else BatchEngine

@@ -20,8 +20,13 @@ import openvino_genai as ov_genai
 
 from protocol.config import Config, WorkerSpec
 from protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Timings
-from workers.embed_model import MAX_SEQ_LENGTH, count_tokens, embedding_config
-from workers.llm_engine import Emit
+from workers.embed_model import (
+    MAX_SEQ_LENGTH,
+    count_tokens,
+    embedding_config,
+    ensure_minilm_ir,
+)
+from workers.engine import Emit
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +63,12 @@ class VectorCache:
 
 
 class EmbedEngine:
-    def __init__(self, config: Config, spec: WorkerSpec, model_path: str, emit: Emit) -> None:
+    def __init__(self, config: Config, spec: WorkerSpec, model_path: str, emit: Emit,
+                 build_minilm: bool = False) -> None:
         self.spec = spec
         self.model_path = model_path
+        # The embedded MiniLM: its IR folder at model_path is built on first load.
+        self.build_minilm = build_minilm
         self.emit = emit
         self.cache = VectorCache(config.embedding_cache_size)
         # (arrival time, message): queue time counts from arrival, not from batching.
@@ -91,6 +99,10 @@ class EmbedEngine:
         return self._busy
 
     def load(self, properties: dict[str, Any]) -> None:
+        if self.build_minilm:
+            # NOTE: built by the worker that loads it, while it reports `loading` (under the
+            # load deadline); models/locate.py only names the folder.
+            ensure_minilm_ir(Path(self.model_path))
         self.pipe = ov_genai.TextEmbeddingPipeline(
             self.model_path, self.spec.device, embedding_config(self.max_length), **properties)
         self.tokenizer = ov_genai.Tokenizer(self.model_path)

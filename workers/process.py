@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -34,24 +34,12 @@ from protocol.messages import (
 )
 from protocol.sockets import TOPIC_HEARTBEAT, TOPIC_REQUEST, configure_pub, worker_endpoint
 
+if TYPE_CHECKING:
+    # NOTE: for types only: the engine modules import OpenVINO (about 0.5 s here), which
+    # build_engine() does after the heartbeat thread has started.
+    from workers.engine import Engine
+
 log = logging.getLogger(__name__)
-
-
-class Engine(Protocol):
-    generated_tokens: int
-    served: int
-    # time.monotonic() of the engine's last progress (set by the engine thread).
-    progress_at: float
-
-    def load(self, properties: dict[str, Any]) -> None: ...
-    def warm_up(self) -> None: ...
-    def submit(self, msg: Any) -> None: ...
-    def run(self, stop: threading.Event) -> None: ...
-    def abort_all(self, reason: str) -> None: ...
-    @property
-    def queue_depth(self) -> int: ...
-    @property
-    def in_flight(self) -> int: ...
 
 
 class WorkerProcess:

@@ -24,16 +24,12 @@ from typing import Any
 from gateway.core.errors import invalid
 from gateway.core.router import Router, ServedModel
 from models.facts import ModelDetails, ModelInfoError, describe_model
-from models.locate import model_path
-from models.registry import ModelSourceMissing, embedded
+from models.locate import locate
+from models.registry import ModelSourceMissing
 from protocol.config import Config
 
 log = logging.getLogger(__name__)
 
-# NOTE: where models/locate.py model_path() puts the embedded embedding model's IR folder;
-# calling model_path() for it would import OpenVINO to prepare the folder, which the gateway
-# must never do. The embedding worker builds it at its first start.
-EMBED_IR_FOLDER = "all-minilm-l6-v2"
 DEFAULT_KEEP_ALIVE = 300.0  # Ollama's default: five minutes
 # Ollama stores "forever" as now + the largest Go duration (~292 years: a date in 2318).
 FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
@@ -85,14 +81,13 @@ def display_name(model: ServedModel) -> str:
 
 
 def _locate(config: Config, model: ServedModel) -> Path:
-    entry = embedded(model.name)
-    if entry is not None and entry.kind == "embed" and not entry.package:
-        return config.model_cache_path() / EMBED_IR_FOLDER
-    if model.path:  # pulled models and those no worker runs now (gateway/core/model_table.py)
+    if model.path:  # found by models/locate.py for the model table (gateway/core/model_table.py)
         return Path(model.path)
     if not model.workers:
         raise ModelSourceMissing(f"model {model.name!r} has no files here")
-    return model_path(config, config.worker(model.workers[0]))
+    # NOTE: a worker whose model is a local path serves it under the normalized name, which is
+    # no longer that path; the worker's own model name still is.
+    return locate(config, config.worker(model.workers[0]).model_name).path
 
 
 def _describe(config: Config, model: ServedModel) -> ModelDetails:

@@ -10,17 +10,15 @@ with none is loaded by switching a worker to it (gateway/core/switching.py).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.locate import NotLocated, locate
 from models.registry import (
     ModelSourceMissing,
     alias_table,
-    embedded,
     normalize,
-    package_file,
 )
-from models.store import ModelStore, StoreError
+from models.store import ModelStore
 from protocol.config import Config, WorkerSpec
 
 if TYPE_CHECKING:
@@ -38,7 +36,6 @@ class ModelTable:
         self.broker = broker
         self.aliases = alias_table(config.model_aliases)
         self.store = ModelStore(config.model_cache_path())
-        self._paths: dict[str, str] = {}
         # NOTE: the table is rebuilt only when something it is built from changed; building
         # it costs more than a whole HTTP round trip, and every request resolves a model.
         self._built: tuple[object, dict[str, ServedModel]] | None = None
@@ -67,28 +64,13 @@ class ModelTable:
 
     def path_of(self, name: str) -> str:
         """The model's file or folder when it can be named without preparing anything."""
-        manifest = self.store.get(name)
-        if manifest is not None:
-            try:
-                return str(self.store.entry_path(manifest))
-            except StoreError as exc:
-                log.warning("%s", exc)
-                return ""
-        if name in self.user_paths:
-            return str(Path(self.user_paths[name].path).expanduser())
-        if name in self._paths:
-            return self._paths[name]
-        entry = embedded(name)
-        path = ""
-        if entry is not None and entry.package:
-            try:
-                path = str(package_file(entry.package, entry.package_file))
-            except ModelSourceMissing as exc:
-                log.warning("%s", exc)
-        elif entry is None and Path(name).expanduser().exists():
-            path = str(Path(name).expanduser())
-        self._paths[name] = path
-        return path
+        try:
+            return str(locate(self.config, name, self.store).path)
+        except NotLocated:
+            return ""
+        except ModelSourceMissing as exc:
+            log.warning("%s", exc)
+            return ""
 
     # --- the table -----------------------------------------------------------------------
 

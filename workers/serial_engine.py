@@ -1,4 +1,4 @@
-"""The stateful engine (role `npu`): one LLMPipeline, one request at a time, fixed limits.
+"""The serial engine (role `npu`): one stateful LLMPipeline, one request at a time, fixed limits.
 
 An NPU pipeline is compiled for a fixed prompt length (MAX_PROMPT_LEN) plus a minimum
 response length (MIN_RESPONSE_LEN) and serves one request at a time. Requests are checked
@@ -20,14 +20,14 @@ import openvino as ov
 import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
-from protocol.messages import Abort, Accepted, ErrorCode, Failed, Generate, Tokenize
-from workers.llm_engine import Emit, EngineBase, Prompting, _Active
+from protocol.messages import Abort, ErrorCode, Failed, Generate, Tokenize
+from workers.engine import Active, Emit, EngineBase, Prepared, Prompting
 
 log = logging.getLogger(__name__)
 
 
 class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
-    def __init__(self, engine: SerialEngine, active: _Active) -> None:
+    def __init__(self, engine: SerialEngine, active: Active) -> None:
         super().__init__()
         self.engine = engine
         self.active = active
@@ -37,8 +37,7 @@ class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
         active = self.active
         self.engine._on_tokens(active, ids, time.time())
         self.engine._flush(active)
-        if not active.cancelled and time.time() > active.req.deadline:
-            active.cancelled = "timeout"
+        active.cancel_if_late(time.time())
         if active.cancelled:
             return ov_genai.StreamingStatus.CANCEL
         return ov_genai.StreamingStatus.RUNNING
@@ -48,19 +47,16 @@ class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
 
 
 class SerialEngine(EngineBase):
+    """One request at a time through an LLMPipeline; the others wait in a bounded queue."""
+
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         super().__init__(spec, model_path, context_length, emit)
         self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[Generate, Any, Any, float]] = collections.deque()
-        self._current: _Active | None = None
+        self._queue: collections.deque[Prepared] = collections.deque()
 
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
-
-    @property
-    def in_flight(self) -> int:
-        return 1 if self._current is not None else 0
 
     def prompt_limit(self) -> tuple[int, bool]:
         return self.spec.max_prompt_len, True
@@ -87,77 +83,59 @@ class SerialEngine(EngineBase):
     # --- receiver thread -----------------------------------------------------------------
 
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
-        if isinstance(msg, Tokenize):
-            self._tokenize(msg)
-        elif isinstance(msg, Abort):
-            self._abort(msg.id)
-        else:
-            self._enqueue(msg)
+        # NOTE: checked on arrival, not when its turn comes, so a prompt too long for the NPU
+        # goes elsewhere at once.
+        self._dispatch(msg)
 
-    def _enqueue(self, req: Generate) -> None:
-        received = time.time()
-        prepared = self._prepare(req)
-        if prepared is None:
-            return
-        ids, cfg = prepared
+    def _admit(self, ready: Prepared) -> None:
         # NOTE: the queue bound is checked by the worker process before submit().
         with self._lock:
-            self._queue.append((req, ids, cfg, received))
-        self.emit(Accepted(id=req.id, seq=0, worker=self.spec.name, device=self.spec.device,
-                           prompt_tokens=int(ids.shape[1])))
+            self._queue.append(ready)
+        self._accept(ready)
         self._wake.set()
 
-    def _abort(self, rid: str) -> None:
-        current = self._current
-        if current is not None and current.req.id == rid:
-            log.info("abort request_id=%s after %d tokens", rid, current.completion_tokens,
-                     extra={"request_id": rid})
-            current.cancelled = "abort"
-            return
+    def _abort(self, rid: str) -> bool:
+        if super()._abort(rid):
+            return True
         with self._lock:
-            for item in list(self._queue):
-                if item[0].id == rid:
-                    self._queue.remove(item)
-                    log.info("abort request_id=%s while queued", rid, extra={"request_id": rid})
+            queued = [ready for ready in self._queue if ready.req.id == rid]
+            for ready in queued:
+                self._queue.remove(ready)
+        if queued:
+            log.info("abort request_id=%s while queued", rid, extra={"request_id": rid})
+        return bool(queued)
 
     # --- engine thread -------------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            with self._lock:
-                item = self._queue.popleft() if self._queue else None
-            if item is None:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            self._generate(*item)
+    def _step(self) -> bool:
+        with self._lock:
+            ready = self._queue.popleft() if self._queue else None
+        if ready is None:
+            return False
+        self._generate(ready)
+        return True
 
-    def _generate(self, req: Generate, ids: Any, cfg: Any, received: float) -> None:
-        active = self._track(req, None, int(ids.shape[1]), received)
-        self._current = active
+    def _generate(self, ready: Prepared) -> None:
+        req = ready.req
+        active = self._track(ready, None)
         try:
-            self.pipe.generate(ov.Tensor(ids), cfg, _Streamer(self, active))
+            self.pipe.generate(ov.Tensor(ready.ids), ready.config, _Streamer(self, active))
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": req.id})
             self._active.pop(req.id, None)
-            self._current = None
             self.emit(Failed(id=req.id, seq=active.seq, code=ErrorCode.INTERNAL,
                              message=f"generation failed: {exc}"))
             return
-        if not active.cancelled and active.completion_tokens >= cfg.max_new_tokens:
+        if not active.cancelled and active.completion_tokens >= ready.config.max_new_tokens:
             active.finish_reason = "length"
         self._active.pop(req.id, None)
-        self._current = None
         self._finish(active)
 
     def abort_all(self, reason: str) -> None:
-        current = self._current
-        if current is not None:
-            current.cancelled = reason
+        super().abort_all(reason)
         with self._lock:
             queued = list(self._queue)
             self._queue.clear()
-        for req, *_ in queued:
-            self.emit(Failed(id=req.id, seq=1, code=ErrorCode.NOT_READY,
+        for ready in queued:
+            self.emit(Failed(id=ready.req.id, seq=1, code=ErrorCode.NOT_READY,
                              message=f"worker {self.spec.name} is stopping", retry_elsewhere=True))

@@ -1,8 +1,16 @@
-"""LLM engines: one OpenVINO GenAI pipeline each, driven from a single engine thread.
+"""What every engine is, and what the two LLM engines share.
 
-`BatchEngine` (role `llm`, GPU/CPU) runs a ContinuousBatchingPipeline: its generate() refuses
-concurrent callers, so the engine thread loops `step()` while requests arrive through
-`add_request()` and their handles are read for new tokens after every step.
+An engine holds one OpenVINO GenAI pipeline and the logic around it; the worker process
+(workers/process.py) wraps it with sockets, threads and signals, as `Engine` describes. The
+engines, one module each:
+- workers/batch_engine.py `BatchEngine`: role `llm` (GPU/CPU), a ContinuousBatchingPipeline
+  stepped by one engine thread, many requests at once;
+- workers/serial_engine.py `SerialEngine`: role `npu`, a stateful LLMPipeline with the NPU's
+  fixed prompt limit, one request at a time;
+- workers/embed_engine.py `EmbedEngine`: role `embed`, a TextEmbeddingPipeline.
+
+The LLM engines derive from `EngineBase` here: the inbox, the prompt checks (`Prompting`), the
+test fault hooks (`FaultInjector`), and turning an `Active` request's tokens into frames.
 """
 
 from __future__ import annotations
@@ -14,11 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
-import openvino as ov
 import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
@@ -40,19 +47,50 @@ from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
 
+# How an engine publishes a frame (the worker process's PUB socket, or a list in tests).
 Emit = Callable[[RequestFrame], None]
 
-_DONE = (
-    ov_genai.GenerationStatus.FINISHED,
-    ov_genai.GenerationStatus.CANCEL,
-    ov_genai.GenerationStatus.STOP,
-    ov_genai.GenerationStatus.IGNORED,
-)
+
+class Engine(Protocol):
+    """What the worker process needs of an engine."""
+
+    generated_tokens: int
+    served: int
+    # time.monotonic() of the engine's last progress (set by the engine thread).
+    progress_at: float
+
+    def load(self, properties: dict[str, Any]) -> None: ...
+    def warm_up(self) -> None: ...
+    def submit(self, msg: Any) -> None: ...
+    def run(self, stop: threading.Event) -> None: ...
+    def abort_all(self, reason: str) -> None: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
 
 
 @dataclass
-class _Active:
+class Prepared:
+    """A request that passed the checks, tokenized, with its generation config."""
+
     req: Generate
+    ids: np.ndarray[Any, Any]
+    config: Any  # ov_genai.GenerationConfig
+    received: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.ids.shape[1])
+
+
+@dataclass
+class Active:
+    """One request being generated: its pipeline handle, text not yet sent, and counters."""
+
+    req: Generate
+    # The ContinuousBatchingPipeline's GenerationHandle; None in the serial engine, whose
+    # streamer callback stops a cancelled request on its next token.
     handle: Any
     streamer: Detokenizer
     prompt_tokens: int
@@ -63,7 +101,17 @@ class _Active:
     first: float = 0.0
     text: list[str] = field(default_factory=list)
     finish_reason: str = "stop"
+    # Why it was stopped early ("abort", "timeout"); "" while it runs to its end.
     cancelled: str = ""
+
+    def cancel(self, reason: str) -> None:
+        self.cancelled = reason
+        if self.handle is not None:
+            self.handle.cancel()
+
+    def cancel_if_late(self, now: float) -> None:
+        if not self.cancelled and now > self.req.deadline:
+            self.cancel("timeout")
 
 
 class Prompting:
@@ -118,7 +166,12 @@ class FaultInjector:
 
 
 class EngineBase:
-    """What both LLM engines share: the inbox, prompt checks, frame emission, counters."""
+    """What both LLM engines share: the inbox, prompt checks, frame emission, counters.
+
+    A subclass loads its pipeline (`load`, `warm_up`), starts or queues each request that
+    passed the checks (`_admit`) and does one round of work in `_step`; `run` calls `_step` on
+    the engine thread until told to stop.
+    """
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         self.spec = spec
@@ -128,7 +181,7 @@ class EngineBase:
         self.faults = FaultInjector(spec)
         self._inbox: queue.SimpleQueue[Generate | Abort | Tokenize] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, Active] = {}
         self.generated_tokens = 0
         self.served = 0
         self.pipe: Any = None
@@ -153,16 +206,60 @@ class EngineBase:
         """The longest prompt this worker takes, and whether another worker may take more."""
         return self.context_length - 1, False
 
+    def room(self, prompt_tokens: int) -> int:
+        return self.context_length - prompt_tokens
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.progress_at = time.monotonic()
+            if not self._step():
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def _step(self) -> bool:
+        """One round of work on the engine thread; False when there was none to do."""
+        raise NotImplementedError
+
+    def _admit(self, ready: Prepared) -> None:
+        """Start a request that passed the checks, or queue it (per engine)."""
+        raise NotImplementedError
+
+    def _dispatch(self, msg: Generate | Abort | Tokenize) -> None:
+        """Act on one message from the gateway."""
+        if isinstance(msg, Abort):
+            self._abort(msg.id)
+        elif isinstance(msg, Tokenize):
+            self._tokenize(msg)
+        else:
+            ready = self._prepare(msg)
+            if ready is not None:
+                self._admit(ready)
+
+    def abort_all(self, reason: str) -> None:
+        for active in list(self._active.values()):
+            active.cancel(reason)
+
+    def _abort(self, rid: str) -> bool:
+        """Stop a request that is generating; False when it is not."""
+        active = self._active.get(rid)
+        if active is None:
+            return False
+        log.info("abort request_id=%s after %d tokens", rid, active.completion_tokens,
+                 extra={"request_id": rid})
+        active.cancel("abort")
+        return True
+
     def _tokenize(self, msg: Tokenize) -> None:
         assert self.prompting is not None
         n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
         self.emit(TokenCount(id=msg.id, seq=0, count=n))
 
-    def _prepare(self, req: Generate) -> tuple[np.ndarray[Any, Any], Any] | None:
+    def _prepare(self, req: Generate) -> Prepared | None:
         """Template, tokenize and check one request; emits Failed and returns None if it
         cannot run here."""
         assert self.prompting is not None
-        if time.time() > req.deadline:
+        received = time.time()
+        if received > req.deadline:
             self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
                              message="request expired before it started", retry_elsewhere=True))
             return None
@@ -187,21 +284,23 @@ class EngineBase:
         except Exception as exc:
             self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
-        return ids, cfg
+        return Prepared(req=req, ids=ids, config=cfg, received=received)
 
-    def room(self, prompt_tokens: int) -> int:
-        return self.context_length - prompt_tokens
+    def _accept(self, ready: Prepared) -> None:
+        """Tell the gateway the request will run here, before its first token."""
+        self.emit(Accepted(id=ready.req.id, seq=0, worker=self.spec.name,
+                           device=self.spec.device, prompt_tokens=ready.prompt_tokens))
 
-    def _track(self, req: Generate, handle: Any, prompt_tokens: int,
-               received: float) -> _Active:
+    def _track(self, ready: Prepared, handle: Any) -> Active:
         assert self.prompting is not None
-        active = _Active(req=req, handle=handle,
-                         streamer=Detokenizer(self.prompting.tokenizer),
-                         prompt_tokens=prompt_tokens, received=received, added=time.time())
-        self._active[req.id] = active
+        active = Active(req=ready.req, handle=handle,
+                        streamer=Detokenizer(self.prompting.tokenizer),
+                        prompt_tokens=ready.prompt_tokens, received=ready.received,
+                        added=time.time())
+        self._active[ready.req.id] = active
         return active
 
-    def _on_tokens(self, active: _Active, ids: list[int], now: float) -> None:
+    def _on_tokens(self, active: Active, ids: list[int], now: float) -> None:
         self.progress_at = time.monotonic()
         if not active.first:
             active.first = now
@@ -212,7 +311,7 @@ class EngineBase:
             active.text.append(text)
         self.faults.on_tokens(len(ids))
 
-    def _flush(self, active: _Active) -> None:
+    def _flush(self, active: Active) -> None:
         if active.text:
             chunk = "".join(active.text)
             active.text.clear()
@@ -220,7 +319,7 @@ class EngineBase:
                             tokens=active.completion_tokens))
             active.seq += 1
 
-    def _finish(self, active: _Active) -> None:
+    def _finish(self, active: Active) -> None:
         rest = active.streamer.flush()
         if rest:
             active.text.append(rest)
@@ -241,108 +340,3 @@ class EngineBase:
         self.emit(Finished(id=active.req.id, seq=active.seq, finish_reason=reason,
                            prompt_tokens=active.prompt_tokens,
                            completion_tokens=active.completion_tokens, timings=timings))
-
-
-class BatchEngine(EngineBase):
-    """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
-
-    def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
-        super().__init__(spec, model_path, context_length, emit)
-        self._next_handle_id = 0
-
-    def load(self, properties: dict[str, Any]) -> None:
-        sched = ov_genai.SchedulerConfig()
-        sched.enable_prefix_caching = True
-        sched.cache_size = max(1, int(self.spec.kv_cache_gb))
-        sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
-        self.pipe = ov_genai.ContinuousBatchingPipeline(
-            self.model_path, sched, self.spec.device, properties
-        )
-        self.prompting = Prompting(self.pipe.get_tokenizer(), self.context_length)
-        self.base_config = self.pipe.get_config()
-
-    def warm_up(self) -> None:
-        """A one-token generation, so the first real request does not pay for compilation."""
-        assert self.prompting is not None
-        cfg = ov_genai.GenerationConfig()
-        cfg.max_new_tokens = 1
-        ids = self.prompting.encode("Hello")
-        handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
-        while self.pipe.has_non_finished_requests():
-            self.pipe.step()
-        handle.read_all()
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            self._drain_inbox()
-            if not self._active:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            self.pipe.step()
-            self._collect()
-
-    def abort_all(self, reason: str) -> None:
-        for active in self._active.values():
-            active.cancelled = reason
-            active.handle.cancel()
-
-    def _handle_id(self) -> int:
-        self._next_handle_id += 1
-        return self._next_handle_id
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(msg, Abort):
-                active = self._active.get(msg.id)
-                if active is not None:
-                    log.info("abort request_id=%s after %d tokens", msg.id,
-                             active.completion_tokens, extra={"request_id": msg.id})
-                    active.cancelled = "abort"
-                    active.handle.cancel()
-            elif isinstance(msg, Tokenize):
-                self._tokenize(msg)
-            else:
-                self._start(msg)
-
-    def _start(self, req: Generate) -> None:
-        received = time.time()
-        prepared = self._prepare(req)
-        if prepared is None:
-            return
-        ids, cfg = prepared
-        try:
-            handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
-        except Exception as exc:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
-            return
-        self._track(req, handle, int(ids.shape[1]), received)
-        self.emit(Accepted(id=req.id, seq=0, worker=self.spec.name, device=self.spec.device,
-                           prompt_tokens=int(ids.shape[1])))
-
-    def _collect(self) -> None:
-        now = time.time()
-        done: list[str] = []
-        for rid, active in self._active.items():
-            handle = active.handle
-            status = handle.get_status()
-            if handle.can_read():
-                for out in handle.read().values():
-                    ids = list(out.generated_ids)
-                    if ids:
-                        self._on_tokens(active, ids, now)
-                    if out.finish_reason == ov_genai.GenerationFinishReason.LENGTH:
-                        active.finish_reason = "length"
-            if status in _DONE:
-                done.append(rid)
-            elif not active.cancelled and now > active.req.deadline:
-                active.cancelled = "timeout"
-                handle.cancel()
-            self._flush(active)
-        for rid in done:
-            self._finish(self._active.pop(rid))

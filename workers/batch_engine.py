@@ -1,0 +1,107 @@
+"""The continuous-batching engine (role `llm`, GPU/CPU): many requests at once.
+
+It runs a ContinuousBatchingPipeline with prefix caching on. Its generate() refuses concurrent
+callers, so the engine thread loops `step()` while requests arrive through `add_request()` and
+their handles are read for new tokens after every step.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+import openvino as ov
+import openvino_genai as ov_genai
+
+from protocol.config import WorkerSpec
+from protocol.messages import ErrorCode, Failed
+from workers.engine import Emit, EngineBase, Prepared, Prompting
+
+_DONE = (
+    ov_genai.GenerationStatus.FINISHED,
+    ov_genai.GenerationStatus.CANCEL,
+    ov_genai.GenerationStatus.STOP,
+    ov_genai.GenerationStatus.IGNORED,
+)
+
+
+class BatchEngine(EngineBase):
+    """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
+
+    def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
+        super().__init__(spec, model_path, context_length, emit)
+        self._next_handle_id = 0
+
+    def load(self, properties: dict[str, Any]) -> None:
+        sched = ov_genai.SchedulerConfig()
+        sched.enable_prefix_caching = True
+        sched.cache_size = max(1, int(self.spec.kv_cache_gb))
+        sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
+        self.pipe = ov_genai.ContinuousBatchingPipeline(
+            self.model_path, sched, self.spec.device, properties
+        )
+        self.prompting = Prompting(self.pipe.get_tokenizer(), self.context_length)
+        self.base_config = self.pipe.get_config()
+
+    def warm_up(self) -> None:
+        """A one-token generation, so the first real request does not pay for compilation."""
+        assert self.prompting is not None
+        cfg = ov_genai.GenerationConfig()
+        cfg.max_new_tokens = 1
+        ids = self.prompting.encode("Hello")
+        handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
+        while self.pipe.has_non_finished_requests():
+            self.pipe.step()
+        handle.read_all()
+
+    def _step(self) -> bool:
+        self._drain_inbox()
+        if not self._active:
+            return False
+        self.pipe.step()
+        self._collect()
+        return True
+
+    def _handle_id(self) -> int:
+        self._next_handle_id += 1
+        return self._next_handle_id
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._dispatch(msg)
+
+    def _admit(self, ready: Prepared) -> None:
+        try:
+            handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
+        except Exception as exc:
+            self.emit(Failed(id=ready.req.id, seq=0, code=ErrorCode.BAD_REQUEST,
+                             message=str(exc)))
+            return
+        self._track(ready, handle)
+        self._accept(ready)
+
+    def _collect(self) -> None:
+        now = time.time()
+        done: list[str] = []
+        for rid, active in self._active.items():
+            handle = active.handle
+            status = handle.get_status()
+            if handle.can_read():
+                for out in handle.read().values():
+                    ids = list(out.generated_ids)
+                    if ids:
+                        self._on_tokens(active, ids, now)
+                    if out.finish_reason == ov_genai.GenerationFinishReason.LENGTH:
+                        active.finish_reason = "length"
+            if status in _DONE:
+                done.append(rid)
+            else:
+                active.cancel_if_late(now)
+            self._flush(active)
+        for rid in done:
+            self._finish(self._active.pop(rid))
