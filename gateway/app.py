@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.anthropic import AnthropicRoutes
 from gateway.api.auth import ApiKeyMiddleware
+from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
@@ -22,7 +23,7 @@ from gateway.api.openapi import OpenAPIRoute
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
 from gateway.core.metrics import Metrics, MetricsMiddleware
-from gateway.core.router import Router, new_id
+from gateway.core.router import Router
 from protocol.config import Config
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class RequestIdMiddleware:
         for key, value in scope.get("headers", []):
             if key == b"x-request-id":
                 sent = value.decode("latin-1")
-        rid = sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
+        rid = accept_request_id(sent)
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: Message) -> None:

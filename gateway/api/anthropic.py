@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.common import decode_body, dumps, new_id, request_id, unless_disconnected
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
     CallParser,
@@ -43,7 +43,7 @@ from gateway.api.tools import (
     history_call,
 )
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, new_id
+from gateway.core.router import Generation, Router
 from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 log = logging.getLogger(__name__)

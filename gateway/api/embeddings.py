@@ -21,7 +21,8 @@ from gateway.api.ollama import error_response as ollama_error_response
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive
 from gateway.api.openai import error_response
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Embedded, Router, ServedModel
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Embedded, Router
 from protocol.config import Config
 from protocol.messages import Embed, Embeddings
 

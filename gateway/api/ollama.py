@@ -45,7 +45,8 @@ from gateway.api.tools import (
     split_calls,
 )
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, ServedModel
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Generation, Router
 from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)

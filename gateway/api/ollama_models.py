@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.errors import invalid
-from gateway.core.router import Router, ServedModel
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Router
 from models.facts import ModelDetails, ModelInfoError, describe_model
 from models.locate import model_path
 from models.registry import ModelSourceMissing, embedded

@@ -15,7 +15,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api import anthropic as anthropic_api
-from gateway.api.common import decode_body, dumps, now, request_id, unless_disconnected
+from gateway.api.common import (
+    decode_body,
+    dumps,
+    new_id,
+    now,
+    request_id,
+    unless_disconnected,
+)
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.tools import (
     CallParser,
@@ -29,7 +36,8 @@ from gateway.api.tools import (
     split_calls,
 )
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, ServedModel, new_id
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Generation, Router
 from protocol.messages import ChatMessage, Generate, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}

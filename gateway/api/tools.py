@@ -45,9 +45,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.api.common import new_id
 from gateway.api.ollama_models import ModelCatalog
 from gateway.core.errors import invalid
-from gateway.core.router import Router, ServedModel, new_id
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Router
 from protocol.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,7 @@ from protocol.sockets import control_endpoint
 
 if TYPE_CHECKING:
     from gateway.core.broker import Broker
-    from gateway.core.model_table import ModelTable
-    from gateway.core.router import ServedModel
+    from gateway.core.model_table import ModelTable, ServedModel
 
 log = logging.getLogger(__name__)
 
