@@ -18,8 +18,10 @@ from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
+from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
+from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
 from gateway.core.metrics import Metrics, MetricsMiddleware
@@ -64,17 +66,19 @@ class Gateway:
         self.metrics = Metrics(config, self.broker)
         self.broker.listeners.append(self.metrics)
         self.router.observers.append(self.metrics)
+        # NOTE: one catalog, so each model's files are described (hashed) once for all APIs.
+        self.catalog = ModelCatalog(self.router)
+        self.tooling = Tooling(self.catalog)
 
     def routes(self) -> list[Any]:
-        ollama = OllamaRoutes(self.router)
         routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
-            *OpenAIRoutes(self.router).routes(),
-            *AnthropicRoutes(self.router).routes(),
+            *OpenAIRoutes(self.router, self.tooling).routes(),
+            *AnthropicRoutes(self.router, self.tooling).routes(),
             *ModelRoutes(self.router).routes(),
-            *ollama.routes(),
-            *EmbeddingRoutes(self.router, self.config, ollama.catalog).routes(),
+            *OllamaRoutes(self.router, self.catalog, self.tooling).routes(),
+            *EmbeddingRoutes(self.router, self.config).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

@@ -327,9 +327,9 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
 
 
 class AnthropicRoutes:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, tooling: Tooling) -> None:
         self.router = router
-        self.tooling = Tooling(router)
+        self.tooling = tooling
 
     def routes(self) -> list[Route]:
         return [

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from gateway.api.common import decode_body, dumps, request_id
 from gateway.api.ollama import error_response as ollama_error_response
-from gateway.api.ollama_models import ModelCatalog, parse_keep_alive
+from gateway.api.ollama_models import parse_keep_alive
 from gateway.api.openai import error_response
 from gateway.core.errors import GatewayError, invalid
 from gateway.core.model_table import ServedModel
@@ -90,11 +90,9 @@ def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
 
 
 class EmbeddingRoutes:
-    def __init__(self, router: Router, config: Config, catalog: ModelCatalog) -> None:
+    def __init__(self, router: Router, config: Config) -> None:
         self.router = router
         self.config = config
-        # Ollama's view of loaded models: keep_alive of /api/embed shows in /api/ps.
-        self.catalog = catalog
         # NOTE: a model's vector size is learnt from its first answer; until then a
         # `dimensions` request is checked against the answer instead of before it.
         self._dims: dict[str, int] = {}
@@ -190,14 +188,14 @@ class EmbeddingRoutes:
             keep = parse_keep_alive(req.keep_alive)
             # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
             if not texts:
-                self.catalog.touch(model, keep)
+                self.router.switcher.touch(model.name, keep)
                 return JSONResponse({"model": req.model, "embeddings": [],
                                      "total_duration": 0, "load_duration": 0,
                                      "prompt_eval_count": 0})
             # NOTE: Ollama sends 0 for "not set".
             done = await self._embed(request, model, texts, req.truncate is not False,
                                      req.dimensions or None, "input")
-            self.catalog.touch(model, keep)
+            self.router.switcher.touch(model.name, keep)
             frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)
@@ -219,10 +217,10 @@ class EmbeddingRoutes:
             model = self.router.resolve(req.model, kind="embed")
             keep = parse_keep_alive(req.keep_alive)
             if not req.prompt:
-                self.catalog.touch(model, keep)
+                self.router.switcher.touch(model.name, keep)
                 return JSONResponse({"embedding": []})
             done = await self._embed(request, model, [req.prompt], True, None, "prompt")
-            self.catalog.touch(model, keep)
+            self.router.switcher.touch(model.name, keep)
             frame = done.frame
         except GatewayError as exc:
             return ollama_error_response(exc)

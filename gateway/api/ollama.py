@@ -193,10 +193,10 @@ def chunk(model: str, text: str, chat: bool) -> dict[str, Any]:
 
 
 class OllamaRoutes:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, catalog: ModelCatalog, tooling: Tooling) -> None:
         self.router = router
-        self.catalog = ModelCatalog(router)
-        self.tooling = Tooling(router)
+        self.catalog = catalog
+        self.tooling = tooling
 
     def routes(self) -> list[Route]:
         return [
@@ -294,7 +294,7 @@ class OllamaRoutes:
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load
         their model at start and keep it, so both are answered at once."""
-        self.catalog.touch(model, keep)
+        self.router.switcher.touch(model.name, keep)
         body = chunk(name, "", chat)
         body["done"] = True
         body["done_reason"] = "unload" if keep == 0 else "load"
@@ -303,7 +303,7 @@ class OllamaRoutes:
     async def _respond(self, request: Request, model: ServedModel,
                        req: GenerateRequest | ChatRequest, msg: Generate, keep: float,
                        chat: bool, parser: CallParser | None = None) -> Response:
-        self.catalog.touch(model, keep)
+        self.router.switcher.touch(model.name, keep)
         try:
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
@@ -317,7 +317,7 @@ class OllamaRoutes:
         except GatewayError as exc:
             return error_response(exc, headers)
         finally:
-            self.catalog.touch(model, keep)
+            self.router.switcher.touch(model.name, keep)
         text, calls = split_calls("".join(parts), parser)
         body = chunk(req.model, text, chat)
         if calls:
@@ -340,7 +340,7 @@ class OllamaRoutes:
             yield dumps({"error": exc.message}) + b"\n"
             return
         finally:
-            self.catalog.touch(model, keep)
+            self.router.switcher.touch(model.name, keep)
         if parser is not None:
             rest, calls = parser.finish()
             if calls or rest:

@@ -234,9 +234,9 @@ def _finish_reason(gen: Generation, calls: bool = False, named: bool = False) ->
 
 
 class OpenAIRoutes:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, tooling: Tooling) -> None:
         self.router = router
-        self.tooling = Tooling(router)
+        self.tooling = tooling
 
     def routes(self) -> list[Route]:
         return [

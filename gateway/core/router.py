@@ -206,10 +206,6 @@ class Router:
                 return self.table.default_model(spec)
         return ""
 
-    def touch(self, name: str, keep_alive: float) -> None:
-        """A request's keep_alive for a model (seconds, math.inf = forever, 0 = unload)."""
-        self.switcher.touch(name, keep_alive)
-
     def candidates(self, model: ServedModel) -> list[WorkerLink]:
         links = [self.broker.links[w] for w in model.workers if w in self.broker.links]
 
