@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api.common import decode_body, dumps, new_id, request_id, unless_disconnected
+from gateway.api.dialects import ANTHROPIC
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
     CallParser,
@@ -78,36 +79,7 @@ class MessagesRequest(CountRequest):
     output_config: dict[str, Any] | None = None
 
 
-# --- errors ------------------------------------------------------------------------------
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-          529: "overloaded_error"}
-
-
-def _status(exc: GatewayError) -> int:
-    # NOTE: "no worker can take it now" is Anthropic's overloaded (529); clients retry it.
-    return 529 if exc.status == 503 else exc.status
-
-
-def error_body(exc: GatewayError) -> dict[str, Any]:
-    kind = _TYPES.get(_status(exc), "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse(error_body(exc), status_code=_status(exc), headers=headers)
-
-
-# --- models (GET /v1/models, shared with OpenAI: openai_api asks is_anthropic) -----------
-
-
-def is_anthropic(request: Request) -> bool:
-    """Anthropic's SDKs send anthropic-version on every request; OpenAI's never do."""
-    return "anthropic-version" in request.headers
+# --- models (GET /v1/models, shared with OpenAI: gateway/api/dialects.py tells them apart) -
 
 
 def model_info(name: str, created: int) -> dict[str, Any]:
@@ -128,8 +100,8 @@ def models_page(names: list[str], created: int, request: Request) -> Response:
         if "before_id" in query:
             end = names.index(query["before_id"])
     except ValueError:
-        return error_response(invalid("limit must be 1 to 1000, and after_id/before_id the id "
-                                      "of a listed model", param="limit"))
+        return ANTHROPIC.error_response(invalid("limit must be 1 to 1000, and after_id/before_id "
+                                                "the id of a listed model", param="limit"))
     if "before_id" in query and "after_id" not in query:
         page, has_more = names[max(start, end - limit):end], end - limit > start
     else:
@@ -348,7 +320,7 @@ class AnthropicRoutes:
             msg = Tokenize(id=rid, model=model.name, messages=prep.messages, tools=prep.tools)
             count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         except GatewayError as exc:
-            return error_response(exc)
+            return ANTHROPIC.error_response(exc)
         return JSONResponse({"input_tokens": count})
 
     async def messages(self, request: Request) -> Response:
@@ -367,7 +339,7 @@ class AnthropicRoutes:
                            tools=prep.tools)
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
-            return error_response(exc)
+            return ANTHROPIC.error_response(exc)
         mid = new_id("msg_")
         headers = gen.headers()
         out = Output(params.stop, prep.parser())
@@ -377,7 +349,7 @@ class AnthropicRoutes:
         try:
             text = await unless_disconnected(request, _collect(gen, out))
         except GatewayError as exc:
-            return error_response(exc, headers)
+            return ANTHROPIC.error_response(exc, headers)
         rest, calls = out.finish(gen)
         text = (text + rest).strip() if calls else text + rest
         for call in calls:
@@ -424,7 +396,7 @@ class AnthropicRoutes:
                     for event in text_event(text):
                         yield event
         except GatewayError as exc:
-            yield _event("error", error_body(exc))
+            yield ANTHROPIC.error_event(exc)
             return
         rest, calls = out.finish(gen)
         if rest and not (calls and rest.isspace()):

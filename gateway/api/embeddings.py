@@ -17,9 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.common import decode_body, dumps, request_id
-from gateway.api.ollama import error_response as ollama_error_response
+from gateway.api.dialects import dialect_for
 from gateway.api.ollama_models import parse_keep_alive
-from gateway.api.openai import error_response
 from gateway.core.errors import GatewayError, invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Embedded, Router
@@ -160,7 +159,7 @@ class EmbeddingRoutes:
                                      req.dimensions, "input")
             frame = done.frame
         except GatewayError as exc:
-            return error_response(exc)
+            return dialect_for(request.scope).error_response(exc)
         if fmt == "base64":
             raw = memoryview(frame.data)
             size = frame.dims * 4
@@ -198,7 +197,7 @@ class EmbeddingRoutes:
             self.router.switcher.touch(model.name, keep)
             frame = done.frame
         except GatewayError as exc:
-            return ollama_error_response(exc)
+            return dialect_for(request.scope).error_response(exc)
         body = {
             "model": req.model,
             "embeddings": _matrix(frame).tolist(),
@@ -223,7 +222,7 @@ class EmbeddingRoutes:
             self.router.switcher.touch(model.name, keep)
             frame = done.frame
         except GatewayError as exc:
-            return ollama_error_response(exc)
+            return dialect_for(request.scope).error_response(exc)
         body = {"embedding": _matrix(frame)[0].tolist()}
         return Response(dumps(body), media_type="application/json", headers=done.headers)
 

@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.dialects import OLLAMA
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
 from gateway.api.ollama_template import render
 from gateway.api.params import json_schema_text, ollama_params
@@ -101,13 +102,6 @@ class ShowRequest(msgspec.Struct):
 
 
 # --- translation -------------------------------------------------------------------------
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 
 def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
@@ -226,7 +220,7 @@ class OllamaRoutes:
             req = await decode_body(request, ShowRequest)
             model = self.router.resolve(req.model or req.name)
         except GatewayError as exc:
-            return error_response(exc)
+            return OLLAMA.error_response(exc)
         return Response(dumps(await self.catalog.show(model)), media_type="application/json")
 
     async def generate(self, request: Request) -> Response:
@@ -260,7 +254,7 @@ class OllamaRoutes:
             msg = Generate(id=rid, model=model.name, params=params,
                            deadline=self.router.deadline(), messages=messages, prompt=prompt)
         except GatewayError as exc:
-            return error_response(exc)
+            return OLLAMA.error_response(exc)
         return await self._respond(request, model, req, msg, keep, chat=False)
 
     async def chat(self, request: Request) -> Response:
@@ -276,7 +270,7 @@ class OllamaRoutes:
                            deadline=self.router.deadline(), messages=prep.messages,
                            tools=prep.tools)
         except GatewayError as exc:
-            return error_response(exc)
+            return OLLAMA.error_response(exc)
         return await self._respond(request, model, req, msg, keep, chat=True,
                                    parser=prep.parser())
 
@@ -307,7 +301,7 @@ class OllamaRoutes:
         try:
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
-            return error_response(exc)
+            return OLLAMA.error_response(exc)
         headers = gen.headers()
         if req.stream is not False:
             return StreamingResponse(self._stream(gen, model, req.model, keep, chat, parser),
@@ -315,7 +309,7 @@ class OllamaRoutes:
         try:
             parts = await unless_disconnected(request, _collect(gen))
         except GatewayError as exc:
-            return error_response(exc, headers)
+            return OLLAMA.error_response(exc, headers)
         finally:
             self.router.switcher.touch(model.name, keep)
         text, calls = split_calls("".join(parts), parser)
@@ -337,7 +331,7 @@ class OllamaRoutes:
                 if text or parser is None:
                     yield dumps(chunk(name, text, chat)) + b"\n"
         except GatewayError as exc:
-            yield dumps({"error": exc.message}) + b"\n"
+            yield OLLAMA.error_event(exc)
             return
         finally:
             self.router.switcher.touch(model.name, keep)

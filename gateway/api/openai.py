@@ -23,6 +23,7 @@ from gateway.api.common import (
     request_id,
     unless_disconnected,
 )
+from gateway.api.dialects import ANTHROPIC, OPENAI, dialect_for
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.tools import (
     CallParser,
@@ -109,27 +110,6 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | None = None
     suffix: str | None = None
     echo: bool | None = False
-
-
-# --- errors ------------------------------------------------------------------------------
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          429: "rate_limit_error", 503: "server_error", 504: "timeout"}
-
-
-def error_body(exc: GatewayError) -> dict[str, Any]:
-    code = exc.kind if exc.kind != "invalid_request" else None
-    if exc.kind == "authentication":
-        code = "invalid_api_key"
-    return {"error": {"message": exc.message, "type": _TYPES.get(exc.status, "server_error"),
-                      "param": exc.param, "code": code}}
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
 
 
 # --- translation -------------------------------------------------------------------------
@@ -251,19 +231,19 @@ class OpenAIRoutes:
                 "owned_by": "npu-proxy"}
 
     async def list_models(self, request: Request) -> Response:
-        if anthropic_api.is_anthropic(request):
+        if dialect_for(request.scope) is ANTHROPIC:
             return anthropic_api.models_page(list(self.router.models), self.router.started,
                                              request)
         data = [self._model_card(m) for m in self.router.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
     async def get_model(self, request: Request) -> Response:
-        anthropic = anthropic_api.is_anthropic(request)
+        dialect = dialect_for(request.scope)
         try:
             model = self.router.resolve(request.path_params["model_id"])
         except GatewayError as exc:
-            return anthropic_api.error_response(exc) if anthropic else error_response(exc)
-        if anthropic:
+            return dialect.error_response(exc)
+        if dialect is ANTHROPIC:
             return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
         return JSONResponse(self._model_card(model))
 
@@ -285,7 +265,7 @@ class OpenAIRoutes:
                            tools=prep.tools)
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
-            return error_response(exc)
+            return OPENAI.error_response(exc)
         cid = new_id("chatcmpl-")
         headers = gen.headers()
         named = tools is not None and tools.named
@@ -297,7 +277,7 @@ class OpenAIRoutes:
         try:
             text = await unless_disconnected(request, _collect(gen))
         except GatewayError as exc:
-            return error_response(exc, headers)
+            return OPENAI.error_response(exc, headers)
         text, calls = split_calls(text, prep.parser())
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if calls:
@@ -343,7 +323,7 @@ class OpenAIRoutes:
                 if text:
                     yield chunk({"content": text}, None)
         except GatewayError as exc:
-            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
+            yield OPENAI.error_event(exc)
             return
         if parser is not None:
             rest, calls = parser.finish()
@@ -383,7 +363,7 @@ class OpenAIRoutes:
                            deadline=self.router.deadline(), prompt=prompts[0])
             gen = await unless_disconnected(request, self.router.generate(model, msg))
         except GatewayError as exc:
-            return error_response(exc)
+            return OPENAI.error_response(exc)
         cid = new_id("cmpl-")
         prefix = prompts[0] if req.echo else ""
         headers = gen.headers()
@@ -395,7 +375,7 @@ class OpenAIRoutes:
         try:
             text = await unless_disconnected(request, _collect(gen))
         except GatewayError as exc:
-            return error_response(exc, headers)
+            return OPENAI.error_response(exc, headers)
         body = {
             "id": cid, "object": "text_completion", "created": now(), "model": req.model,
             "system_fingerprint": None,
@@ -426,7 +406,7 @@ class OpenAIRoutes:
             async for delta in gen:
                 yield chunk(delta.text, None)
         except GatewayError as exc:
-            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
+            yield OPENAI.error_event(exc)
             return
         yield chunk("", _finish_reason(gen))
         if include_usage:
