@@ -16,6 +16,7 @@ from gateway.api.anthropic import AnthropicRoutes
 from gateway.api.auth import ApiKeyMiddleware
 from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
+from gateway.api.flow import Flow
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
@@ -69,16 +70,17 @@ class Gateway:
         # NOTE: one catalog, so each model's files are described (hashed) once for all APIs.
         self.catalog = ModelCatalog(self.router)
         self.tooling = Tooling(self.catalog)
+        self.flow = Flow(self.router, self.tooling)
 
     def routes(self) -> list[Any]:
         routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
-            *OpenAIRoutes(self.router, self.tooling).routes(),
-            *AnthropicRoutes(self.router, self.tooling).routes(),
+            *OpenAIRoutes(self.flow).routes(),
+            *AnthropicRoutes(self.flow).routes(),
             *ModelRoutes(self.router).routes(),
-            *OllamaRoutes(self.router, self.catalog, self.tooling).routes(),
-            *EmbeddingRoutes(self.router, self.config).routes(),
+            *OllamaRoutes(self.flow, self.catalog).routes(),
+            *EmbeddingRoutes(self.flow).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes
