@@ -14,15 +14,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.anthropic import AnthropicRoutes
 from gateway.api.auth import ApiKeyMiddleware
+from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
+from gateway.api.flow import Flow
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
+from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
+from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
 from gateway.core.metrics import Metrics, MetricsMiddleware
-from gateway.core.router import Router, new_id
+from gateway.core.router import Router
 from protocol.config import Config
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ class RequestIdMiddleware:
         for key, value in scope.get("headers", []):
             if key == b"x-request-id":
                 sent = value.decode("latin-1")
-        rid = sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
+        rid = accept_request_id(sent)
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: Message) -> None:
@@ -63,17 +67,20 @@ class Gateway:
         self.metrics = Metrics(config, self.broker)
         self.broker.listeners.append(self.metrics)
         self.router.observers.append(self.metrics)
+        # NOTE: one catalog, so each model's files are described (hashed) once for all APIs.
+        self.catalog = ModelCatalog(self.router)
+        self.tooling = Tooling(self.catalog)
+        self.flow = Flow(self.router, self.tooling)
 
     def routes(self) -> list[Any]:
-        ollama = OllamaRoutes(self.router)
         routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
-            *OpenAIRoutes(self.router).routes(),
-            *AnthropicRoutes(self.router).routes(),
+            *OpenAIRoutes(self.flow).routes(),
+            *AnthropicRoutes(self.flow).routes(),
             *ModelRoutes(self.router).routes(),
-            *ollama.routes(),
-            *EmbeddingRoutes(self.router, self.config, ollama.catalog).routes(),
+            *OllamaRoutes(self.flow, self.catalog).routes(),
+            *EmbeddingRoutes(self.flow).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

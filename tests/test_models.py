@@ -24,8 +24,7 @@ from serverctl import Server
 
 from gateway.core.broker import Broker
 from gateway.core.errors import GatewayError
-from gateway.core.model_table import ModelTable
-from gateway.core.router import ServedModel
+from gateway.core.model_table import ModelTable, ServedModel
 from gateway.core.switching import Switcher
 from models.registry import package_file
 from protocol.config import Config, WorkerSpec, load_config

@@ -1,10 +1,12 @@
 """Anthropic dialect: POST /v1/messages and /v1/messages/count_tokens (what Claude Code speaks).
 
-Translates the Messages wire format to a Generate request and the worker's frames back to a
+Translates the Messages wire format to a Generate request and the worker's output back to a
 message object or the named SSE events (`message_start`, `content_block_start`,
 `content_block_delta` with `text_delta`/`input_json_delta`, `content_block_stop`,
-`message_delta`, `message_stop`; `ping` after the start; `error` on a failure mid-stream).
-Routing, streaming, tools (gateway/api/tools.py) and sampling (gateway/api/params.py) are shared.
+`message_delta`, `message_stop`; `ping` after the start). Decoding, dispatch, streaming and
+errors are the shared request path (gateway/api/flow.py); the error shape (503 as 529), the
+`error` event mid-stream and the event framing are ANTHROPIC in gateway/api/dialects.py. Tools
+(gateway/api/tools.py) and sampling (gateway/api/params.py) are shared too.
 
 Decisions:
 - `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/api/auth.py when an
@@ -27,24 +29,24 @@ from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.common import new_id, request_id, unless_disconnected
+from gateway.api.flow import Translator, Turn
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
     CallParser,
     ToolCall,
-    Tooling,
     ToolRequest,
     anthropic_choice,
     anthropic_tools,
     fragments,
     history_call,
 )
-from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, new_id
-from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
+from gateway.core.errors import invalid
+from gateway.core.router import Generation
+from protocol.messages import ChatMessage, SamplingParams, Tokenize
 
 log = logging.getLogger(__name__)
 
@@ -78,36 +80,7 @@ class MessagesRequest(CountRequest):
     output_config: dict[str, Any] | None = None
 
 
-# --- errors ------------------------------------------------------------------------------
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-          529: "overloaded_error"}
-
-
-def _status(exc: GatewayError) -> int:
-    # NOTE: "no worker can take it now" is Anthropic's overloaded (529); clients retry it.
-    return 529 if exc.status == 503 else exc.status
-
-
-def error_body(exc: GatewayError) -> dict[str, Any]:
-    kind = _TYPES.get(_status(exc), "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse(error_body(exc), status_code=_status(exc), headers=headers)
-
-
-# --- models (GET /v1/models, shared with OpenAI: openai_api asks is_anthropic) -----------
-
-
-def is_anthropic(request: Request) -> bool:
-    """Anthropic's SDKs send anthropic-version on every request; OpenAI's never do."""
-    return "anthropic-version" in request.headers
+# --- models (GET /v1/models, shared with OpenAI: gateway/api/dialects.py tells them apart) -
 
 
 def model_info(name: str, created: int) -> dict[str, Any]:
@@ -128,8 +101,8 @@ def models_page(names: list[str], created: int, request: Request) -> Response:
         if "before_id" in query:
             end = names.index(query["before_id"])
     except ValueError:
-        return error_response(invalid("limit must be 1 to 1000, and after_id/before_id the id "
-                                      "of a listed model", param="limit"))
+        raise invalid("limit must be 1 to 1000, and after_id/before_id the id of a listed model",
+                      param="limit") from None
     if "before_id" in query and "after_id" not in query:
         page, has_more = names[max(start, end - limit):end], end - limit > start
     else:
@@ -319,65 +292,74 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
 
 
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+# --- responses ---------------------------------------------------------------------------
 
 
-# --- routes ------------------------------------------------------------------------------
+class MessageReply:
+    """A message object, or its named events. Text goes out as it comes (one text block,
+    opened at the first text); calls, held back by the parser, go out at the end as tool_use
+    blocks with their input JSON in input_json_delta fragments."""
 
+    def __init__(self, model: str, out: Output) -> None:
+        self.id = new_id("msg_")
+        self.model = model
+        self.out = out
 
-class AnthropicRoutes:
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        self.tooling = Tooling(router)
+    async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
+        out = self.out
+        usage = _usage(gen)
+        usage["output_tokens"] = 0
+        yield {"type": "message_start", "message": {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}
+        yield {"type": "ping"}
+        index = 0
+        text_open = False
 
-    def routes(self) -> list[Route]:
-        return [
-            Route("/v1/messages", self.messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
-        ]
+        def text_events(text: str) -> list[dict[str, Any]]:
+            nonlocal text_open
+            events = []
+            if not text_open:
+                text_open = True
+                events.append({"type": "content_block_start", "index": index,
+                               "content_block": {"type": "text", "text": ""}})
+            events.append({"type": "content_block_delta", "index": index,
+                           "delta": {"type": "text_delta", "text": text}})
+            return events
 
-    async def count_tokens(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            req = await decode_body(request, CountRequest)
-            model = self.router.resolve(req.model, kind="llm")
-            # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
-            prep = await self.tooling.prepare(model, chat_messages(req.system, req.messages),
-                                              tool_request(req), SamplingParams())
-            msg = Tokenize(id=rid, model=model.name, messages=prep.messages, tools=prep.tools)
-            count = await unless_disconnected(request, self.router.count_tokens(model, msg))
-        except GatewayError as exc:
-            return error_response(exc)
-        return JSONResponse({"input_tokens": count})
+        async for delta in gen:
+            if text := out.feed(delta.text):
+                for event in text_events(text):
+                    yield event
+        rest, calls = out.finish(gen)
+        if rest and not (calls and rest.isspace()):
+            for event in text_events(rest):
+                yield event
+        if not text_open and not calls:
+            for event in text_events(""):
+                yield event
+        if text_open:
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
+        for call in calls:
+            call.id = new_id("toolu_")
+            yield {"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                                     "input": {}}}
+            for piece in fragments(call.arguments_json()):
+                yield {"type": "content_block_delta", "index": index,
+                       "delta": {"type": "input_json_delta", "partial_json": piece}}
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
+        yield {"type": "message_delta",
+               "delta": {"stop_reason": out.stop_reason(gen, calls),
+                         "stop_sequence": out.stop_sequence},
+               "usage": {"output_tokens": _usage(gen)["output_tokens"]}}
+        yield {"type": "message_stop"}
 
-    async def messages(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            req = await decode_body(request, MessagesRequest)
-            params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
-                                      top_p=req.top_p, top_k=req.top_k,
-                                      stop_sequences=req.stop_sequences)
-            params.json_schema = output_schema(req.output_config)
-            model = self.router.resolve(req.model, kind="llm")
-            prep = await self.tooling.prepare(model, chat_messages(req.system, req.messages),
-                                              tool_request(req), params)
-            msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(), messages=prep.messages,
-                           tools=prep.tools)
-            gen = await unless_disconnected(request, self.router.generate(model, msg))
-        except GatewayError as exc:
-            return error_response(exc)
-        mid = new_id("msg_")
-        headers = gen.headers()
-        out = Output(params.stop, prep.parser())
-        if req.stream:
-            return StreamingResponse(self._stream(gen, mid, req.model, out),
-                                     media_type="text/event-stream", headers=headers)
-        try:
-            text = await unless_disconnected(request, _collect(gen, out))
-        except GatewayError as exc:
-            return error_response(exc, headers)
+    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        out = self.out
+        text = "".join([out.feed(part) for part in parts])
         rest, calls = out.finish(gen)
         text = (text + rest).strip() if calls else text + rest
         for call in calls:
@@ -386,75 +368,38 @@ class AnthropicRoutes:
         if text or not calls:
             content.append({"type": "text", "text": text})
         content += [_tool_use(c) for c in calls]
-        body = {"id": mid, "type": "message", "role": "assistant", "model": req.model,
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": out.stop_reason(gen, calls),
                 "stop_sequence": out.stop_sequence, "usage": _usage(gen)}
-        return Response(dumps(body), media_type="application/json", headers=headers)
-
-    async def _stream(self, gen: Generation, mid: str, model: str,
-                      out: Output) -> AsyncIterator[bytes]:
-        """Text goes out as it comes (one text block, opened at the first text); calls, held
-        back by the parser, go out at the end as tool_use blocks with their input JSON in
-        input_json_delta fragments."""
-        usage = _usage(gen)
-        usage["output_tokens"] = 0
-        yield _event("message_start", {"type": "message_start", "message": {
-            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": usage}})
-        yield _event("ping", {"type": "ping"})
-        index = 0
-        text_open = False
-
-        def text_event(text: str) -> list[bytes]:
-            nonlocal text_open
-            events = []
-            if not text_open:
-                text_open = True
-                events.append(_event("content_block_start", {
-                    "type": "content_block_start", "index": index,
-                    "content_block": {"type": "text", "text": ""}}))
-            events.append(_event("content_block_delta", {
-                "type": "content_block_delta", "index": index,
-                "delta": {"type": "text_delta", "text": text}}))
-            return events
-
-        try:
-            async for delta in gen:
-                if text := out.feed(delta.text):
-                    for event in text_event(text):
-                        yield event
-        except GatewayError as exc:
-            yield _event("error", error_body(exc))
-            return
-        rest, calls = out.finish(gen)
-        if rest and not (calls and rest.isspace()):
-            for event in text_event(rest):
-                yield event
-        if not text_open and not calls:
-            for event in text_event(""):
-                yield event
-        if text_open:
-            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
-            index += 1
-        for call in calls:
-            call.id = new_id("toolu_")
-            yield _event("content_block_start", {
-                "type": "content_block_start", "index": index,
-                "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
-                                  "input": {}}})
-            for piece in fragments(call.arguments_json()):
-                yield _event("content_block_delta", {
-                    "type": "content_block_delta", "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": piece}})
-            yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
-            index += 1
-        yield _event("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": out.stop_reason(gen, calls),
-                      "stop_sequence": out.stop_sequence},
-            "usage": {"output_tokens": _usage(gen)["output_tokens"]}})
-        yield _event("message_stop", {"type": "message_stop"})
 
 
-async def _collect(gen: Generation, out: Output) -> str:
-    return "".join([out.feed(delta.text) async for delta in gen])
+# --- routes ------------------------------------------------------------------------------
+
+
+class AnthropicRoutes(Translator):
+    def routes(self) -> list[Route]:
+        return [
+            self.flow.post("/v1/messages", MessagesRequest, self.messages),
+            self.flow.post("/v1/messages/count_tokens", CountRequest, self.count_tokens),
+        ]
+
+    async def count_tokens(self, request: Request, req: CountRequest) -> Response:
+        model = self.router.resolve(req.model, kind="llm")
+        # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
+        prep = await self.flow.tooling.prepare(model, chat_messages(req.system, req.messages),
+                                               tool_request(req), SamplingParams())
+        msg = Tokenize(id=request_id(request), model=model.name, messages=prep.messages,
+                       tools=prep.tools)
+        count = await unless_disconnected(request, self.router.count_tokens(model, msg))
+        return JSONResponse({"input_tokens": count})
+
+    async def messages(self, request: Request, req: MessagesRequest) -> Turn:
+        params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
+                                  top_p=req.top_p, top_k=req.top_k,
+                                  stop_sequences=req.stop_sequences)
+        params.json_schema = output_schema(req.output_config)
+        model = self.router.resolve(req.model, kind="llm")
+        msg, parser = await self.flow.chat(request, model, chat_messages(req.system, req.messages),
+                                           tool_request(req), params)
+        reply = MessageReply(req.model, Output(params.stop, parser))
+        return Turn(model, msg, bool(req.stream), reply)

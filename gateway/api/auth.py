@@ -1,4 +1,5 @@
-"""API key check for every inference route, answered in the calling API's own error shape.
+"""API key check for every inference route, answered in the calling API's own error shape
+(gateway/api/dialects.py decides which API a request speaks).
 
 Off unless `api_key` is configured. Clients send the key as `Authorization: Bearer` (OpenAI,
 Ollama behind a proxy) or `x-api-key` (Anthropic); both are accepted everywhere. Liveness,
@@ -11,9 +12,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.api import anthropic as anthropic_api
-from gateway.api import ollama as ollama_api
-from gateway.api import openai as openai_api
+from gateway.api.dialects import dialect_for
 from gateway.core.errors import GatewayError
 
 OPEN_PATHS = ("/", "/api/version", "/metrics")
@@ -41,10 +40,4 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         exc = GatewayError(401, "authentication", "invalid or missing API key")
-        if path.startswith("/v1/messages"):
-            response = anthropic_api.error_response(exc)
-        elif path.startswith("/v1/"):
-            response = openai_api.error_response(exc)
-        else:
-            response = ollama_api.error_response(exc)
-        await response(scope, receive, send)
+        await dialect_for(scope).error_response(exc)(scope, receive, send)

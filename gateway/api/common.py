@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -12,17 +13,25 @@ import msgspec
 from starlette.requests import Request
 
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import new_id
 
 T = TypeVar("T")
+
+
+def new_id(prefix: str = "") -> str:
+    """An id the APIs hand out: requests, completions, messages, tool calls."""
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def accept_request_id(sent: str) -> str:
+    """The X-Request-ID the client sent when it is short and printable, else a new one."""
+    return sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
 
 
 def request_id(request: Request) -> str:
     """The id the client sent in X-Request-ID, else a new one; echoed back in the response."""
     rid = getattr(request.state, "request_id", None)
     if rid is None:
-        sent = request.headers.get("x-request-id", "")
-        rid = sent if sent and len(sent) <= 128 and sent.isprintable() else new_id("req-")
+        rid = accept_request_id(request.headers.get("x-request-id", ""))
         request.state.request_id = rid
     return str(rid)
 

@@ -2,7 +2,9 @@
 
 Both translate their wire format to one Embed request; the worker answers with raw
 little-endian float32 bytes and a shape, which are read with numpy and written as JSON
-floats or (OpenAI base64) sent on as the very same bytes.
+floats or (OpenAI base64) sent on as the very same bytes. Decoding and errors in each API's
+shape are the shared request path (gateway/api/flow.py); an embedding is not watched for a
+client that goes away (it is one short batch, not a stream).
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps, request_id
-from gateway.api.ollama import error_response as ollama_error_response
-from gateway.api.ollama_models import ModelCatalog, parse_keep_alive
-from gateway.api.openai import error_response
+from gateway.api.common import dumps, request_id
+from gateway.api.flow import Flow, Translator
+from gateway.api.ollama_models import parse_keep_alive
 from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Embedded, Router, ServedModel
-from protocol.config import Config
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Embedded
 from protocol.messages import Embed, Embeddings
 
 # --- request shapes ----------------------------------------------------------------------
@@ -88,21 +89,19 @@ def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
     raise invalid(f"'{param}' must be a string or a list of strings", param=param)
 
 
-class EmbeddingRoutes:
-    def __init__(self, router: Router, config: Config, catalog: ModelCatalog) -> None:
-        self.router = router
-        self.config = config
-        # Ollama's view of loaded models: keep_alive of /api/embed shows in /api/ps.
-        self.catalog = catalog
+class EmbeddingRoutes(Translator):
+    def __init__(self, flow: Flow) -> None:
+        super().__init__(flow)
+        self.config = flow.router.config
         # NOTE: a model's vector size is learnt from its first answer; until then a
         # `dimensions` request is checked against the answer instead of before it.
         self._dims: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
         return [
-            Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
-            Route("/api/embed", self.ollama_embed, methods=["POST"]),
-            Route("/api/embeddings", self.ollama_embeddings, methods=["POST"]),
+            self.flow.post("/v1/embeddings", OpenAIEmbeddingRequest, self.openai_embeddings),
+            self.flow.post("/api/embed", OllamaEmbedRequest, self.ollama_embed),
+            self.flow.post("/api/embeddings", OllamaEmbeddingsRequest, self.ollama_embeddings),
         ]
 
     # --- shared --------------------------------------------------------------------------
@@ -148,20 +147,16 @@ class EmbeddingRoutes:
 
     # --- OpenAI --------------------------------------------------------------------------
 
-    async def openai_embeddings(self, request: Request) -> Response:
-        try:
-            req = await decode_body(request, OpenAIEmbeddingRequest)
-            fmt = req.encoding_format or "float"
-            if fmt not in ("float", "base64"):
-                raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
-                              param="encoding_format")
-            texts = _texts(req.input, "input", allow_empty=False)
-            model = self.router.resolve(req.model, kind="embed")
-            done = await self._embed(request, model, texts, req.truncate is not False,
-                                     req.dimensions, "input")
-            frame = done.frame
-        except GatewayError as exc:
-            return error_response(exc)
+    async def openai_embeddings(self, request: Request, req: OpenAIEmbeddingRequest) -> Response:
+        fmt = req.encoding_format or "float"
+        if fmt not in ("float", "base64"):
+            raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
+                          param="encoding_format")
+        texts = _texts(req.input, "input", allow_empty=False)
+        model = self.router.resolve(req.model, kind="embed")
+        done = await self._embed(request, model, texts, req.truncate is not False,
+                                 req.dimensions, "input")
+        frame = done.frame
         if fmt == "base64":
             raw = memoryview(frame.data)
             size = frame.dims * 4
@@ -181,25 +176,20 @@ class EmbeddingRoutes:
 
     # --- Ollama --------------------------------------------------------------------------
 
-    async def ollama_embed(self, request: Request) -> Response:
-        try:
-            req = await decode_body(request, OllamaEmbedRequest)
-            texts = _texts(req.input, "input", allow_empty=True)
-            model = self.router.resolve(req.model, kind="embed")
-            keep = parse_keep_alive(req.keep_alive)
-            # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
-            if not texts:
-                self.catalog.touch(model, keep)
-                return JSONResponse({"model": req.model, "embeddings": [],
-                                     "total_duration": 0, "load_duration": 0,
-                                     "prompt_eval_count": 0})
-            # NOTE: Ollama sends 0 for "not set".
-            done = await self._embed(request, model, texts, req.truncate is not False,
-                                     req.dimensions or None, "input")
-            self.catalog.touch(model, keep)
-            frame = done.frame
-        except GatewayError as exc:
-            return ollama_error_response(exc)
+    async def ollama_embed(self, request: Request, req: OllamaEmbedRequest) -> Response:
+        texts = _texts(req.input, "input", allow_empty=True)
+        model = self.router.resolve(req.model, kind="embed")
+        keep = parse_keep_alive(req.keep_alive)
+        # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
+        if not texts:
+            self.router.switcher.touch(model.name, keep)
+            return JSONResponse({"model": req.model, "embeddings": [], "total_duration": 0,
+                                 "load_duration": 0, "prompt_eval_count": 0})
+        # NOTE: Ollama sends 0 for "not set".
+        done = await self._embed(request, model, texts, req.truncate is not False,
+                                 req.dimensions or None, "input")
+        self.router.switcher.touch(model.name, keep)
+        frame = done.frame
         body = {
             "model": req.model,
             "embeddings": _matrix(frame).tolist(),
@@ -210,22 +200,17 @@ class EmbeddingRoutes:
         }
         return Response(dumps(body), media_type="application/json", headers=done.headers)
 
-    async def ollama_embeddings(self, request: Request) -> Response:
-        try:
-            req = await decode_body(request, OllamaEmbeddingsRequest)
-            if req.prompt is not None and not isinstance(req.prompt, str):
-                raise invalid("'prompt' must be a string", param="prompt")
-            model = self.router.resolve(req.model, kind="embed")
-            keep = parse_keep_alive(req.keep_alive)
-            if not req.prompt:
-                self.catalog.touch(model, keep)
-                return JSONResponse({"embedding": []})
-            done = await self._embed(request, model, [req.prompt], True, None, "prompt")
-            self.catalog.touch(model, keep)
-            frame = done.frame
-        except GatewayError as exc:
-            return ollama_error_response(exc)
-        body = {"embedding": _matrix(frame)[0].tolist()}
+    async def ollama_embeddings(self, request: Request, req: OllamaEmbeddingsRequest) -> Response:
+        if req.prompt is not None and not isinstance(req.prompt, str):
+            raise invalid("'prompt' must be a string", param="prompt")
+        model = self.router.resolve(req.model, kind="embed")
+        keep = parse_keep_alive(req.keep_alive)
+        if not req.prompt:
+            self.router.switcher.touch(model.name, keep)
+            return JSONResponse({"embedding": []})
+        done = await self._embed(request, model, [req.prompt], True, None, "prompt")
+        self.router.switcher.touch(model.name, keep)
+        body = {"embedding": _matrix(done.frame)[0].tolist()}
         return Response(dumps(body), media_type="application/json", headers=done.headers)
 
 

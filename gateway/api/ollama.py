@@ -1,10 +1,11 @@
 """Ollama dialect: /, /api/version, /api/tags, /api/show, /api/ps, /api/generate, /api/chat.
 
-Translates Ollama's wire format to a Generate request and the worker's frames back to
-Ollama's NDJSON (streaming is the default) or one JSON object with `stream: false`; routing,
-streaming and errors below are shared with the other APIs, and the sampling options go through
-the one mapping in gateway/api/params.py. Errors are `{"error": "..."}`; a failure after the
-stream started is written as a last `{"error": "..."}` line.
+Translates Ollama's wire format to a Generate request and the worker's output back to
+Ollama's NDJSON chunks (streaming is the default) or one JSON object with `stream: false`.
+Decoding, dispatch, streaming and errors are the shared request path (gateway/api/flow.py), and
+the sampling options go through the one mapping in gateway/api/params.py. Errors are
+`{"error": "..."}`; a failure after the stream started is written as a last `{"error": "..."}`
+line (OLLAMA in gateway/api/dialects.py).
 
 Decisions where Ollama's semantics do not carry over:
 - `template` (a Go template) is rendered here for the subset single-prompt templates use
@@ -15,44 +16,46 @@ Decisions where Ollama's semantics do not carry over:
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
 - Ollama has no tool_choice: tools given means "auto"; the extension `options.tool_choice`
   ("required", "none" or a function name) forces a call (gateway/api/tools.py).
-- keep_alive is reported by /api/ps but models stay loaded (see gateway/api/ollama_models.py);
-  load and unload requests are answered at once.
+- keep_alive is reported by /api/ps, but a worker's configured model stays loaded; only a model
+  a worker was switched to is unloaded when it runs out (gateway/core/switching.py). Load and
+  unload requests are answered at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.common import dumps, request_id
+from gateway.api.flow import Flow, Translator, Turn
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
 from gateway.api.ollama_template import render
 from gateway.api.params import json_schema_text, ollama_params
 from gateway.api.tools import (
     CallParser,
     ToolCall,
-    Tooling,
     ToolRequest,
     history_call,
     ollama_choice,
     openai_tools,
     split_calls,
 )
-from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, ServedModel
+from gateway.core.errors import invalid
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Generation
 from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
 
 # NOTE: numeric only; Open WebUI parses it as integers and some clients require >= 0.6.4.
 OLLAMA_VERSION = "0.12.0"
-NDJSON = "application/x-ndjson"
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -100,13 +103,6 @@ class ShowRequest(msgspec.Struct):
 
 
 # --- translation -------------------------------------------------------------------------
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 
 def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
@@ -188,24 +184,67 @@ def chunk(model: str, text: str, chat: bool) -> dict[str, Any]:
     return body
 
 
+def last(gen: Generation, body: dict[str, Any]) -> dict[str, Any]:
+    """A chunk made the final one: done, with done_reason and the figures."""
+    body["done"] = True
+    if gen.finished is not None:
+        body.update(final_fields(gen.finished))
+    return body
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+class OllamaReply:
+    """/api/generate's `response` or /api/chat's `message` chunks, or one object. With tools
+    offered, text that may be a call is held back by the parser; calls go out whole in one
+    done:false chunk before the last one."""
+
+    def __init__(self, name: str, chat: bool, parser: CallParser | None) -> None:
+        self.name = name
+        self.chat = chat
+        self.parser = parser
+
+    async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
+        name, chat, parser = self.name, self.chat, self.parser
+        async for delta in gen:
+            text = parser.feed(delta.text) if parser is not None else delta.text
+            if text or parser is None:
+                yield chunk(name, text, chat)
+        if parser is not None:
+            rest, calls = parser.finish()
+            if calls or rest:
+                body = chunk(name, "" if calls and rest.isspace() else rest, chat)
+                if calls:
+                    body["message"]["tool_calls"] = tool_calls_json(calls)
+                yield body
+        yield last(gen, chunk(name, "", chat))
+
+    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        text, calls = split_calls("".join(parts), self.parser)
+        body = chunk(self.name, text, self.chat)
+        if calls:
+            body["message"]["tool_calls"] = tool_calls_json(calls)
+        return last(gen, body)
+
+
 # --- routes ------------------------------------------------------------------------------
 
 
-class OllamaRoutes:
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        self.catalog = ModelCatalog(router)
-        self.tooling = Tooling(router)
+class OllamaRoutes(Translator):
+    def __init__(self, flow: Flow, catalog: ModelCatalog) -> None:
+        super().__init__(flow)
+        self.catalog = catalog
 
     def routes(self) -> list[Route]:
         return [
             Route("/", self.root, methods=["GET", "HEAD"]),
             Route("/api/version", self.version, methods=["GET", "HEAD"]),
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
-            Route("/api/show", self.show, methods=["POST"]),
+            self.flow.post("/api/show", ShowRequest, self.show),
             Route("/api/ps", self.ps, methods=["GET", "HEAD"]),
-            Route("/api/generate", self.generate, methods=["POST"]),
-            Route("/api/chat", self.chat, methods=["POST"]),
+            self.flow.post("/api/generate", GenerateRequest, self.generate),
+            self.flow.post("/api/chat", ChatRequest, self.chat),
         ]
 
     async def root(self, request: Request) -> Response:
@@ -220,64 +259,46 @@ class OllamaRoutes:
     async def ps(self, request: Request) -> Response:
         return Response(dumps(await self.catalog.ps()), media_type="application/json")
 
-    async def show(self, request: Request) -> Response:
-        try:
-            req = await decode_body(request, ShowRequest)
-            model = self.router.resolve(req.model or req.name)
-        except GatewayError as exc:
-            return error_response(exc)
+    async def show(self, request: Request, req: ShowRequest) -> Response:
+        model = self.router.resolve(req.model or req.name)
         return Response(dumps(await self.catalog.show(model)), media_type="application/json")
 
-    async def generate(self, request: Request) -> Response:
+    async def generate(self, request: Request, req: GenerateRequest) -> Response | Turn:
         rid = request_id(request)
-        try:
-            req = await decode_body(request, GenerateRequest)
-            model, keep, params = self._common(req)
-            if req.images:
-                raise invalid(f"model '{req.model}' does not support images", param="images")
-            if req.raw and (req.template or req.system or req.context):
-                raise invalid("raw mode does not support template, system, or context",
-                              param="raw")
-            if req.suffix and "insert" not in await self.catalog.capabilities(model):
-                raise invalid(f"model '{req.model}' does not support insert: its template has "
-                              "no suffix slot; remove 'suffix'", param="suffix")
-            if not req.prompt:
-                return self._load(model, req.model, keep, chat=False)
-            if req.context:
-                log.debug("ignoring %d context token ids", len(req.context),
-                          extra={"request_id": rid})
-            messages: list[ChatMessage] | None = None
-            prompt: str | None = None
-            if req.raw:
-                prompt = req.prompt
-            elif req.template:
-                prompt = render(req.template, req.system or "", req.prompt)
-            else:
-                messages = [ChatMessage(role="user", content=req.prompt)]
-                if req.system:
-                    messages.insert(0, ChatMessage(role="system", content=req.system))
-            msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(), messages=messages, prompt=prompt)
-        except GatewayError as exc:
-            return error_response(exc)
-        return await self._respond(request, model, req, msg, keep, chat=False)
+        model, keep, params = self._common(req)
+        if req.images:
+            raise invalid(f"model '{req.model}' does not support images", param="images")
+        if req.raw and (req.template or req.system or req.context):
+            raise invalid("raw mode does not support template, system, or context",
+                          param="raw")
+        if req.suffix and "insert" not in await self.catalog.capabilities(model):
+            raise invalid(f"model '{req.model}' does not support insert: its template has "
+                          "no suffix slot; remove 'suffix'", param="suffix")
+        if not req.prompt:
+            return self._load(model, req.model, keep, chat=False)
+        if req.context:
+            log.debug("ignoring %d context token ids", len(req.context),
+                      extra={"request_id": rid})
+        messages: list[ChatMessage] | None = None
+        prompt: str | None = None
+        if req.raw:
+            prompt = req.prompt
+        elif req.template:
+            prompt = render(req.template, req.system or "", req.prompt)
+        else:
+            messages = [ChatMessage(role="user", content=req.prompt)]
+            if req.system:
+                messages.insert(0, ChatMessage(role="system", content=req.system))
+        msg = self.flow.generate(request, model, params, messages=messages, prompt=prompt)
+        return self._turn(model, req, msg, keep, OllamaReply(req.model, False, None))
 
-    async def chat(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            req = await decode_body(request, ChatRequest)
-            model, keep, params = self._common(req)
-            if not req.messages:
-                return self._load(model, req.model, keep, chat=True)
-            prep = await self.tooling.prepare(model, chat_messages(req.messages, req.model),
-                                              tool_request(req), params)
-            msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(), messages=prep.messages,
-                           tools=prep.tools)
-        except GatewayError as exc:
-            return error_response(exc)
-        return await self._respond(request, model, req, msg, keep, chat=True,
-                                   parser=prep.parser())
+    async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
+        model, keep, params = self._common(req)
+        if not req.messages:
+            return self._load(model, req.model, keep, chat=True)
+        msg, parser = await self.flow.chat(request, model, chat_messages(req.messages, req.model),
+                                           tool_request(req), params)
+        return self._turn(model, req, msg, keep, OllamaReply(req.model, True, parser))
 
     # --- shared by generate and chat -----------------------------------------------------
 
@@ -293,66 +314,15 @@ class OllamaRoutes:
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load
         their model at start and keep it, so both are answered at once."""
-        self.catalog.touch(model, keep)
+        self.router.switcher.touch(model.name, keep)
         body = chunk(name, "", chat)
         body["done"] = True
         body["done_reason"] = "unload" if keep == 0 else "load"
         return Response(dumps(body), media_type="application/json")
 
-    async def _respond(self, request: Request, model: ServedModel,
-                       req: GenerateRequest | ChatRequest, msg: Generate, keep: float,
-                       chat: bool, parser: CallParser | None = None) -> Response:
-        self.catalog.touch(model, keep)
-        try:
-            gen = await unless_disconnected(request, self.router.generate(model, msg))
-        except GatewayError as exc:
-            return error_response(exc)
-        headers = gen.headers()
-        if req.stream is not False:
-            return StreamingResponse(self._stream(gen, model, req.model, keep, chat, parser),
-                                     media_type=NDJSON, headers=headers)
-        try:
-            parts = await unless_disconnected(request, _collect(gen))
-        except GatewayError as exc:
-            return error_response(exc, headers)
-        finally:
-            self.catalog.touch(model, keep)
-        text, calls = split_calls("".join(parts), parser)
-        body = chunk(req.model, text, chat)
-        if calls:
-            body["message"]["tool_calls"] = tool_calls_json(calls)
-        body["done"] = True
-        if gen.finished is not None:
-            body.update(final_fields(gen.finished))
-        return Response(dumps(body), media_type="application/json", headers=headers)
-
-    async def _stream(self, gen: Generation, model: ServedModel, name: str, keep: float,
-                      chat: bool, parser: CallParser | None = None) -> AsyncIterator[bytes]:
-        """With tools offered, text that may be a call is held back by the parser; calls go
-        out whole in one done:false chunk before the last one."""
-        try:
-            async for delta in gen:
-                text = parser.feed(delta.text) if parser is not None else delta.text
-                if text or parser is None:
-                    yield dumps(chunk(name, text, chat)) + b"\n"
-        except GatewayError as exc:
-            yield dumps({"error": exc.message}) + b"\n"
-            return
-        finally:
-            self.catalog.touch(model, keep)
-        if parser is not None:
-            rest, calls = parser.finish()
-            if calls or rest:
-                body = chunk(name, "" if calls and rest.isspace() else rest, chat)
-                if calls:
-                    body["message"]["tool_calls"] = tool_calls_json(calls)
-                yield dumps(body) + b"\n"
-        last = chunk(name, "", chat)
-        last["done"] = True
-        if gen.finished is not None:
-            last.update(final_fields(gen.finished))
-        yield dumps(last) + b"\n"
-
-
-async def _collect(gen: Generation) -> list[str]:
-    return [delta.text async for delta in gen]
+    def _turn(self, model: ServedModel, req: GenerateRequest | ChatRequest, msg: Generate,
+              keep: float, reply: OllamaReply) -> Turn:
+        """keep_alive counts from the request's start, and again from its end."""
+        touch = functools.partial(self.router.switcher.touch, model.name, keep)
+        touch()
+        return Turn(model, msg, req.stream is not False, reply, ended=touch)

@@ -4,10 +4,12 @@ The model files of each served model are described once (models/facts.py: the GG
 header or the IR folder's config.json, a sha256 digest of the files) in a thread, so the
 event loop never waits on hashing a model, and the result is kept for the gateway's life.
 
-`keep_alive` is parsed here and remembered per model for /api/ps `expires_at`. NOTE: workers
-keep their model loaded for their whole life; keep_alive changes what /api/ps reports (last
-use + keep_alive, like Ollama), never what is loaded. A model not used yet was loaded by its
-worker at start-up with no deadline, so it reports Ollama's "forever" date.
+`keep_alive` is parsed here; the Switcher (gateway/core/switching.py) remembers it per model
+with the time of the request, and /api/ps `expires_at` is computed from that (last use +
+keep_alive, like Ollama). NOTE: a worker keeps its configured model loaded for its whole life;
+only a model a worker was switched to is unloaded when its keep_alive runs out. A model not
+used yet was loaded by its worker at start-up with no deadline, so it reports Ollama's
+"forever" date.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import asyncio
 import logging
 import math
 import re
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from gateway.core.errors import invalid
-from gateway.core.router import Router, ServedModel
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Router
 from models.facts import ModelDetails, ModelInfoError, describe_model
 from models.locate import locate
 from models.registry import ModelSourceMissing
@@ -96,14 +98,12 @@ def _describe(config: Config, model: ServedModel) -> ModelDetails:
 
 
 class ModelCatalog:
-    """Details of every served model, described once; keep_alive bookkeeping for /api/ps."""
+    """Details of every served model, described once (one catalog for the whole gateway)."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
         self._details: dict[str, ModelDetails] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        # model name -> wall-clock time the model would be unloaded (inf: never)
-        self._expires: dict[str, float] = {}
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""
@@ -132,12 +132,8 @@ class ModelCatalog:
 
     # --- keep_alive ----------------------------------------------------------------------
 
-    def touch(self, model: ServedModel, keep_alive: float) -> None:
-        self._expires[model.name] = time.time() + keep_alive
-        self.router.touch(model.name, keep_alive)  # unloads switched-to models (keep_alive)
-
     def expires_at(self, model: ServedModel) -> datetime:
-        when = self._expires.get(model.name, math.inf)
+        when = self.router.switcher.expires_at(model.name)
         if math.isinf(when):
             return datetime.now(UTC) + FOREVER
         return datetime.fromtimestamp(when, UTC)

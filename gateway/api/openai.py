@@ -1,7 +1,9 @@
 """OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
 
-Translates the wire format to a Generate request and the worker's frames back to OpenAI's
-JSON and SSE shapes; routing, streaming and errors below are shared with the other APIs.
+Translates the wire format to a Generate request and the worker's output back to OpenAI's
+JSON bodies and SSE chunks. Decoding, dispatch, streaming and errors are the shared request
+path (gateway/api/flow.py); the error shape and SSE framing are OPENAI in gateway/api/dialects.py.
+/v1/models answers in Anthropic's shape when Anthropic's SDK asks (dialect_for).
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api import anthropic as anthropic_api
-from gateway.api.common import decode_body, dumps, now, request_id, unless_disconnected
+from gateway.api.common import new_id, now
+from gateway.api.dialects import ANTHROPIC, dialect_for
+from gateway.api.flow import Translator, Turn
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.tools import (
     CallParser,
     ToolCall,
-    Tooling,
     ToolRequest,
     fragments,
     history_call,
@@ -28,9 +31,10 @@ from gateway.api.tools import (
     openai_tools,
     split_calls,
 )
-from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Generation, Router, ServedModel, new_id
-from protocol.messages import ChatMessage, Generate, SamplingParams
+from gateway.core.errors import invalid
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Generation
+from protocol.messages import ChatMessage, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
 
@@ -101,27 +105,6 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | None = None
     suffix: str | None = None
     echo: bool | None = False
-
-
-# --- errors ------------------------------------------------------------------------------
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          429: "rate_limit_error", 503: "server_error", 504: "timeout"}
-
-
-def error_body(exc: GatewayError) -> dict[str, Any]:
-    code = exc.kind if exc.kind != "invalid_request" else None
-    if exc.kind == "authentication":
-        code = "invalid_api_key"
-    return {"error": {"message": exc.message, "type": _TYPES.get(exc.status, "server_error"),
-                      "param": exc.param, "code": code}}
-
-
-def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
-    headers = dict(headers or {})
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(exc.retry_after)
-    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
 
 
 # --- translation -------------------------------------------------------------------------
@@ -222,121 +205,61 @@ def _finish_reason(gen: Generation, calls: bool = False, named: bool = False) ->
     return FINISH.get(gen.finished.finish_reason if gen.finished else "stop", "stop")
 
 
-# --- routes ------------------------------------------------------------------------------
+def _include_usage(req: SamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
 
 
-class OpenAIRoutes:
-    def __init__(self, router: Router) -> None:
-        self.router = router
-        self.tooling = Tooling(router)
+# --- responses ---------------------------------------------------------------------------
 
-    def routes(self) -> list[Route]:
-        return [
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/models", self.list_models, methods=["GET"]),
-            Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
-        ]
 
-    def _model_card(self, model: ServedModel) -> dict[str, Any]:
-        return {"id": model.name, "object": "model", "created": self.router.started,
-                "owned_by": "npu-proxy"}
+class _Reply:
+    """What chat and text completions share: the id, the envelope of a body or chunk, usage."""
 
-    async def list_models(self, request: Request) -> Response:
-        if anthropic_api.is_anthropic(request):
-            return anthropic_api.models_page(list(self.router.models), self.router.started,
-                                             request)
-        data = [self._model_card(m) for m in self.router.models.values()]
-        return JSONResponse({"object": "list", "data": data})
+    def __init__(self, prefix: str, model: str, include_usage: bool) -> None:
+        self.id = new_id(prefix)
+        self.model = model
+        self.include_usage = include_usage
 
-    async def get_model(self, request: Request) -> Response:
-        anthropic = anthropic_api.is_anthropic(request)
-        try:
-            model = self.router.resolve(request.path_params["model_id"])
-        except GatewayError as exc:
-            return anthropic_api.error_response(exc) if anthropic else error_response(exc)
-        if anthropic:
-            return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
-        return JSONResponse(self._model_card(model))
+    def envelope(self, kind: str, created: int, choices: list[Any]) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
 
-    async def chat(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            req = await decode_body(request, ChatRequest)
-            if not req.messages:
-                raise invalid("'messages' is a required property and must be non-empty",
-                              param="messages")
-            _check_common(req)
-            model = self.router.resolve(req.model, kind="llm")
-            max_tokens = req.max_completion_tokens or req.max_tokens
-            params = _params(req, max_tokens, _response_schema(req.response_format))
-            tools = tool_request(req)
-            prep = await self.tooling.prepare(model, chat_messages(req.messages), tools, params)
-            msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(), messages=prep.messages,
-                           tools=prep.tools)
-            gen = await unless_disconnected(request, self.router.generate(model, msg))
-        except GatewayError as exc:
-            return error_response(exc)
-        cid = new_id("chatcmpl-")
-        headers = gen.headers()
-        named = tools is not None and tools.named
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                self._chat_stream(gen, cid, req.model, include_usage, prep.parser(), named),
-                media_type="text/event-stream", headers=headers)
-        try:
-            text = await unless_disconnected(request, _collect(gen))
-        except GatewayError as exc:
-            return error_response(exc, headers)
-        text, calls = split_calls(text, prep.parser())
-        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-        if calls:
-            message["content"] = text or None
-            message["tool_calls"] = tool_calls_json(calls)
-        body = {
-            "id": cid, "object": "chat.completion", "created": now(), "model": req.model,
-            "system_fingerprint": None,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": _finish_reason(gen, bool(calls), named),
-            }],
-            "usage": _usage(gen),
-        }
-        return Response(dumps(body), media_type="application/json", headers=headers)
+    def chunk(self, kind: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
+        obj = self.envelope(kind, created, [choice])
+        if self.include_usage:
+            obj["usage"] = None
+        return obj
 
-    async def _chat_stream(self, gen: Generation, cid: str, model: str,
-                           include_usage: bool, parser: CallParser | None = None,
-                           named: bool = False) -> AsyncIterator[bytes]:
-        """With tools offered, text that may be a call is held back by the parser and the
-        calls go out at the end: per call a first delta with id, type and name and empty
-        arguments, then deltas with only the index and argument fragments."""
+    def whole(self, kind: str, gen: Generation, choice: dict[str, Any]) -> dict[str, Any]:
+        return {**self.envelope(kind, now(), [choice]), "usage": _usage(gen)}
+
+
+class ChatReply(_Reply):
+    """With tools offered, text that may be a call is held back by the parser and the calls
+    go out at the end: per call a first delta with id, type and name and empty arguments, then
+    deltas with only the index and argument fragments."""
+
+    def __init__(self, model: str, include_usage: bool, parser: CallParser | None,
+                 named: bool) -> None:
+        super().__init__("chatcmpl-", model, include_usage)
+        self.parser = parser
+        self.named = named
+
+    async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
+        parser = self.parser
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-            obj: dict[str, Any] = {
-                "id": cid, "object": "chat.completion.chunk", "created": created,
-                "model": model, "system_fingerprint": None,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                             "finish_reason": finish}],
-            }
-            if include_usage:
-                obj["usage"] = None
-            return b"data: " + dumps(obj) + b"\n\n"
+        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+            return self.chunk("chat.completion.chunk", created,
+                              {"index": 0, "delta": delta, "logprobs": None,
+                               "finish_reason": finish})
 
         yield chunk({"role": "assistant", "content": ""}, None)
         calls: list[ToolCall] = []
-        try:
-            async for delta in gen:
-                text = parser.feed(delta.text) if parser is not None else delta.text
-                if text:
-                    yield chunk({"content": text}, None)
-        except GatewayError as exc:
-            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
-            return
+        async for delta in gen:
+            text = parser.feed(delta.text) if parser is not None else delta.text
+            if text:
+                yield chunk({"content": text}, None)
         if parser is not None:
             rest, calls = parser.finish()
             if rest and not (calls and rest.isspace()):
@@ -348,87 +271,107 @@ class OpenAIRoutes:
             for piece in fragments(call.arguments_json()):
                 yield chunk({"tool_calls": [{"index": index,
                                              "function": {"arguments": piece}}]}, None)
-        yield chunk({}, _finish_reason(gen, bool(calls), named))
-        if include_usage:
-            usage = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                     "model": model, "system_fingerprint": None, "choices": [],
-                     "usage": _usage(gen)}
-            yield b"data: " + dumps(usage) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+        yield chunk({}, _finish_reason(gen, bool(calls), self.named))
+        if self.include_usage:
+            yield {**self.envelope("chat.completion.chunk", created, []), "usage": _usage(gen)}
 
-    async def completions(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            req = await decode_body(request, CompletionRequest)
-            _check_common(req)
-            if req.prompt is None:
-                raise invalid("'prompt' is a required property", param="prompt")
-            prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-            if len(prompts) != 1:
-                raise invalid("exactly one prompt per request is supported", param="prompt")
-            if req.suffix:
-                raise invalid("this model has no fill-in-the-middle support; remove 'suffix'",
-                              param="suffix")
-            model = self.router.resolve(req.model, kind="llm")
-            params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
-            msg = Generate(id=rid, model=model.name, params=params,
-                           deadline=self.router.deadline(), prompt=prompts[0])
-            gen = await unless_disconnected(request, self.router.generate(model, msg))
-        except GatewayError as exc:
-            return error_response(exc)
-        cid = new_id("cmpl-")
-        prefix = prompts[0] if req.echo else ""
-        headers = gen.headers()
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                self._completion_stream(gen, cid, req.model, prefix, include_usage),
-                media_type="text/event-stream", headers=headers)
-        try:
-            text = await unless_disconnected(request, _collect(gen))
-        except GatewayError as exc:
-            return error_response(exc, headers)
-        body = {
-            "id": cid, "object": "text_completion", "created": now(), "model": req.model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "text": prefix + text, "logprobs": None,
-                         "finish_reason": _finish_reason(gen)}],
-            "usage": _usage(gen),
-        }
-        return Response(dumps(body), media_type="application/json", headers=headers)
+    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        text, calls = split_calls("".join(parts), self.parser)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = tool_calls_json(calls)
+        return self.whole("chat.completion", gen, {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": _finish_reason(gen, bool(calls), self.named),
+        })
 
-    async def _completion_stream(self, gen: Generation, cid: str, model: str, prefix: str,
-                                 include_usage: bool) -> AsyncIterator[bytes]:
+
+class CompletionReply(_Reply):
+    def __init__(self, model: str, include_usage: bool, prefix: str) -> None:
+        super().__init__("cmpl-", model, include_usage)
+        self.prefix = prefix  # the prompt, echoed
+
+    async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
 
-        def chunk(text: str, finish: str | None) -> bytes:
-            obj: dict[str, Any] = {
-                "id": cid, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "text": text, "logprobs": None,
-                             "finish_reason": finish}],
-            }
-            if include_usage:
-                obj["usage"] = None
-            return b"data: " + dumps(obj) + b"\n\n"
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            return self.chunk("text_completion", created,
+                              {"index": 0, "text": text, "logprobs": None,
+                               "finish_reason": finish})
 
-        if prefix:
-            yield chunk(prefix, None)
-        try:
-            async for delta in gen:
-                yield chunk(delta.text, None)
-        except GatewayError as exc:
-            yield b"data: " + dumps(error_body(exc)) + b"\n\n"
-            return
+        if self.prefix:
+            yield chunk(self.prefix, None)
+        async for delta in gen:
+            yield chunk(delta.text, None)
         yield chunk("", _finish_reason(gen))
-        if include_usage:
-            usage = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [], "usage": _usage(gen)}
-            yield b"data: " + dumps(usage) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+        if self.include_usage:
+            yield {**self.envelope("text_completion", created, []), "usage": _usage(gen)}
+
+    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        return self.whole("text_completion", gen, {
+            "index": 0, "text": self.prefix + "".join(parts), "logprobs": None,
+            "finish_reason": _finish_reason(gen)})
 
 
-async def _collect(gen: Generation) -> str:
-    parts = [delta.text async for delta in gen]
-    return "".join(parts)
+# --- routes ------------------------------------------------------------------------------
 
+
+class OpenAIRoutes(Translator):
+    def routes(self) -> list[Route]:
+        return [
+            self.flow.post("/v1/chat/completions", ChatRequest, self.chat),
+            self.flow.post("/v1/completions", CompletionRequest, self.completions),
+            self.flow.get("/v1/models", self.list_models),
+            self.flow.get("/v1/models/{model_id:path}", self.get_model),
+        ]
+
+    def _model_card(self, model: ServedModel) -> dict[str, Any]:
+        return {"id": model.name, "object": "model", "created": self.router.started,
+                "owned_by": "npu-proxy"}
+
+    async def list_models(self, request: Request) -> Response:
+        if dialect_for(request.scope) is ANTHROPIC:
+            return anthropic_api.models_page(list(self.router.models), self.router.started,
+                                             request)
+        data = [self._model_card(m) for m in self.router.models.values()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def get_model(self, request: Request) -> Response:
+        model = self.router.resolve(request.path_params["model_id"])
+        if dialect_for(request.scope) is ANTHROPIC:
+            return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
+        return JSONResponse(self._model_card(model))
+
+    async def chat(self, request: Request, req: ChatRequest) -> Turn:
+        if not req.messages:
+            raise invalid("'messages' is a required property and must be non-empty",
+                          param="messages")
+        _check_common(req)
+        model = self.router.resolve(req.model, kind="llm")
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        params = _params(req, max_tokens, _response_schema(req.response_format))
+        tools = tool_request(req)
+        msg, parser = await self.flow.chat(request, model, chat_messages(req.messages), tools,
+                                           params)
+        reply = ChatReply(req.model, _include_usage(req), parser,
+                          tools is not None and tools.named)
+        return Turn(model, msg, bool(req.stream), reply)
+
+    async def completions(self, request: Request, req: CompletionRequest) -> Turn:
+        _check_common(req)
+        if req.prompt is None:
+            raise invalid("'prompt' is a required property", param="prompt")
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if len(prompts) != 1:
+            raise invalid("exactly one prompt per request is supported", param="prompt")
+        if req.suffix:
+            raise invalid("this model has no fill-in-the-middle support; remove 'suffix'",
+                          param="suffix")
+        model = self.router.resolve(req.model, kind="llm")
+        params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
+        msg = self.flow.generate(request, model, params, prompt=prompts[0])
+        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "")
+        return Turn(model, msg, bool(req.stream), reply)

@@ -45,9 +45,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.api.common import new_id
 from gateway.api.ollama_models import ModelCatalog
 from gateway.core.errors import invalid
-from gateway.core.router import Router, ServedModel, new_id
+from gateway.core.model_table import ServedModel
 from protocol.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -376,8 +377,8 @@ class Tooling:
     """Per served model, whether its chat template takes tools (read once from the model
     files, like /api/show), and the preparation of a request's messages accordingly."""
 
-    def __init__(self, router: Router) -> None:
-        self.catalog = ModelCatalog(router)
+    def __init__(self, catalog: ModelCatalog) -> None:
+        self.catalog = catalog
 
     async def native(self, model: ServedModel) -> bool:
         found = await self.catalog.details(model)

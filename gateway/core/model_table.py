@@ -5,10 +5,13 @@ its configuration), when it is some worker's configured model, when it was pulle
 model cache, when a `[models]` entry of the config file points at a local path, or when it
 is an alias made by /api/copy. `workers` lists the workers running it right now; a model
 with none is loaded by switching a worker to it (gateway/core/switching.py).
+
+`ServedModel` is defined here, where it is built; the router and the switcher import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -23,11 +26,19 @@ from protocol.config import Config, WorkerSpec
 
 if TYPE_CHECKING:
     from gateway.core.broker import Broker
-    from gateway.core.router import ServedModel
 
 log = logging.getLogger(__name__)
 
 ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
+
+
+@dataclasses.dataclass
+class ServedModel:
+    name: str
+    kind: str  # "llm" or "embed"
+    workers: list[str]  # the workers running it now
+    # Its file or folder when known without preparing anything ("" otherwise).
+    path: str = ""
 
 
 class ModelTable:
@@ -92,8 +103,6 @@ class ModelTable:
         return dict(self._built[1])
 
     def _build(self) -> dict[str, ServedModel]:
-        from gateway.core.router import ServedModel
-
         table: dict[str, ServedModel] = {}
 
         def add(name: str, kind: str) -> ServedModel:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,7 +21,7 @@ import msgspec
 
 from gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
 from gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
-from gateway.core.model_table import ModelTable
+from gateway.core.model_table import ModelTable, ServedModel
 from gateway.core.switching import Switcher
 from protocol.config import Config
 from protocol.messages import (
@@ -46,19 +45,6 @@ log = logging.getLogger(__name__)
 CLAUDE_PREFIX = "claude-"
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
 STALL_GRACE_S = 5.0
-
-
-def new_id(prefix: str = "") -> str:
-    return prefix + uuid.uuid4().hex[:24]
-
-
-@dataclass
-class ServedModel:
-    name: str
-    kind: str  # "llm" or "embed"
-    workers: list[str]  # the workers running it now
-    # Its file or folder when known without preparing anything ("" otherwise).
-    path: str = ""
 
 
 def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[str, str]:
@@ -219,10 +205,6 @@ class Router:
             if spec.enabled and spec.role in ("llm", "npu"):
                 return self.table.default_model(spec)
         return ""
-
-    def touch(self, name: str, keep_alive: float) -> None:
-        """A request's keep_alive for a model (seconds, math.inf = forever, 0 = unload)."""
-        self.switcher.touch(name, keep_alive)
 
     def candidates(self, model: ServedModel) -> list[WorkerLink]:
         links = [self.broker.links[w] for w in model.workers if w in self.broker.links]

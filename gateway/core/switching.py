@@ -10,7 +10,9 @@ wait on one lock, so a burst causes one switch.
 
 keep_alive: a worker running a model other than its configured one goes back to its
 configured model once it has been idle for the last keep_alive given for that model
-(Ollama's default five minutes; 0 = as soon as it is idle; negative = never).
+(Ollama's default five minutes; 0 = as soon as it is idle; negative = never). The Switcher is
+the one place a model's keep_alive and last request are kept; /api/ps reports `expires_at`
+from them.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ from protocol.states import ProcessState
 
 if TYPE_CHECKING:
     from gateway.core.broker import Broker
-    from gateway.core.model_table import ModelTable
-    from gateway.core.router import ServedModel
+    from gateway.core.model_table import ModelTable, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class Switcher:
         self.used_at: dict[str, float] = {}
         # model -> keep_alive in seconds (math.inf = forever), the last one a request gave
         self.keep_alive: dict[str, float] = {}
+        # model -> wall-clock time of that request (what /api/ps counts expires_at from)
+        self.touched_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # --- requests ------------------------------------------------------------------------
@@ -63,12 +66,20 @@ class Switcher:
         runs starts loading it (Ollama's empty-prompt load)."""
         name = self.table.canonical(name)
         self.keep_alive[name] = keep_alive
+        self.touched_at[name] = time.time()
         model = self.table.models().get(name)
         if model is None:
             return
         self._mark(model.workers)
         if keep_alive > 0 and not model.workers:
             self._spawn(self.ensure(model))
+
+    def expires_at(self, name: str) -> float:
+        """Wall-clock time the last request's keep_alive for `name` runs out; math.inf for
+        forever, and for a model no request named yet (its worker loaded it at start-up)."""
+        name = self.table.canonical(name)
+        since = self.touched_at.get(name)
+        return math.inf if since is None else since + self.keep_alive[name]
 
     def _mark(self, workers: list[str]) -> None:
         now = time.monotonic()

@@ -1,0 +1,133 @@
+"""Which API a request speaks, decided in one place, and what is alike for all its routes.
+
+`dialect_for(scope)`: `/v1/messages*` is Anthropic's, every other `/v1/*` OpenAI's, and the
+rest (`/api/*`, `/`) Ollama's. `/v1/models*` belongs to both OpenAI and Anthropic; Anthropic's
+SDKs send `anthropic-version` on every request and OpenAI's never do, so that header decides.
+The auth middleware, /v1/models and the shared request path (gateway/api/flow.py) all ask it.
+
+A `Dialect` holds what every route of its API shares: the error body (`{"error": {...}}`,
+`{"type": "error", ...}` or `{"error": "..."}`) and status, Retry-After, and how a stream is
+framed (SSE `data:` lines, SSE named events, NDJSON) and ended. The translation of requests
+and responses is each API's own module: openai.py, anthropic.py, ollama.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
+
+from gateway.api.common import dumps
+from gateway.core.errors import GatewayError
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str  # "openai", "anthropic" or "ollama"
+    media_type: str  # of a streamed response
+    frame: Callable[[dict[str, Any]], bytes]  # one event of a stream
+    end: bytes  # what closes a stream that completed
+    error_body: Callable[[GatewayError], dict[str, Any]]
+    status: Callable[[GatewayError], int]
+
+    def error_response(self, exc: GatewayError,
+                       headers: dict[str, str] | None = None) -> Response:
+        """A failure before the first byte: the API's error body with its status."""
+        headers = dict(headers or {})
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(exc.retry_after)
+        return JSONResponse(self.error_body(exc), status_code=self.status(exc), headers=headers)
+
+    def error_event(self, exc: GatewayError) -> bytes:
+        """A failure after the first byte: the status is sent, so the error is the last event."""
+        return self.frame(self.error_body(exc))
+
+
+# --- framing -----------------------------------------------------------------------------
+
+
+def sse_data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def sse_event(obj: dict[str, Any]) -> bytes:
+    # NOTE: Anthropic names each event after its data's `type` (message_start, ..., error).
+    return b"event: " + str(obj["type"]).encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+
+
+def ndjson_line(obj: dict[str, Any]) -> bytes:
+    return dumps(obj) + b"\n"
+
+
+def http_status(exc: GatewayError) -> int:
+    return exc.status
+
+
+# --- OpenAI ------------------------------------------------------------------------------
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                 404: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
+                 504: "timeout"}
+
+
+def openai_error(exc: GatewayError) -> dict[str, Any]:
+    code = exc.kind if exc.kind != "invalid_request" else None
+    if exc.kind == "authentication":
+        code = "invalid_api_key"
+    return {"error": {"message": exc.message, "type": _OPENAI_TYPES.get(exc.status, "server_error"),
+                      "param": exc.param, "code": code}}
+
+
+OPENAI = Dialect("openai", SSE, sse_data, b"data: [DONE]\n\n", openai_error, http_status)
+
+
+# --- Anthropic ---------------------------------------------------------------------------
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_status(exc: GatewayError) -> int:
+    # NOTE: "no worker can take it now" is Anthropic's overloaded (529); clients retry it.
+    return 529 if exc.status == 503 else exc.status
+
+
+def anthropic_error(exc: GatewayError) -> dict[str, Any]:
+    kind = _ANTHROPIC_TYPES.get(anthropic_status(exc),
+                                "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+ANTHROPIC = Dialect("anthropic", SSE, sse_event, b"", anthropic_error, anthropic_status)
+
+
+# --- Ollama ------------------------------------------------------------------------------
+
+
+def ollama_error(exc: GatewayError) -> dict[str, Any]:
+    return {"error": exc.message}
+
+
+OLLAMA = Dialect("ollama", NDJSON, ndjson_line, b"", ollama_error, http_status)
+
+
+# --- the one decision --------------------------------------------------------------------
+
+
+def dialect_for(scope: Scope) -> Dialect:
+    path: str = scope.get("path", "")
+    if path.startswith("/v1/messages"):
+        return ANTHROPIC
+    if path.startswith("/v1/"):
+        if path.startswith("/v1/models") and any(
+                key == b"anthropic-version" for key, _ in scope.get("headers", ())):
+            return ANTHROPIC
+        return OPENAI
+    return OLLAMA

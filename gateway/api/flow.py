@@ -1,0 +1,160 @@
+"""The one request path of every API: decode, translate, dispatch, then stream or collect.
+
+A dialect's handler (a method of its `Translator`) only translates. It takes the decoded body
+and returns either a finished Response (answered without a generation: a load request, a token
+count, embeddings) or a `Turn`: the model and Generate request to dispatch, whether to stream,
+and a `Reply` that renders the worker's output as the API's stream events or as one body. A
+chat's Generate request is made the one way (`Flow.chat`: tools prepared by
+gateway/api/tools.py, the request's id and deadline). The rest is here, once:
+
+- the body is decoded into the handler's request type (a 400 if it is not one);
+- the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
+- a stream is framed, ended and typed the dialect's way (gateway/api/dialects.py); otherwise
+  the output is collected, under the same watch, and rendered as one JSON body;
+- a GatewayError before the first byte is the API's error response (status, Retry-After);
+  after it, the API's error event is the stream's last.
+The dialect is the one `dialect_for(scope)` picks for the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.dialects import Dialect, dialect_for
+from gateway.api.tools import CallParser, Tooling, ToolRequest
+from gateway.core.errors import GatewayError
+from gateway.core.model_table import ServedModel
+from gateway.core.router import Generation, Router
+from protocol.messages import ChatMessage, Generate, SamplingParams
+
+B = TypeVar("B", bound=msgspec.Struct)
+
+
+class Reply(Protocol):
+    """How one API renders a generation: as stream events, or as one body."""
+
+    def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]: ...
+
+    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        """The whole answer from the text pieces in the order the worker sent them."""
+        ...
+
+
+@dataclass
+class Turn:
+    """A request translated: what to dispatch, and how to answer with the output."""
+
+    model: ServedModel
+    msg: Generate
+    stream: bool
+    reply: Reply
+    # Called once the generation ended, however it ended (Ollama's keep_alive counts from it).
+    ended: Callable[[], None] | None = None
+
+    def end(self) -> None:
+        if self.ended is not None:
+            self.ended()
+
+
+Translate = Callable[[Request, B], Awaitable[Response | Turn]]
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Flow:
+    def __init__(self, router: Router, tooling: Tooling) -> None:
+        self.router = router
+        self.tooling = tooling
+
+    def post(self, path: str, body: type[B], translate: Translate[B]) -> Route:
+        """A route whose body is decoded into `body` and handed to `translate`."""
+
+        async def endpoint(request: Request) -> Response:
+            return await self.serve(request, body, translate)
+
+        return Route(path, endpoint, methods=["POST"], name=translate.__name__)
+
+    def get(self, path: str, handler: Handler) -> Route:
+        """A route without a body whose errors are answered in its API's shape."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except GatewayError as exc:
+                return dialect_for(request.scope).error_response(exc)
+
+        return Route(path, endpoint, methods=["GET"], name=handler.__name__)
+
+    def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
+                 messages: list[ChatMessage] | None = None, prompt: str | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> Generate:
+        """The Generate request, with the request's id and deadline."""
+        return Generate(id=request_id(request), model=model.name, params=params,
+                        deadline=self.router.deadline(), messages=messages, prompt=prompt,
+                        tools=tools)
+
+    async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
+                   tools: ToolRequest | None, params: SamplingParams,
+                   ) -> tuple[Generate, CallParser | None]:
+        """A chat's Generate request, and the parser that finds tool calls in its output."""
+        prep = await self.tooling.prepare(model, messages, tools, params)
+        msg = self.generate(request, model, params, messages=prep.messages, tools=prep.tools)
+        return msg, prep.parser()
+
+    async def serve(self, request: Request, body: type[B], translate: Translate[B]) -> Response:
+        dialect = dialect_for(request.scope)
+        try:
+            turn = await translate(request, await decode_body(request, body))
+            if isinstance(turn, Response):
+                return turn
+            gen = await unless_disconnected(request, self.router.generate(turn.model, turn.msg))
+        except GatewayError as exc:
+            return dialect.error_response(exc)
+        if turn.stream:
+            return StreamingResponse(_stream(dialect, turn, gen), media_type=dialect.media_type,
+                                     headers=gen.headers())
+        return await _whole(request, dialect, turn, gen)
+
+
+class Translator:
+    """What each API's routes stand on: the shared request path and the router below it."""
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+        self.router = flow.router
+
+
+async def _stream(dialect: Dialect, turn: Turn, gen: Generation) -> AsyncIterator[bytes]:
+    try:
+        async for event in turn.reply.events(gen):
+            yield dialect.frame(event)
+    except GatewayError as exc:
+        yield dialect.error_event(exc)
+        return
+    finally:
+        turn.end()
+    if dialect.end:
+        yield dialect.end
+
+
+async def _whole(request: Request, dialect: Dialect, turn: Turn, gen: Generation) -> Response:
+    headers = gen.headers()
+    try:
+        parts = await unless_disconnected(request, _collect(gen))
+    except GatewayError as exc:
+        return dialect.error_response(exc, headers)
+    finally:
+        turn.end()
+    return Response(dumps(turn.reply.body(gen, parts)), media_type="application/json",
+                    headers=headers)
+
+
+async def _collect(gen: Generation) -> list[str]:
+    return [delta.text async for delta in gen]
