@@ -27,15 +27,6 @@ MAY_IMPORT = {
     "models": {"models", "protocol"},
     "protocol": {"protocol"},
 }
-# NOTE: import cycles that exist where this test was written and are being removed on other
-# branches (issue 13). Delete an entry when its branch is merged: the test fails on any cycle
-# not listed, and on a listed one that is gone, so the allowance cannot outlive the cycle.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"gateway.core.model_table", "gateway.core.router", "gateway.core.switching"}),
-    frozenset({"supervisor.cli", "supervisor.models_cli"}),
-}
-
-
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module
@@ -159,7 +150,5 @@ def test_no_import_cycles() -> None:
     cycles = [frozenset(c) for c in _cycles(edges)]
     report = [", ".join(f"{a} -> {b} (line {lines[a, b]})" for a in sorted(c)
                         for b in sorted(edges[a] & c))
-              for c in cycles if c not in KNOWN_CYCLES]
+              for c in cycles]
     assert report == [], "import cycles:\n" + "\n".join(report)
-    gone = KNOWN_CYCLES - set(cycles)
-    assert not gone, f"known cycles no longer there, delete them from KNOWN_CYCLES: {gone}"
