@@ -360,30 +360,33 @@ class Supervisor:
             self._terminate(child)
         return Ok()
 
-    def _start(self, command: Start) -> Reply:
-        child = self._child(command.worker)
+    def _release(self, name: str) -> Child:
+        """The named child with an operator's hold lifted and its configuration as it is
+        now; spawned at once (a fresh crash count) when no process runs."""
+        child = self._child(name)
         if child.kind != "gateway":
             self._reload_spec(child.name)
         child.hold = False
         if child.pid is None:
             child.crash_times.clear()
-            child.last_error = ""
             child.spawn()
+        return child
+
+    def _start(self, command: Start) -> Reply:
+        child = self._child(command.worker)
+        if child.pid is None:
+            child.last_error = ""
+        self._release(command.worker)
         return Ok()
 
     def _restart(self, command: Restart) -> Reply:
-        child = self._child(command.worker)
-        if child.kind != "gateway":
-            self._reload_spec(child.name)
-        child.hold = False
-        if child.pid is None:
-            child.crash_times.clear()
-            child.spawn()
-        elif command.now:
+        running = self._child(command.worker).pid is not None
+        child = self._release(command.worker)
+        if running and command.now:
             # NOTE: no state of its own: SIGKILL cannot be ignored, the exit follows at once.
             child.expected_exit = True
             child.signal(signal.SIGKILL)
-        else:
+        elif running:
             self._terminate(child)
         return Ok()
 
