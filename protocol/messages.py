@@ -78,6 +78,9 @@ class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # A raw prompt, sent to the model as is (no chat template).
     prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
+    # The id the client sees (X-Request-ID): for logs only, never a key. `id` is the gateway's
+    # own, unique per request, so clients that reuse an id cannot cross-wire requests.
+    log_id: str = ""
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -86,6 +89,9 @@ class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     texts: list[str]
     deadline: float
     truncate: bool = True
+    # The id the client sees (X-Request-ID): for logs only, never a key. `id` is the gateway's
+    # own, unique per request, so clients that reuse an id cannot cross-wire requests.
+    log_id: str = ""
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):
@@ -98,6 +104,9 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     messages: list[ChatMessage] | None = None
     prompt: str | None = None
     tools: list[dict[str, Any]] | None = None
+    # The id the client sees (X-Request-ID): for logs only, never a key. `id` is the gateway's
+    # own, unique per request, so clients that reuse an id cannot cross-wire requests.
+    log_id: str = ""
 
 
 WorkerRequest = Generate | Embed | Abort | Tokenize

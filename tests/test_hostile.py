@@ -1,4 +1,5 @@
-"""Parsers of client text and model output run in time linear in their input.
+"""Hostile input never harms another request: parsers run in time linear in their input,
+reused request ids never cross-wire, and every way a request ends frees its slot.
 
 Each input below made an earlier, regex-based parser backtrack for minutes on the gateway's
 event loop (issue 14). Linear code answers them in milliseconds; a backtracking one does not
@@ -6,6 +7,10 @@ finish within the suite's timeout, so these tests fail without the fix whatever 
 """
 
 from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
 
 import httpx
 import pytest
@@ -85,3 +90,58 @@ def test_deeply_nested_body_is_a_400(base_url: str, path: str, fields: bytes) ->
                    headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400, r.text
     assert "nests" in r.text
+
+
+# --- request ids and slots ------------------------------------------------------------------
+
+
+def _chat_stream(base_url: str, question: str, rid: str) -> tuple[httpx.Headers, str, dict]:
+    body = {"model": "smollm2:135m", "stream": True, "max_tokens": 16, "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": question}]}
+    text, usage = [], {}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body,
+                      headers={"x-request-id": rid}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk["choices"]:
+                    text.append(choice["delta"].get("content") or "")
+        return r.headers, "".join(text), usage
+
+
+def test_a_reused_request_id_never_cross_wires(base_url: str) -> None:
+    """A proxy that sends one fixed X-Request-ID: each request still gets its own answer
+    (the id is echoed, never used as a key)."""
+    questions = ["What is the capital of France?",
+                 "Name three colours of the rainbow, please, in one short sentence."]
+    alone = [httpx.post(base_url + "/v1/messages/count_tokens", timeout=60, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": q}]}).json()
+        ["input_tokens"] for q in questions]
+    assert alone[0] != alone[1]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda q: _chat_stream(base_url, q, "fixed-id-1"), questions))
+    for (headers, text, usage), tokens in zip(results, alone, strict=True):
+        assert headers["x-request-id"] == "fixed-id-1"
+        assert text
+        assert usage["prompt_tokens"] == tokens == int(headers["x-npu-proxy-token-count"])
+
+
+def _in_flight(base_url: str, worker: str) -> int:
+    rows = httpx.get(base_url + "/health/devices", timeout=10).json()["workers"]
+    return int(next(w for w in rows if w["name"] == worker)["in_flight"])
+
+
+def test_a_client_that_goes_away_frees_its_slot(base_url: str) -> None:
+    body = {"model": "smollm2:135m", "stream": True, "max_tokens": 4000, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=120) as r:
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 3:
+                break
+    deadline = time.monotonic() + 60
+    while _in_flight(base_url, "llm") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _in_flight(base_url, "llm") == 0

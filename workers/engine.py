@@ -244,8 +244,8 @@ class EngineBase:
         active = self._active.get(rid)
         if active is None:
             return False
-        log.info("abort request_id=%s after %d tokens", rid, active.completion_tokens,
-                 extra={"request_id": rid})
+        log.info("abort request_id=%s after %d tokens", active.req.log_id or rid,
+                 active.completion_tokens, extra={"request_id": active.req.log_id or rid})
         active.cancel("abort")
         return True
 
@@ -334,9 +334,10 @@ class EngineBase:
             total_ns=int((end - active.received) * 1e9),
         )
         self.served += 1
+        shown = active.req.log_id or active.req.id
         log.info("finished request_id=%s reason=%s prompt_tokens=%d completion_tokens=%d",
-                 active.req.id, reason, active.prompt_tokens, active.completion_tokens,
-                 extra={"request_id": active.req.id})
+                 shown, reason, active.prompt_tokens, active.completion_tokens,
+                 extra={"request_id": shown})
         self.emit(Finished(id=active.req.id, seq=active.seq, finish_reason=reason,
                            prompt_tokens=active.prompt_tokens,
                            completion_tokens=active.completion_tokens, timings=timings))

@@ -95,14 +95,17 @@ class SerialEngine(EngineBase):
         self._wake.set()
 
     def _abort(self, rid: str) -> bool:
-        if super()._abort(rid):
-            return True
+        # NOTE: under the lock that _step holds from dequeue to tracking, so an abort that
+        # arrives in between finds the request in one of the two, never in neither.
         with self._lock:
+            if super()._abort(rid):
+                return True
             queued = [ready for ready in self._queue if ready.req.id == rid]
             for ready in queued:
                 self._queue.remove(ready)
         if queued:
-            log.info("abort request_id=%s while queued", rid, extra={"request_id": rid})
+            shown = queued[0].req.log_id or rid
+            log.info("abort request_id=%s while queued", shown, extra={"request_id": shown})
         return bool(queued)
 
     # --- engine thread -------------------------------------------------------------------
@@ -110,18 +113,18 @@ class SerialEngine(EngineBase):
     def _step(self) -> bool:
         with self._lock:
             ready = self._queue.popleft() if self._queue else None
-        if ready is None:
+            active = self._track(ready, None) if ready is not None else None
+        if ready is None or active is None:
             return False
-        self._generate(ready)
+        self._generate(ready, active)
         return True
 
-    def _generate(self, ready: Prepared) -> None:
+    def _generate(self, ready: Prepared, active: Active) -> None:
         req = ready.req
-        active = self._track(ready, None)
         try:
             self.pipe.generate(ov.Tensor(ready.ids), ready.config, _Streamer(self, active))
         except Exception as exc:
-            log.exception("generation failed", extra={"request_id": req.id})
+            log.exception("generation failed", extra={"request_id": req.log_id or req.id})
             self._active.pop(req.id, None)
             self.emit(Failed(id=req.id, seq=active.seq, code=ErrorCode.INTERNAL,
                              message=f"generation failed: {exc}"))

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import new_id, request_id, unless_disconnected
+from gateway.api.common import new_id, request_id, request_key, unless_disconnected
 from gateway.api.flow import Translator, Turn
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
@@ -388,8 +388,8 @@ class AnthropicRoutes(Translator):
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
         prep = await self.flow.tooling.prepare(model, chat_messages(req.system, req.messages),
                                                tool_request(req), SamplingParams())
-        msg = Tokenize(id=request_id(request), model=model.name, messages=prep.messages,
-                       tools=prep.tools)
+        msg = Tokenize(id=request_key(request), model=model.name, messages=prep.messages,
+                       tools=prep.tools, log_id=request_id(request))
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
 

@@ -36,6 +36,18 @@ def request_id(request: Request) -> str:
     return str(rid)
 
 
+def request_key(request: Request) -> str:
+    """The gateway's own id for the request: the key of its frames, aborts and route.
+
+    NOTE: never the client's X-Request-ID: a retrying proxy or a load balancer that sends one
+    fixed id would make two requests share a key and cross-wire or hang them (issue 14).
+    """
+    key = getattr(request.state, "key", None)
+    if key is None:
+        key = request.state.key = new_id("r-")
+    return str(key)
+
+
 async def decode_body(request: Request, kind: type[T], strict: bool = True) -> T:
     body = await request.body()
     if not body:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import dumps, request_id
+from gateway.api.common import dumps, request_id, request_key
 from gateway.api.flow import Flow, Translator
 from gateway.api.ollama_models import parse_keep_alive
 from gateway.core.errors import GatewayError, invalid
@@ -133,8 +133,9 @@ class EmbeddingRoutes(Translator):
                           param="dimensions")
         self._check_dimensions(model, dimensions, self._dims.get(model.name))
         self._check_limits(texts, param)
-        msg = Embed(id=request_id(request), model=model.name, texts=texts,
-                    deadline=self.router.deadline(), truncate=truncate)
+        msg = Embed(id=request_key(request), model=model.name, texts=texts,
+                    deadline=self.router.deadline(), truncate=truncate,
+                    log_id=request_id(request))
         try:
             done = await self.router.embed(model, msg)
         except GatewayError as exc:

@@ -27,7 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps, request_id, unless_disconnected
+from gateway.api.common import (
+    decode_body,
+    dumps,
+    request_id,
+    request_key,
+    unless_disconnected,
+)
 from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
@@ -96,9 +102,9 @@ class Flow:
                  messages: list[ChatMessage] | None = None, prompt: str | None = None,
                  tools: list[dict[str, Any]] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
-        return Generate(id=request_id(request), model=model.name, params=params,
+        return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
-                        tools=tools)
+                        tools=tools, log_id=request_id(request))
 
     async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
                    tools: ToolRequest | None, params: SamplingParams,

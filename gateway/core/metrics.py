@@ -365,8 +365,10 @@ class MetricsMiddleware:
         api = api_of(path)
         self.metrics.requests.labels(endpoint, api, str(status)).inc()
         self.metrics.request_duration.labels(endpoint, api).observe(elapsed)
-        rid = str(scope.get("state", {}).get("request_id", ""))
-        route = self.metrics.route_of(rid) if rid else None
+        state = scope.get("state", {})
+        rid = str(state.get("request_id", ""))
+        key = str(state.get("key", ""))
+        route = self.metrics.route_of(key) if key else None
         worker, device = route or (
             headers.get(b"x-npu-proxy-worker", b"").decode("latin-1"),
             headers.get(b"x-npu-proxy-device", b"").decode("latin-1"))

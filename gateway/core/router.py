@@ -11,6 +11,7 @@ switches a worker to it first (gateway/core/switching.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -142,13 +143,15 @@ class Generation:
 
     def close(self) -> None:
         """Stop listening; if the worker was still generating, tell it to stop."""
-        if not self._done:
-            self._done = True
-            for observer in self.observers:
-                observer.on_done(self)
-        if self.finished is None and self.broker.links[self.stream.worker].requests.get(
-            self.stream.id
-        ):
+        if self._done:
+            return
+        self._done = True
+        for observer in self.observers:
+            observer.on_done(self)
+        # NOTE: also when the broker already gave the request up (a frame gap, a lost
+        # heartbeat): the worker may still be generating it. A worker that knows no such
+        # request ignores the abort.
+        if self.finished is None:
             self.broker.send(self.stream.worker, Abort(id=self.stream.id))
         self.broker.close(self.stream)
 
@@ -227,6 +230,12 @@ class Router:
             self.broker.close(stream)
             raise GatewayError(504, "timeout", "the worker did not accept the request in time")\
                 from None
+        except asyncio.CancelledError:
+            # NOTE: the client went away before the worker accepted: free the slot on both
+            # sides, or the worker generates to the deadline for nobody.
+            self.broker.send(stream.worker, Abort(id=stream.id))
+            self.broker.close(stream)
+            raise
 
     async def _dispatch(
         self, model: ServedModel, request_id: str, msg: msgspec.Struct, deadline: float
