@@ -147,6 +147,14 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     embedding_cache_size: int = 1000
+    # --- limits: each is answered before anything reaches a worker, in the caller's API's
+    # error shape (gateway/api/limits.py, gateway/api/embeddings.py).
+    # A request body larger than this many bytes is refused with 413, whether it declares its
+    # length (Content-Length) or not (chunked). NOTE: 32 MiB is what Anthropic's own Messages
+    # API accepts, so every request Claude Code builds (long sessions, pasted screenshots as
+    # base64) fits, as does a long RAG prompt; the gateway keeps at most this much of a body.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
