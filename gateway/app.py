@@ -17,6 +17,7 @@ from gateway.api.auth import ApiKeyMiddleware
 from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
 from gateway.api.flow import Flow
+from gateway.api.limits import BodyLimitMiddleware
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
@@ -100,7 +101,11 @@ class Gateway:
 
     def app(self) -> ASGIApp:
         starlette = Starlette(routes=self.routes(), lifespan=self.lifespan)
-        inner = ApiKeyMiddleware(starlette, self.config.api_key)
+        inner: ASGIApp = ApiKeyMiddleware(starlette, self.config.api_key)
+        # NOTE: the body limit sits outside the key check, so a refused client's body is
+        # read to its end too (see BodyLimitMiddleware), and inside the metrics and request
+        # ids, so a 413 is counted and carries its X-Request-ID.
+        inner = BodyLimitMiddleware(inner, self.config.max_body_bytes)
         return RequestIdMiddleware(MetricsMiddleware(inner, self.metrics, starlette.routes))
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "ModelDetails",
     "ModelInfoError",
     "SkippedArray",
+    "context_length",
     "describe_model",
     "format_parameter_count",
     "read_gguf_header",
@@ -265,6 +266,11 @@ def _int(value: object) -> int:
     return 0
 
 
+def _gguf_context(meta: dict[str, object]) -> int:
+    arch = str(meta.get("general.architecture", "")) or "unknown"
+    return _int(meta.get(f"{arch}.context_length"))
+
+
 def _describe_gguf(path: Path, cache: DigestCache) -> ModelDetails:
     header = read_gguf_header(path)  # NOTE: first, so a non-GGUF file is not hashed for nothing
     meta = header.metadata
@@ -285,7 +291,7 @@ def _describe_gguf(path: Path, cache: DigestCache) -> ModelDetails:
         parameter_size=format_parameter_count(header.parameter_count),
         quantization_level=_gguf_quantization(header),
         architecture=arch,
-        context_length=_int(meta.get(f"{arch}.context_length")),
+        context_length=_gguf_context(meta),
         embedding_length=_int(meta.get(f"{arch}.embedding_length")),
         size=st.st_size,
         digest="sha256:" + cache.file_sha256(path),
@@ -403,6 +409,10 @@ def _ir_chat_template(folder: Path) -> str:
     return html.unescape(m.group(1)) if m else ""
 
 
+def _ir_context(cfg: dict[str, object]) -> int:
+    return _int(cfg.get("max_position_embeddings"))
+
+
 def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDetails:
     cfg = _read_json(folder / "config.json")
     arch = str(cfg.get("model_type", "")) or "unknown"
@@ -422,7 +432,7 @@ def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDe
         parameter_size=format_parameter_count(params) if params else "",
         quantization_level=_ir_quantization(folder),
         architecture=arch,
-        context_length=_int(cfg.get("max_position_embeddings")),
+        context_length=_ir_context(cfg),
         embedding_length=_int(cfg.get("hidden_size")),
         size=sum(s.st_size for s in stats),
         digest="sha256:" + cache.folder_sha256(folder, files),
@@ -588,6 +598,17 @@ def describe_model(path: Path, cache_dir: Path | None = None) -> ModelDetails:
     details = _describe_ir(path, files, cache) if path.is_dir() else _describe_gguf(path, cache)
     _details[stat_keys] = details
     return details
+
+
+def context_length(path: Path) -> int:
+    """The model's context length in tokens, as `describe_model` reports it (0 when the files
+    do not say), from the GGUF header or the IR folder's config.json alone: nothing is hashed."""
+    path = path.resolve()
+    if path.is_dir():
+        return _ir_context(_read_json(path / "config.json"))
+    if path.is_file():
+        return _gguf_context(read_gguf_header(path).metadata)
+    raise ModelInfoError(f"{path}: no such file or folder")
 
 
 def format_parameter_count(n: int) -> str:

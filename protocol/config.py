@@ -147,6 +147,24 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     embedding_cache_size: int = 1000
+    # --- limits: each is answered before anything reaches a worker, in the caller's API's
+    # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
+    # A request body larger than this many bytes is refused with 413, whether it declares its
+    # length (Content-Length) or not (chunked). NOTE: 32 MiB is what Anthropic's own Messages
+    # API accepts, so every request Claude Code builds (long sessions, pasted screenshots as
+    # base64) fits, as does a long RAG prompt; the gateway keeps at most this much of a body.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Messages of one chat (after translation: Anthropic's system and each tool_result count
+    # as one), tools offered in one request, and the characters of all message texts and the
+    # prompt (system included) before tokenizing; a request over one is a 400 naming it.
+    # NOTE: 10,000 messages is far more than any context holds; 256 tools is twice OpenAI's
+    # own limit (Claude Code with many MCP servers offers over 100); 1,000,000 characters is
+    # more than the longest context served (128K tokens is at most ~512K characters of
+    # English), yet keeps a multi-megabyte prompt away from the tokenizers.
+    max_messages: int = 10_000
+    max_tools: int = 256
+    max_prompt_chars: int = 1_000_000
+    # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)

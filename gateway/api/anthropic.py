@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import new_id, request_id, request_key, unless_disconnected
+from gateway.api.common import new_id, unless_disconnected
 from gateway.api.flow import Translator, Turn
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
@@ -46,7 +46,7 @@ from gateway.api.tools import (
 )
 from gateway.core.errors import invalid
 from gateway.core.router import Generation
-from protocol.messages import ChatMessage, SamplingParams, Tokenize
+from protocol.messages import ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -386,10 +386,8 @@ class AnthropicRoutes(Translator):
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
         model = self.router.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
-        prep = await self.flow.tooling.prepare(model, chat_messages(req.system, req.messages),
-                                               tool_request(req), SamplingParams())
-        msg = Tokenize(id=request_key(request), model=model.name, messages=prep.messages,
-                       tools=prep.tools, log_id=request_id(request))
+        msg = await self.flow.tokenize(request, model, chat_messages(req.system, req.messages),
+                                       tool_request(req))
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
 
@@ -400,6 +398,6 @@ class AnthropicRoutes(Translator):
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
         msg, parser = await self.flow.chat(request, model, chat_messages(req.system, req.messages),
-                                           tool_request(req), params)
+                                           tool_request(req), params, requested=req.model)
         reply = MessageReply(req.model, Output(params.stop, parser))
         return Turn(model, msg, bool(req.stream), reply)

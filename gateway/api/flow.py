@@ -5,7 +5,9 @@ and returns either a finished Response (answered without a generation: a load re
 count, embeddings) or a `Turn`: the model and Generate request to dispatch, whether to stream,
 and a `Reply` that renders the worker's output as the API's stream events or as one body. A
 chat's Generate request is made the one way (`Flow.chat`: tools prepared by
-gateway/api/tools.py, the request's id and deadline). The rest is here, once:
+gateway/api/tools.py, the request's id and deadline), and every Generate or Tokenize request
+is first held to the limits (gateway/api/limits.py: messages, tools, prompt length, output
+beyond the context). The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
 - the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
@@ -35,11 +37,12 @@ from gateway.api.common import (
     unless_disconnected,
 )
 from gateway.api.dialects import Dialect, dialect_for
+from gateway.api.limits import Limits
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation, Router
-from protocol.messages import ChatMessage, Generate, SamplingParams
+from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 B = TypeVar("B", bound=msgspec.Struct)
 
@@ -78,6 +81,7 @@ class Flow:
     def __init__(self, router: Router, tooling: Tooling) -> None:
         self.router = router
         self.tooling = tooling
+        self.limits = Limits(router.config, tooling.catalog)
 
     def post(self, path: str, body: type[B], translate: Translate[B]) -> Route:
         """A route whose body is decoded into `body` and handed to `translate`."""
@@ -98,21 +102,42 @@ class Flow:
 
         return Route(path, endpoint, methods=["GET"], name=handler.__name__)
 
-    def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
-                 messages: list[ChatMessage] | None = None, prompt: str | None = None,
-                 tools: list[dict[str, Any]] | None = None) -> Generate:
+    async def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
+                       requested: str, messages: list[ChatMessage] | None = None,
+                       prompt: str | None = None) -> Generate:
+        """A Generate request without tools (a prompt, or messages made from one), within the
+        limits; `requested` is the model name the client sent."""
+        self.limits.check_input(messages, prompt, None)
+        await self.limits.check_output(request, model, params, requested)
+        return self._generate(request, model, params, messages=messages, prompt=prompt)
+
+    async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
+                   tools: ToolRequest | None, params: SamplingParams, *, requested: str,
+                   ) -> tuple[Generate, CallParser | None]:
+        """A chat's Generate request, within the limits, and the parser that finds tool calls
+        in its output."""
+        self.limits.check_input(messages, None, tools)
+        await self.limits.check_output(request, model, params, requested)
+        prep = await self.tooling.prepare(model, messages, tools, params)
+        msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools)
+        return msg, prep.parser()
+
+    async def tokenize(self, request: Request, model: ServedModel, messages: list[ChatMessage],
+                       tools: ToolRequest | None) -> Tokenize:
+        """A token count of a chat, within the same limits, prepared exactly like `chat` so
+        the count equals the generation's prompt tokens."""
+        self.limits.check_input(messages, None, tools)
+        prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
+        return Tokenize(id=request_key(request), model=model.name, messages=prep.messages,
+                        tools=prep.tools, log_id=request_id(request))
+
+    def _generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
+                  messages: list[ChatMessage] | None = None, prompt: str | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
         return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
                         tools=tools, log_id=request_id(request))
-
-    async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
-                   tools: ToolRequest | None, params: SamplingParams,
-                   ) -> tuple[Generate, CallParser | None]:
-        """A chat's Generate request, and the parser that finds tool calls in its output."""
-        prep = await self.tooling.prepare(model, messages, tools, params)
-        msg = self.generate(request, model, params, messages=prep.messages, tools=prep.tools)
-        return msg, prep.parser()
 
     async def serve(self, request: Request, body: type[B], translate: Translate[B]) -> Response:
         dialect = dialect_for(request.scope)

@@ -289,7 +289,8 @@ class OllamaRoutes(Translator):
             messages = [ChatMessage(role="user", content=req.prompt)]
             if req.system:
                 messages.insert(0, ChatMessage(role="system", content=req.system))
-        msg = self.flow.generate(request, model, params, messages=messages, prompt=prompt)
+        msg = await self.flow.generate(request, model, params, requested=req.model,
+                                       messages=messages, prompt=prompt)
         return self._turn(model, req, msg, keep, OllamaReply(req.model, False, None))
 
     async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
@@ -297,7 +298,7 @@ class OllamaRoutes(Translator):
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
         msg, parser = await self.flow.chat(request, model, chat_messages(req.messages, req.model),
-                                           tool_request(req), params)
+                                           tool_request(req), params, requested=req.model)
         return self._turn(model, req, msg, keep, OllamaReply(req.model, True, parser))
 
     # --- shared by generate and chat -----------------------------------------------------

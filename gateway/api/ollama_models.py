@@ -25,7 +25,7 @@ from typing import Any
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Router
-from models.facts import ModelDetails, ModelInfoError, describe_model
+from models.facts import ModelDetails, ModelInfoError, context_length, describe_model
 from models.locate import locate
 from models.registry import ModelSourceMissing
 from protocol.config import Config
@@ -97,6 +97,11 @@ def _describe(config: Config, model: ServedModel) -> ModelDetails:
     return describe_model(_locate(config, model), cache_dir=config.model_cache_path())
 
 
+def _context_length(config: Config, model: ServedModel) -> int:
+    """Runs in a thread: reads the GGUF header or config.json, hashes nothing."""
+    return context_length(_locate(config, model))
+
+
 class ModelCatalog:
     """Details of every served model, described once (one catalog for the whole gateway)."""
 
@@ -104,6 +109,7 @@ class ModelCatalog:
         self.router = router
         self._details: dict[str, ModelDetails] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._contexts: dict[str, int] = {}
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""
@@ -122,6 +128,26 @@ class ModelCatalog:
                 return None
             self._details[model.name] = found
             return found
+
+    async def context_length(self, model: ServedModel) -> int:
+        """The model's context length in tokens; 0 when unknown.
+
+        NOTE: asked on every generation (gateway/api/flow.py), so it never waits for
+        `details()`, which hashes the model's files the first time: the length alone is read
+        once per model (in a thread) and kept, like the details, for the gateway's life.
+        """
+        if (found := self._details.get(model.name)) is not None:
+            return found.context_length
+        if (known := self._contexts.get(model.name)) is not None:
+            return known
+        try:
+            length = await asyncio.to_thread(_context_length, self.router.config, model)
+        except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
+            # NOTE: not kept, like details(): files that appear later are read then.
+            log.debug("cannot read the context length of %s: %s", model.name, exc)
+            return 0
+        self._contexts[model.name] = length
+        return length
 
     async def capabilities(self, model: ServedModel) -> list[str]:
         if model.kind == "embed":

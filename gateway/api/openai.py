@@ -355,7 +355,7 @@ class OpenAIRoutes(Translator):
         params = _params(req, max_tokens, _response_schema(req.response_format))
         tools = tool_request(req)
         msg, parser = await self.flow.chat(request, model, chat_messages(req.messages), tools,
-                                           params)
+                                           params, requested=req.model)
         reply = ChatReply(req.model, _include_usage(req), parser,
                           tools is not None and tools.named)
         return Turn(model, msg, bool(req.stream), reply)
@@ -372,6 +372,7 @@ class OpenAIRoutes(Translator):
                           param="suffix")
         model = self.router.resolve(req.model, kind="llm")
         params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
-        msg = self.flow.generate(request, model, params, prompt=prompts[0])
+        msg = await self.flow.generate(request, model, params, requested=req.model,
+                                       prompt=prompts[0])
         reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "")
         return Turn(model, msg, bool(req.stream), reply)

@@ -9,7 +9,8 @@ class GatewayError(Exception):
     """A request that cannot be served, with the HTTP status and a stable kind.
 
     kind is one of: invalid_request, model_not_found, context_length_exceeded, unavailable,
-    worker_lost, timeout, authentication, internal, not_found, unsupported.
+    worker_lost, timeout, authentication, internal, not_found, unsupported,
+    request_too_large.
     """
 
     def __init__(
