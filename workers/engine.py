@@ -9,12 +9,14 @@ engines, one module each:
   fixed prompt limit, one request at a time;
 - workers/embed_engine.py `EmbedEngine`: role `embed`, a TextEmbeddingPipeline.
 
-The LLM engines derive from `EngineBase` here: the inbox, the prompt checks (`Prompting`), the
-test fault hooks (`FaultInjector`), and turning an `Active` request's tokens into frames.
+The LLM engines derive from `EngineBase` here: the inbox, admission (the requests a worker has
+taken and their bounded wait queue), the prompt checks (`Prompting`), the test fault hooks
+(`FaultInjector`), and turning an `Active` request's tokens into frames.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -61,6 +63,10 @@ class Engine(Protocol):
 
     def load(self, properties: dict[str, Any]) -> None: ...
     def warm_up(self) -> None: ...
+    def has_room(self) -> bool:
+        """May the worker take one more request? Asked on the receiver thread, the only one
+        that submits, right before submit()."""
+        ...
     def submit(self, msg: Any) -> None: ...
     def run(self, stop: threading.Event) -> None: ...
     def abort_all(self, reason: str) -> None: ...
@@ -166,11 +172,15 @@ class FaultInjector:
 
 
 class EngineBase:
-    """What both LLM engines share: the inbox, prompt checks, frame emission, counters.
+    """What both LLM engines share: the inbox, admission, prompt checks, frame emission.
 
-    A subclass loads its pipeline (`load`, `warm_up`), starts or queues each request that
-    passed the checks (`_admit`) and does one round of work in `_step`; `run` calls `_step` on
-    the engine thread until told to stop.
+    Admission: every Generate and Tokenize the worker takes holds a slot (`_held`, by request
+    id) from submit() until its last frame; a worker holds at most max_running + max_queue.
+    A request that passed the checks is accepted and waits in `_queue` until the engine starts
+    it (`_step`): at most max_running run at once, the rest wait in that queue.
+
+    A subclass loads its pipeline (`load`, `warm_up`) and does one round of work in `_step`;
+    `run` calls `_step` on the engine thread until told to stop.
     """
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
@@ -182,6 +192,15 @@ class EngineBase:
         self._inbox: queue.SimpleQueue[Generate | Abort | Tokenize] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._active: dict[str, Active] = {}
+        # NOTE: ids, not a count: a request ends on one of several threads and paths (finish,
+        # refusal, abort while queued, drain), and releasing an id twice is harmless where
+        # decrementing a count twice would leak room.
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
+        # Accepted requests waiting for their turn; _lock also covers moving one from here
+        # into _active, so an abort finds it in one of the two.
+        self._queue: collections.deque[Prepared] = collections.deque()
+        self._lock = threading.Lock()
         self.generated_tokens = 0
         self.served = 0
         self.pipe: Any = None
@@ -190,13 +209,39 @@ class EngineBase:
         self.defaults: dict[str, float] = {}
         self.progress_at = time.monotonic()
 
+    # --- admission -----------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.spec.max_running + self.spec.max_queue
+
+    def has_room(self) -> bool:
+        return len(self._held) < self.capacity
+
+    def _take(self, msg: Generate | Abort | Tokenize) -> None:
+        if not isinstance(msg, Abort):
+            with self._held_lock:
+                self._held.add(msg.id)
+
+    def _release(self, rid: str) -> None:
+        """The request's slot is free again: called before its last frame is emitted, so a
+        client that sends its next request on seeing that frame finds the room."""
+        with self._held_lock:
+            self._held.discard(rid)
+
+    def _refuse(self, failed: Failed) -> None:
+        self._release(failed.id)
+        self.emit(failed)
+
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
+        self._take(msg)
         self._inbox.put(msg)
         self._wake.set()
 
     @property
     def queue_depth(self) -> int:
-        return self._inbox.qsize()
+        """Requests taken but not generating: in the inbox, being checked, or waiting."""
+        return max(0, len(self._held) - len(self._active))
 
     @property
     def in_flight(self) -> int:
@@ -221,8 +266,27 @@ class EngineBase:
         raise NotImplementedError
 
     def _admit(self, ready: Prepared) -> None:
-        """Start a request that passed the checks, or queue it (per engine)."""
-        raise NotImplementedError
+        """Accept a request that passed the checks; it waits in the queue for its turn."""
+        with self._lock:
+            self._queue.append(ready)
+        self._accept(ready)
+        self._wake.set()
+
+    def _next(self) -> tuple[Prepared, Active | None] | None:
+        """The oldest waiting request, tracked as active (None: none waits). A request whose
+        deadline passed while it waited ends here with reason timeout (Active None) instead
+        of paying for a prompt nobody waits for."""
+        with self._lock:
+            if not self._queue:
+                return None
+            ready = self._queue.popleft()
+            active = self._track(ready, None)
+        if time.time() > ready.req.deadline:
+            active.cancelled = "timeout"
+            self._active.pop(ready.req.id, None)
+            self._finish(active)
+            return ready, None
+        return ready, active
 
     def _dispatch(self, msg: Generate | Abort | Tokenize) -> None:
         """Act on one message from the gateway."""
@@ -238,20 +302,44 @@ class EngineBase:
     def abort_all(self, reason: str) -> None:
         for active in list(self._active.values()):
             active.cancel(reason)
+        with self._lock:
+            queued = list(self._queue)
+            self._queue.clear()
+        for ready in queued:
+            self._refuse(Failed(id=ready.req.id, seq=1, code=ErrorCode.NOT_READY,
+                                message=f"worker {self.spec.name} is stopping",
+                                retry_elsewhere=True))
 
     def _abort(self, rid: str) -> bool:
-        """Stop a request that is generating; False when it is not."""
-        active = self._active.get(rid)
-        if active is None:
-            return False
-        log.info("abort request_id=%s after %d tokens", active.req.log_id or rid,
-                 active.completion_tokens, extra={"request_id": active.req.log_id or rid})
-        active.cancel("abort")
-        return True
+        """Stop a request that is generating or waiting; False when it is neither."""
+        # NOTE: under the lock that _next holds from dequeue to tracking, so an abort that
+        # arrives in between finds the request in one of the two, never in neither.
+        with self._lock:
+            active = self._active.get(rid)
+            if active is not None:
+                shown = active.req.log_id or rid
+                log.info("abort request_id=%s after %d tokens", shown, active.completion_tokens,
+                         extra={"request_id": shown})
+                active.cancel("abort")
+                return True
+            queued = [ready for ready in self._queue if ready.req.id == rid]
+            for ready in queued:
+                self._queue.remove(ready)
+        if queued:
+            # NOTE: the gateway closed the stream when it sent the abort: no frame is due.
+            self._release(rid)
+            shown = queued[0].req.log_id or rid
+            log.info("abort request_id=%s while queued", shown, extra={"request_id": shown})
+        return bool(queued)
 
     def _tokenize(self, msg: Tokenize) -> None:
         assert self.prompting is not None
-        n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
+        try:
+            n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
+        except Exception as exc:  # a template or tokenizer error is the request's fault
+            self._refuse(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            return
+        self._release(msg.id)
         self.emit(TokenCount(id=msg.id, seq=0, count=n))
 
     def _prepare(self, req: Generate) -> Prepared | None:
@@ -260,20 +348,21 @@ class EngineBase:
         assert self.prompting is not None
         received = time.time()
         if received > req.deadline:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
-                             message="request expired before it started", retry_elsewhere=True))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
+                                message="request expired before it started",
+                                retry_elsewhere=True))
             return None
         try:
             ids = self.prompting.encode(self.prompting.render(req))
         except Exception as exc:  # a template or tokenizer error is the request's fault
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         n = int(ids.shape[1])
         limit, elsewhere = self.prompt_limit()
         if n > limit:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
-                             message=f"prompt is {n} tokens, this worker takes at most {limit}",
-                             retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                                message=f"prompt is {n} tokens, this worker takes at most {limit}",
+                                retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
             return None
         params = req.params
         unset = {k: v for k, v in self.defaults.items() if getattr(params, k, 0) is None}
@@ -282,7 +371,7 @@ class EngineBase:
         try:
             cfg = generation_config(params, self.base_config, self.room(n))
         except Exception as exc:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         return Prepared(req=req, ids=ids, config=cfg, received=received)
 
@@ -334,6 +423,7 @@ class EngineBase:
             total_ns=int((end - active.received) * 1e9),
         )
         self.served += 1
+        self._release(active.req.id)
         shown = active.req.log_id or active.req.id
         log.info("finished request_id=%s reason=%s prompt_tokens=%d completion_tokens=%d",
                  shown, reason, active.prompt_tokens, active.completion_tokens,

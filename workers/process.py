@@ -133,9 +133,13 @@ class WorkerProcess:
                              message=f"worker {self.spec.name} is {self.state.label}",
                              retry_elsewhere=True))
             return
-        if engine.queue_depth >= self.spec.max_queue:
+        # NOTE: answered at once, never queued: a full worker says so and the gateway tries
+        # the next worker for the model, else answers 503 with Retry-After. Only this thread
+        # submits, so the room seen here is still there when submit() takes it.
+        if not engine.has_room():
             self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.QUEUE_FULL,
-                             message=f"worker {self.spec.name} queue is full",
+                             message=f"worker {self.spec.name} is full ({engine.in_flight} "
+                                     f"running, {engine.queue_depth} waiting)",
                              retry_elsewhere=True))
             return
         engine.submit(msg)
