@@ -1,6 +1,13 @@
-"""Admission: a worker takes at most max_running + max_queue requests and refuses the rest at
-once (QUEUE_FULL); with no other worker for the model the gateway answers 503 + Retry-After
-in the caller's API. Driven by what the server exposes (/health/devices), never by timing."""
+"""Admission and robustness of one worker.
+
+- A worker takes at most max_running + max_queue requests and refuses the rest at once
+  (QUEUE_FULL); with no other worker for the model the gateway answers 503 + Retry-After in
+  the caller's API.
+- A multi-megabyte prompt is refused on its length without being tokenized (tokenizing holds
+  the GIL, and with it the worker's heartbeats).
+
+Driven by what the server exposes (/health/devices, the worker's own sockets), never by timing.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +20,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+import zmq
 from serverctl import Server
+
+from protocol.messages import (
+    ChatMessage,
+    ErrorCode,
+    Failed,
+    Generate,
+    Heartbeat,
+    SamplingParams,
+    Tokenize,
+    encode,
+    reply_decoder,
+)
+from protocol.sockets import configure_push, configure_sub, worker_endpoint
 
 LLM = "smollm2:135m"
 RUNNING = 2
@@ -186,4 +208,76 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
     after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
     assert after["state"] == "ready"
+
+
+# --- request work -----------------------------------------------------------------------
+
+
+class WorkerWire:
+    """The llm worker's own sockets, as the gateway uses them: PUSH to `.in`, SUB to `.out`."""
+
+    def __init__(self, srv: Server) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        configure_sub(self.sub)
+        self.sub.connect(worker_endpoint(srv.config, "llm", "out"))
+        self.push = self.ctx.socket(zmq.PUSH)
+        configure_push(self.push)
+        self.push.connect(worker_endpoint(srv.config, "llm", "in"))
+        self.decoder = reply_decoder()
+        # NOTE: a SUB hears nothing sent before its subscription reached the worker; a first
+        # heartbeat proves it has.
+        self.next_frame(lambda f: isinstance(f, Heartbeat))
+
+    def next_frame(self, match: Callable[[Any], bool], timeout: float = 120.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sub.poll(200):
+                _topic, raw = self.sub.recv_multipart()
+                frame = self.decoder.decode(raw)
+                if match(frame):
+                    return frame
+        raise AssertionError("no such frame from the worker")
+
+    def ask(self, msg: msgspec.Struct) -> Any:
+        self.push.send(encode(msg), flags=zmq.NOBLOCK)
+        rid = getattr(msg, "id", "")
+        return self.next_frame(lambda f: getattr(f, "id", None) == rid)
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.push.close(0)
+        self.ctx.term()
+
+
+# NOTE: 8 M CJK characters: tokenizing 4 M of them took 6.5 s with the GIL held, so this much
+# used to silence the worker's heartbeats past the 10 s heartbeat timeout.
+HUGE = "日本語のテキスト" * 2**20
+
+
+def test_a_huge_prompt_is_refused_unread_and_the_worker_lives(srv: Server) -> None:
+    before = wait_row(srv, lambda r: r["state"] == "ready")
+    wire = WorkerWire(srv)
+    try:
+        failed = wire.ask(Generate(
+            id="huge-generate", model=LLM, params=SamplingParams(max_tokens=4),
+            deadline=time.time() + 600, messages=[ChatMessage(role="user", content=HUGE)]))
+        assert isinstance(failed, Failed) and failed.code == ErrorCode.PROMPT_TOO_LONG
+        # Refused on its length in characters: never tokenized, so never counted.
+        assert failed.prompt_tokens is None and failed.limit == 8191
+        assert "characters" in failed.message and not failed.retry_elsewhere
+        failed = wire.ask(Tokenize(id="huge-count", model=LLM, prompt=HUGE))
+        assert isinstance(failed, Failed) and failed.code == ErrorCode.PROMPT_TOO_LONG
+        assert "characters" in failed.message
+    finally:
+        wire.close()
+    after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
+    # Through the gateway, in the API's shape (unless its own request limits answer first).
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+        "model": LLM, "max_tokens": 4, "messages": [{"role": "user", "content": HUGE}]})
+    assert r.status_code in (400, 413), r.text[:300]
+    assert r.json()["error"]["message"]
+    after = worker_row(srv)
+    assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
 

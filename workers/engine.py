@@ -120,12 +120,30 @@ class Active:
             self.cancel("timeout")
 
 
+# NOTE: the most characters one token may stand for when the vocabulary cannot be read; no
+# tokenizer in use comes near it (SmolLM2's longest entry is 81 bytes).
+FALLBACK_TOKEN_CHARS = 256
+
+
+def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
+    """The most characters one token of this vocabulary stands for: its longest entry's length
+    in bytes (a UTF-8 character takes at least one), or FALLBACK_TOKEN_CHARS."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(len(entry) for entry in vocab) or FALLBACK_TOKEN_CHARS
+    except Exception as exc:  # NOTE: only makes the check on characters looser
+        log.info("vocabulary not readable (%s); assuming a token is at most %d characters",
+                 exc, FALLBACK_TOKEN_CHARS)
+        return FALLBACK_TOKEN_CHARS
+
+
 class Prompting:
     """Chat template and tokenizer of one model: the exact token counts used for routing."""
 
     def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
+        self.token_chars = longest_token(tokenizer)
 
     def render(self, msg: Generate | Tokenize) -> str:
         if msg.messages is None:
@@ -143,6 +161,18 @@ class Prompting:
         # NOTE: the chat template already places the special tokens.
         ids = self.tokenizer.encode(text, add_special_tokens=False).input_ids.data
         return np.asarray(ids, dtype=np.int64).reshape(1, -1)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound of the text's token count, from its length alone: no token stands
+        for more than `token_chars` characters.
+
+        NOTE: tokenizing holds the GIL, so the worker's heartbeat thread waits for it: 4 MB of
+        text took 3 s (one long word) to 6.5 s (CJK) here, for nothing when the prompt cannot
+        fit anyway. A text with more than limit * token_chars characters is refused unread.
+        (Characters alone bound the count from below only this way round: that every token
+        stands for at least one character gives tokens <= characters, no refusal.)
+        """
+        return -(-len(text) // self.token_chars)
 
 
 class FaultInjector:
@@ -335,12 +365,25 @@ class EngineBase:
     def _tokenize(self, msg: Tokenize) -> None:
         assert self.prompting is not None
         try:
-            n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
+            text = self.prompting.render(msg)
+            floor = self.prompting.fewest_tokens(text)
+            if floor > self.context_length:
+                self._refuse(self._too_long(msg.id, text, floor, self.context_length, False))
+                return
+            n = int(self.prompting.encode(text).shape[1])
         except Exception as exc:  # a template or tokenizer error is the request's fault
             self._refuse(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return
         self._release(msg.id)
         self.emit(TokenCount(id=msg.id, seq=0, count=n))
+
+    def _too_long(self, rid: str, text: str, floor: int, limit: int, elsewhere: bool) -> Failed:
+        """A prompt refused on its length in characters, without tokenizing it."""
+        # NOTE: prompt_tokens stays unset: the prompt was not counted, `floor` is a bound.
+        return Failed(id=rid, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                      message=f"prompt is {len(text)} characters, so at least {floor} tokens; "
+                              f"this worker takes at most {limit}",
+                      retry_elsewhere=elsewhere, limit=limit)
 
     def _prepare(self, req: Generate) -> Prepared | None:
         """Template, tokenize and check one request; emits Failed and returns None if it
@@ -352,13 +395,18 @@ class EngineBase:
                                 message="request expired before it started",
                                 retry_elsewhere=True))
             return None
+        limit, elsewhere = self.prompt_limit()
         try:
-            ids = self.prompting.encode(self.prompting.render(req))
+            text = self.prompting.render(req)
+            floor = self.prompting.fewest_tokens(text)
+            if floor > limit:
+                self._refuse(self._too_long(req.id, text, floor, limit, elsewhere))
+                return None
+            ids = self.prompting.encode(text)
         except Exception as exc:  # a template or tokenizer error is the request's fault
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         n = int(ids.shape[1])
-        limit, elsewhere = self.prompt_limit()
         if n > limit:
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
                                 message=f"prompt is {n} tokens, this worker takes at most {limit}",
