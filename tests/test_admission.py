@@ -3,8 +3,9 @@
 - A worker takes at most max_running + max_queue requests and refuses the rest at once
   (QUEUE_FULL); with no other worker for the model the gateway answers 503 + Retry-After in
   the caller's API.
-- A multi-megabyte prompt is refused on its length without being tokenized (tokenizing holds
-  the GIL, and with it the worker's heartbeats).
+- Request work never gets a healthy worker killed: a multi-megabyte prompt is refused on its
+  length without being tokenized, and a long prefill (one pipeline step holds the GIL) does
+  not count as a lost heartbeat.
 
 Driven by what the server exposes (/health/devices, the worker's own sockets), never by timing.
 """
@@ -210,7 +211,7 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
     assert after["state"] == "ready"
 
 
-# --- request work -----------------------------------------------------------------------
+# --- request work and heartbeats -----------------------------------------------------------
 
 
 class WorkerWire:
@@ -281,3 +282,15 @@ def test_a_huge_prompt_is_refused_unread_and_the_worker_lives(srv: Server) -> No
     after = worker_row(srv)
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
 
+
+def test_a_long_prefill_does_not_get_the_worker_killed(srv: Server) -> None:
+    """A prompt just under the context: its prefill is one pipeline step of 5-14 s on 2 CPU
+    cores, during which the worker cannot heartbeat; the supervisor used to kill it at 10 s."""
+    before = wait_row(srv, lambda r: r["state"] == "ready")
+    long = "The quick brown fox jumps over the lazy dog. " * 790  # about 7,900 tokens
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=600, json={
+        "model": LLM, "max_tokens": 2, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 200, r.text[:300]
+    assert 7000 < r.json()["usage"]["prompt_tokens"] < 8191
+    after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])

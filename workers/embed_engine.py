@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ class EmbedEngine:
         self.generated_tokens = 0
         self.served = 0
         self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
         self.cache_hits = 0
         self.cache_misses = 0
         self.max_length = MAX_SEQ_LENGTH
@@ -104,6 +106,12 @@ class EmbedEngine:
     @property
     def in_flight(self) -> int:
         return self._busy
+
+    @property
+    def blocking(self) -> bool:
+        # NOTE: a batch is at most MAX_BATCH_TEXTS texts of at most MAX_SEQ_LENGTH tokens,
+        # far below a heartbeat timeout even where the pipeline call holds the GIL.
+        return False
 
     def load(self, properties: dict[str, Any]) -> None:
         if self.build_minilm:

@@ -60,6 +60,9 @@ class Engine(Protocol):
     served: int
     # time.monotonic() of the engine's last progress (set by the engine thread).
     progress_at: float
+    # Publishes a heartbeat at once (set by the worker process): an engine calls it on the
+    # engine thread right before it starts `blocking`, so the last heartbeat says so.
+    announce: Callable[[], None]
 
     def load(self, properties: dict[str, Any]) -> None: ...
     def warm_up(self) -> None: ...
@@ -74,6 +77,11 @@ class Engine(Protocol):
     def queue_depth(self) -> int: ...
     @property
     def in_flight(self) -> int: ...
+    @property
+    def blocking(self) -> bool:
+        """Is the engine thread stepping a pipeline call that holds the GIL (so heartbeats
+        may pause for a whole step)? See protocol/states.py silence_allowed."""
+        ...
 
 
 @dataclass
@@ -238,6 +246,11 @@ class EngineBase:
         self.base_config: Any = None
         self.defaults: dict[str, float] = {}
         self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
+
+    @property
+    def blocking(self) -> bool:
+        return False
 
     # --- admission -----------------------------------------------------------------------
 

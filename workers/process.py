@@ -91,7 +91,12 @@ class WorkerProcess:
             sent_at=time.time(),
             stalled_for=(time.monotonic() - engine.progress_at
                          if engine is not None and engine.in_flight else 0.0),
+            blocking=engine.blocking if engine is not None else False,
         )
+
+    def _announce(self) -> None:
+        """A heartbeat now, from the engine thread (see Engine.announce)."""
+        self.publish(self.heartbeat())
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -189,6 +194,7 @@ class WorkerProcess:
                 while not held.exists() and not self._stop.is_set():
                     time.sleep(0.1)
             engine: Engine = build_engine(self)
+            engine.announce = self._announce
             engine.load(self._compile_properties())
             self.engine = engine
             self.state = WorkerState.WARMING
