@@ -37,7 +37,7 @@ from protocol.messages import (
     encode,
     reply_decoder,
 )
-from protocol.sockets import configure_push, configure_sub, worker_endpoint
+from protocol.sockets import configure_sub, worker_endpoint
 
 LLM = "smollm2:135m"
 RUNNING = 2
@@ -222,8 +222,10 @@ class WorkerWire:
         self.sub = self.ctx.socket(zmq.SUB)
         configure_sub(self.sub)
         self.sub.connect(worker_endpoint(srv.config, "llm", "out"))
+        # NOTE: not the gateway's IMMEDIATE option: a send waits for the connection instead
+        # of failing while it is still being made.
         self.push = self.ctx.socket(zmq.PUSH)
-        configure_push(self.push)
+        self.push.setsockopt(zmq.LINGER, 0)
         self.push.connect(worker_endpoint(srv.config, "llm", "in"))
         self.decoder = reply_decoder()
         # NOTE: a SUB hears nothing sent before its subscription reached the worker; a first
@@ -241,7 +243,7 @@ class WorkerWire:
         raise AssertionError("no such frame from the worker")
 
     def ask(self, msg: msgspec.Struct) -> Any:
-        self.push.send(encode(msg), flags=zmq.NOBLOCK)
+        self.push.send(encode(msg))
         rid = getattr(msg, "id", "")
         return self.next_frame(lambda f: getattr(f, "id", None) == rid)
 
