@@ -63,6 +63,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Seconds a busy worker may go without any progress (a token, a finished step) before it
     # is killed and restarted; 0 = the role's default: 300 s for npu, 120 s otherwise.
     stall_timeout: float = 0.0
+    # Admission: a worker takes at most max_running + max_queue requests (generations and
+    # token counts); beyond that it answers QUEUE_FULL at once and the gateway tries the next
+    # worker, else answers 503 with Retry-After.
+    # Requests generating at once: always 1 for npu (one at a time); for llm, 0 = 256 (the
+    # OpenVINO scheduler's max_num_seqs default); unused by embed (batches of 64 texts).
+    max_running: int = 0
     # Requests waiting beyond those running; 0 = the role's default: 4 for npu, 64 otherwise.
     max_queue: int = 0
     # Crashes within the restart window before the worker is left failed; 0 = the global one.
@@ -94,6 +100,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.stall_timeout = 300.0 if self.role == "npu" else 120.0
         if self.max_queue <= 0:
             self.max_queue = 4 if self.role == "npu" else 64
+        if self.role == "npu":
+            self.max_running = 1
+        elif self.max_running <= 0:
+            self.max_running = 256
 
     @property
     def model_name(self) -> str:

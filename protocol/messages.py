@@ -202,6 +202,10 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # Seconds since the engine last made progress while it had work (0 when idle): a
     # worker stuck in native code mid-generation still heartbeats, but this grows.
     stalled_for: float = 0.0
+    # The engine thread steps a pipeline call that holds the GIL, so the next heartbeat may
+    # wait for a whole step: silence counts against stall_timeout, not heartbeat_timeout
+    # (protocol/states.py silence_allowed).
+    blocking: bool = False
 
 
 WorkerReply = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Heartbeat

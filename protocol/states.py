@@ -152,6 +152,23 @@ def reported(state: ProcessState) -> Event | None:
     return _REPORTS.get(state)
 
 
+def silence_allowed(blocking: bool, stalled_for: float, heartbeat_timeout: float,
+                    stall_timeout: float) -> float:
+    """Seconds a serving worker may go without a heartbeat before it counts as hung, given
+    what its last heartbeat said (`blocking`, `stalled_for`). The supervisor (which kills) and
+    the gateway (which stops routing and fails the worker's requests) apply the same rule.
+
+    NOTE: a worker that says it is `blocking` is inside a pipeline call that holds the GIL
+    (the llm role's ContinuousBatchingPipeline.step(): a long prompt's prefill took 5-13 s in
+    one step on 2 CPU cores), so its heartbeat thread cannot run until the call returns. Its
+    silence is then time without progress, judged by stall_timeout like any busy worker that
+    makes none, instead of getting a healthy worker killed after heartbeat_timeout.
+    """
+    if blocking:
+        return max(0.0, stall_timeout - stalled_for)
+    return heartbeat_timeout
+
+
 def observed(state: ProcessState, fresh: bool) -> ProcessState:
     """The state as seen by a peer that hears the worker itself (the gateway): a serving
     worker it has not heard from recently enough is unresponsive, whatever it last said."""

@@ -54,6 +54,8 @@ class Child:
         self.kill_at = 0.0
         self.heartbeat_at = 0.0
         self.stalled_for = 0.0
+        # What the last heartbeat said (protocol/states.py silence_allowed).
+        self.blocking = False
         self.model = ""
         self.device = ""
 
@@ -82,6 +84,7 @@ class Child:
         self.started_at = time.monotonic()
         self.heartbeat_at = 0.0
         self.stalled_for = 0.0
+        self.blocking = False
         self.expected_exit = False
         self.kill_at = 0.0
         log.info("started %s pid %d", self.name, self.proc.pid)

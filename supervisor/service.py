@@ -52,7 +52,7 @@ from protocol.sockets import (
     events_endpoint,
     worker_endpoint,
 )
-from protocol.states import Event, ProcessState, reported
+from protocol.states import Event, ProcessState, reported, silence_allowed
 from supervisor.children import Child
 from supervisor.logfiles import RotatingLog
 
@@ -195,6 +195,7 @@ class Supervisor:
             return  # a late frame from a previous incarnation
         child.heartbeat_at = time.monotonic()
         child.stalled_for = beat.stalled_for
+        child.blocking = beat.blocking
         if beat.state == WorkerState.FAILED and beat.error:
             # NOTE: the worker exits next; its exit decides between backoff and failed.
             child.last_error = beat.error
@@ -254,8 +255,14 @@ class Supervisor:
             if now - child.started_at > spec.load_timeout:
                 self._kill(child, f"stuck {child.state.label} for more than "
                            f"{spec.load_timeout:.0f} s", hung=True)
-        elif child.heartbeat_at and now - child.heartbeat_at > spec.heartbeat_timeout:
-            self._kill(child, f"no heartbeat for {now - child.heartbeat_at:.1f} s", hung=True)
+        elif child.heartbeat_at and now - child.heartbeat_at > silence_allowed(
+                child.blocking, child.stalled_for, spec.heartbeat_timeout, spec.stall_timeout):
+            silent = now - child.heartbeat_at
+            if child.blocking:
+                self._kill(child, f"no progress for {child.stalled_for + silent:.0f} s while "
+                           "busy (silent inside one pipeline step)", hung=True)
+            else:
+                self._kill(child, f"no heartbeat for {silent:.1f} s", hung=True)
         elif child.stalled_for > spec.stall_timeout:
             self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy",
                        hung=True)

@@ -19,7 +19,15 @@ from serverctl import Server
 from gateway.core.broker import WorkerLink
 from protocol.config import WorkerSpec
 from protocol.messages import Heartbeat, WorkerState, WorkerStatus
-from protocol.states import TRANSITIONS, Event, ProcessState, observed, reported, transition
+from protocol.states import (
+    TRANSITIONS,
+    Event,
+    ProcessState,
+    observed,
+    reported,
+    silence_allowed,
+    transition,
+)
 
 S = ProcessState
 
@@ -90,9 +98,10 @@ def _link(supervised: WorkerStatus | None, beat: Heartbeat | None,
     return link
 
 
-def _beat(pid: int, state: ProcessState, stalled_for: float = 0.0) -> Heartbeat:
+def _beat(pid: int, state: ProcessState, stalled_for: float = 0.0,
+          blocking: bool = False) -> Heartbeat:
     return Heartbeat(worker="w", pid=pid, role="llm", device="CPU", model="m", state=state,
-                     stalled_for=stalled_for)
+                     stalled_for=stalled_for, blocking=blocking)
 
 
 def test_the_gateway_reads_the_supervisors_state_and_its_own_freshness() -> None:
@@ -113,6 +122,25 @@ def test_the_gateway_reads_the_supervisors_state_and_its_own_freshness() -> None
     assert _link(None, _beat(7, S.LOADING)).state == S.LOADING
     assert _link(None, _beat(7, S.FAILED)).state == S.STARTING
     assert _link(None, None).state == S.STARTING
+
+
+def test_a_worker_blocking_in_a_step_is_judged_by_progress() -> None:
+    """A worker inside a pipeline step that holds the GIL cannot heartbeat: its silence is
+    time without progress (stall_timeout 60 here), not a lost heartbeat (10)."""
+    ready = WorkerStatus(worker="w", state=S.BUSY, pid=7)
+    assert _link(ready, _beat(7, S.BUSY, blocking=True), beat_age=30.0).state == S.BUSY
+    assert _link(ready, _beat(7, S.BUSY, blocking=True), beat_age=30.0).serving
+    assert _link(ready, _beat(7, S.BUSY, stalled_for=20.0, blocking=True),
+                 beat_age=30.0).state == S.BUSY
+    # Silence and the stall it reported add up past stall_timeout: hung.
+    assert _link(ready, _beat(7, S.BUSY, stalled_for=40.0, blocking=True),
+                 beat_age=30.0).state == S.UNRESPONSIVE
+    assert _link(ready, _beat(7, S.BUSY, blocking=True), beat_age=61.0).state == S.UNRESPONSIVE
+    # Not blocking: the heartbeat timeout, as before.
+    assert _link(ready, _beat(7, S.BUSY), beat_age=30.0).state == S.UNRESPONSIVE
+    assert silence_allowed(False, 0.0, 10.0, 60.0) == 10.0
+    assert silence_allowed(True, 15.0, 10.0, 60.0) == 45.0
+    assert silence_allowed(True, 90.0, 10.0, 60.0) == 0.0
 
 
 # --- a real worker, three surfaces ---------------------------------------------------------

@@ -3,6 +3,11 @@
 It runs a ContinuousBatchingPipeline with prefix caching on. Its generate() refuses concurrent
 callers, so the engine thread loops `step()` while requests arrive through `add_request()` and
 their handles are read for new tokens after every step.
+
+Admission: at most max_running requests are in the pipeline (the scheduler's max_num_seqs is
+set to the same number); accepted ones beyond that wait in the engine's queue (max_queue), and
+the worker refuses more with QUEUE_FULL (workers/process.py), so many concurrent streams cost
+a bounded amount of memory and the ones admitted finish instead of all timing out together.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed
-from workers.engine import Emit, EngineBase, Prepared, Prompting
+from workers.engine import Emit, EngineBase, Prompting
 
 _DONE = (
     ov_genai.GenerationStatus.FINISHED,
@@ -37,7 +42,12 @@ class BatchEngine(EngineBase):
         sched = ov_genai.SchedulerConfig()
         sched.enable_prefix_caching = True
         sched.cache_size = max(1, int(self.spec.kv_cache_gb))
+        # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
+        # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
+        # heartbeats say `blocking` meanwhile (see `blocking`). Steps of max_batch_tokens
+        # (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of 8-14 s prefill.
         sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
+        sched.max_num_seqs = self.spec.max_running
         self.pipe = ov_genai.ContinuousBatchingPipeline(
             self.model_path, sched, self.spec.device, properties
         )
@@ -57,6 +67,7 @@ class BatchEngine(EngineBase):
 
     def _step(self) -> bool:
         self._drain_inbox()
+        self._start_waiting()
         if not self._active:
             return False
         self.pipe.step()
@@ -75,15 +86,39 @@ class BatchEngine(EngineBase):
                 return
             self._dispatch(msg)
 
-    def _admit(self, ready: Prepared) -> None:
-        try:
-            handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
-        except Exception as exc:
-            self.emit(Failed(id=ready.req.id, seq=0, code=ErrorCode.BAD_REQUEST,
-                             message=str(exc)))
-            return
-        self._track(ready, handle)
-        self._accept(ready)
+    @property
+    def blocking(self) -> bool:
+        # NOTE: the engine thread steps the pipeline exactly while requests are in it.
+        return bool(self._active)
+
+    def _start_waiting(self) -> None:
+        """Move waiting requests into the pipeline while fewer than max_running run."""
+        idle = not self._active
+        self._fill()
+        if idle and self._active:
+            # NOTE: the last heartbeat before the first (maybe long) step must say that the
+            # worker is blocking, or its silence would count as a lost heartbeat.
+            self.announce()
+
+    def _fill(self) -> None:
+        while len(self._active) < self.spec.max_running:
+            taken = self._next()
+            if taken is None:
+                return
+            ready, active = taken
+            if active is None:
+                continue
+            try:
+                active.handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids),
+                                                      ready.config)
+            except Exception as exc:
+                self._active.pop(ready.req.id, None)
+                # NOTE: seq 1: the request was accepted (seq 0) when it was queued.
+                self._refuse(Failed(id=ready.req.id, seq=1, code=ErrorCode.BAD_REQUEST,
+                                    message=str(exc)))
+                continue
+            if active.cancelled:  # NOTE: abort_all (drain thread) came before the handle
+                active.handle.cancel()
 
     def _collect(self) -> None:
         now = time.time()

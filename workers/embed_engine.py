@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import openvino_genai as ov_genai
 
 from protocol.config import Config, WorkerSpec
-from protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Timings
+from protocol.messages import Embed, Embeddings, ErrorCode, Failed, Timings
 from workers.embed_model import (
     MAX_SEQ_LENGTH,
     count_tokens,
@@ -36,8 +37,8 @@ MAX_BATCH_TEXTS = 64
 BATCH_WAIT_S = 0.003
 
 
-def _size(msg: Embed | Abort) -> int:
-    return len(msg.texts) if isinstance(msg, Embed) else 0
+def _size(msg: Embed) -> int:
+    return len(msg.texts)
 
 
 class VectorCache:
@@ -72,12 +73,13 @@ class EmbedEngine:
         self.emit = emit
         self.cache = VectorCache(config.embedding_cache_size)
         # (arrival time, message): queue time counts from arrival, not from batching.
-        self._inbox: queue.SimpleQueue[tuple[float, Embed | Abort]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[float, Embed]] = queue.SimpleQueue()
         self._last_batch = 0
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
         self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
         self.cache_hits = 0
         self.cache_misses = 0
         self.max_length = MAX_SEQ_LENGTH
@@ -86,8 +88,15 @@ class EmbedEngine:
         # Counts tokens much faster than `tokenizer` where the two agree (see _fast_counter).
         self.fast_tokenizer: Any = None
 
+    def has_room(self) -> bool:
+        # NOTE: the inbox holds the requests waiting for the next batch; the running batch
+        # (at most MAX_BATCH_TEXTS texts of cache misses) is not counted against max_queue.
+        return self._inbox.qsize() < self.spec.max_queue
+
     def submit(self, msg: Any) -> None:
-        if isinstance(msg, Embed | Abort):
+        # NOTE: an Abort is not queued: a batch takes milliseconds and is never cut short, and
+        # queued aborts would count against max_queue.
+        if isinstance(msg, Embed):
             self._inbox.put((time.time(), msg))
 
     @property
@@ -97,6 +106,12 @@ class EmbedEngine:
     @property
     def in_flight(self) -> int:
         return self._busy
+
+    @property
+    def blocking(self) -> bool:
+        # NOTE: a batch is at most MAX_BATCH_TEXTS texts of at most MAX_SEQ_LENGTH tokens,
+        # far below a heartbeat timeout even where the pipeline call holds the GIL.
+        return False
 
     def load(self, properties: dict[str, Any]) -> None:
         if self.build_minilm:
@@ -141,7 +156,7 @@ class EmbedEngine:
                         break
                 batch.append(more)
                 texts += _size(more[1])
-            requests = [(t, m) for t, m in batch if isinstance(m, Embed)]
+            requests = batch
             self._last_batch = len(requests)
             self._busy = len(requests)
             try:

@@ -9,12 +9,14 @@ engines, one module each:
   fixed prompt limit, one request at a time;
 - workers/embed_engine.py `EmbedEngine`: role `embed`, a TextEmbeddingPipeline.
 
-The LLM engines derive from `EngineBase` here: the inbox, the prompt checks (`Prompting`), the
-test fault hooks (`FaultInjector`), and turning an `Active` request's tokens into frames.
+The LLM engines derive from `EngineBase` here: the inbox, admission (the requests a worker has
+taken and their bounded wait queue), the prompt checks (`Prompting`), the test fault hooks
+(`FaultInjector`), and turning an `Active` request's tokens into frames.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -58,9 +60,16 @@ class Engine(Protocol):
     served: int
     # time.monotonic() of the engine's last progress (set by the engine thread).
     progress_at: float
+    # Publishes a heartbeat at once (set by the worker process): an engine calls it on the
+    # engine thread right before it starts `blocking`, so the last heartbeat says so.
+    announce: Callable[[], None]
 
     def load(self, properties: dict[str, Any]) -> None: ...
     def warm_up(self) -> None: ...
+    def has_room(self) -> bool:
+        """May the worker take one more request? Asked on the receiver thread, the only one
+        that submits, right before submit()."""
+        ...
     def submit(self, msg: Any) -> None: ...
     def run(self, stop: threading.Event) -> None: ...
     def abort_all(self, reason: str) -> None: ...
@@ -68,6 +77,11 @@ class Engine(Protocol):
     def queue_depth(self) -> int: ...
     @property
     def in_flight(self) -> int: ...
+    @property
+    def blocking(self) -> bool:
+        """Is the engine thread stepping a pipeline call that holds the GIL (so heartbeats
+        may pause for a whole step)? See protocol/states.py silence_allowed."""
+        ...
 
 
 @dataclass
@@ -114,12 +128,30 @@ class Active:
             self.cancel("timeout")
 
 
+# NOTE: the most characters one token may stand for when the vocabulary cannot be read; no
+# tokenizer in use comes near it (SmolLM2's longest entry is 81 bytes).
+FALLBACK_TOKEN_CHARS = 256
+
+
+def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
+    """The most characters one token of this vocabulary stands for: its longest entry's length
+    in bytes (a UTF-8 character takes at least one), or FALLBACK_TOKEN_CHARS."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(len(entry) for entry in vocab) or FALLBACK_TOKEN_CHARS
+    except Exception as exc:  # NOTE: only makes the check on characters looser
+        log.info("vocabulary not readable (%s); assuming a token is at most %d characters",
+                 exc, FALLBACK_TOKEN_CHARS)
+        return FALLBACK_TOKEN_CHARS
+
+
 class Prompting:
     """Chat template and tokenizer of one model: the exact token counts used for routing."""
 
     def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
+        self.token_chars = longest_token(tokenizer)
 
     def render(self, msg: Generate | Tokenize) -> str:
         if msg.messages is None:
@@ -137,6 +169,18 @@ class Prompting:
         # NOTE: the chat template already places the special tokens.
         ids = self.tokenizer.encode(text, add_special_tokens=False).input_ids.data
         return np.asarray(ids, dtype=np.int64).reshape(1, -1)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound of the text's token count, from its length alone: no token stands
+        for more than `token_chars` characters.
+
+        NOTE: tokenizing holds the GIL, so the worker's heartbeat thread waits for it: 4 MB of
+        text took 3 s (one long word) to 6.5 s (CJK) here, for nothing when the prompt cannot
+        fit anyway. A text with more than limit * token_chars characters is refused unread.
+        (Characters alone bound the count from below only this way round: that every token
+        stands for at least one character gives tokens <= characters, no refusal.)
+        """
+        return -(-len(text) // self.token_chars)
 
 
 class FaultInjector:
@@ -166,11 +210,15 @@ class FaultInjector:
 
 
 class EngineBase:
-    """What both LLM engines share: the inbox, prompt checks, frame emission, counters.
+    """What both LLM engines share: the inbox, admission, prompt checks, frame emission.
 
-    A subclass loads its pipeline (`load`, `warm_up`), starts or queues each request that
-    passed the checks (`_admit`) and does one round of work in `_step`; `run` calls `_step` on
-    the engine thread until told to stop.
+    Admission: every Generate and Tokenize the worker takes holds a slot (`_held`, by request
+    id) from submit() until its last frame; a worker holds at most max_running + max_queue.
+    A request that passed the checks is accepted and waits in `_queue` until the engine starts
+    it (`_step`): at most max_running run at once, the rest wait in that queue.
+
+    A subclass loads its pipeline (`load`, `warm_up`) and does one round of work in `_step`;
+    `run` calls `_step` on the engine thread until told to stop.
     """
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
@@ -182,6 +230,15 @@ class EngineBase:
         self._inbox: queue.SimpleQueue[Generate | Abort | Tokenize] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._active: dict[str, Active] = {}
+        # NOTE: ids, not a count: a request ends on one of several threads and paths (finish,
+        # refusal, abort while queued, drain), and releasing an id twice is harmless where
+        # decrementing a count twice would leak room.
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
+        # Accepted requests waiting for their turn; _lock also covers moving one from here
+        # into _active, so an abort finds it in one of the two.
+        self._queue: collections.deque[Prepared] = collections.deque()
+        self._lock = threading.Lock()
         self.generated_tokens = 0
         self.served = 0
         self.pipe: Any = None
@@ -189,14 +246,45 @@ class EngineBase:
         self.base_config: Any = None
         self.defaults: dict[str, float] = {}
         self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
+
+    @property
+    def blocking(self) -> bool:
+        return False
+
+    # --- admission -----------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.spec.max_running + self.spec.max_queue
+
+    def has_room(self) -> bool:
+        return len(self._held) < self.capacity
+
+    def _take(self, msg: Generate | Abort | Tokenize) -> None:
+        if not isinstance(msg, Abort):
+            with self._held_lock:
+                self._held.add(msg.id)
+
+    def _release(self, rid: str) -> None:
+        """The request's slot is free again: called before its last frame is emitted, so a
+        client that sends its next request on seeing that frame finds the room."""
+        with self._held_lock:
+            self._held.discard(rid)
+
+    def _refuse(self, failed: Failed) -> None:
+        self._release(failed.id)
+        self.emit(failed)
 
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
+        self._take(msg)
         self._inbox.put(msg)
         self._wake.set()
 
     @property
     def queue_depth(self) -> int:
-        return self._inbox.qsize()
+        """Requests taken but not generating: in the inbox, being checked, or waiting."""
+        return max(0, len(self._held) - len(self._active))
 
     @property
     def in_flight(self) -> int:
@@ -221,8 +309,27 @@ class EngineBase:
         raise NotImplementedError
 
     def _admit(self, ready: Prepared) -> None:
-        """Start a request that passed the checks, or queue it (per engine)."""
-        raise NotImplementedError
+        """Accept a request that passed the checks; it waits in the queue for its turn."""
+        with self._lock:
+            self._queue.append(ready)
+        self._accept(ready)
+        self._wake.set()
+
+    def _next(self) -> tuple[Prepared, Active | None] | None:
+        """The oldest waiting request, tracked as active (None: none waits). A request whose
+        deadline passed while it waited ends here with reason timeout (Active None) instead
+        of paying for a prompt nobody waits for."""
+        with self._lock:
+            if not self._queue:
+                return None
+            ready = self._queue.popleft()
+            active = self._track(ready, None)
+        if time.time() > ready.req.deadline:
+            active.cancelled = "timeout"
+            self._active.pop(ready.req.id, None)
+            self._finish(active)
+            return ready, None
+        return ready, active
 
     def _dispatch(self, msg: Generate | Abort | Tokenize) -> None:
         """Act on one message from the gateway."""
@@ -238,21 +345,58 @@ class EngineBase:
     def abort_all(self, reason: str) -> None:
         for active in list(self._active.values()):
             active.cancel(reason)
+        with self._lock:
+            queued = list(self._queue)
+            self._queue.clear()
+        for ready in queued:
+            self._refuse(Failed(id=ready.req.id, seq=1, code=ErrorCode.NOT_READY,
+                                message=f"worker {self.spec.name} is stopping",
+                                retry_elsewhere=True))
 
     def _abort(self, rid: str) -> bool:
-        """Stop a request that is generating; False when it is not."""
-        active = self._active.get(rid)
-        if active is None:
-            return False
-        log.info("abort request_id=%s after %d tokens", active.req.log_id or rid,
-                 active.completion_tokens, extra={"request_id": active.req.log_id or rid})
-        active.cancel("abort")
-        return True
+        """Stop a request that is generating or waiting; False when it is neither."""
+        # NOTE: under the lock that _next holds from dequeue to tracking, so an abort that
+        # arrives in between finds the request in one of the two, never in neither.
+        with self._lock:
+            active = self._active.get(rid)
+            if active is not None:
+                shown = active.req.log_id or rid
+                log.info("abort request_id=%s after %d tokens", shown, active.completion_tokens,
+                         extra={"request_id": shown})
+                active.cancel("abort")
+                return True
+            queued = [ready for ready in self._queue if ready.req.id == rid]
+            for ready in queued:
+                self._queue.remove(ready)
+        if queued:
+            # NOTE: the gateway closed the stream when it sent the abort: no frame is due.
+            self._release(rid)
+            shown = queued[0].req.log_id or rid
+            log.info("abort request_id=%s while queued", shown, extra={"request_id": shown})
+        return bool(queued)
 
     def _tokenize(self, msg: Tokenize) -> None:
         assert self.prompting is not None
-        n = int(self.prompting.encode(self.prompting.render(msg)).shape[1])
+        try:
+            text = self.prompting.render(msg)
+            floor = self.prompting.fewest_tokens(text)
+            if floor > self.context_length:
+                self._refuse(self._too_long(msg.id, text, floor, self.context_length, False))
+                return
+            n = int(self.prompting.encode(text).shape[1])
+        except Exception as exc:  # a template or tokenizer error is the request's fault
+            self._refuse(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            return
+        self._release(msg.id)
         self.emit(TokenCount(id=msg.id, seq=0, count=n))
+
+    def _too_long(self, rid: str, text: str, floor: int, limit: int, elsewhere: bool) -> Failed:
+        """A prompt refused on its length in characters, without tokenizing it."""
+        # NOTE: prompt_tokens stays unset: the prompt was not counted, `floor` is a bound.
+        return Failed(id=rid, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                      message=f"prompt is {len(text)} characters, so at least {floor} tokens; "
+                              f"this worker takes at most {limit}",
+                      retry_elsewhere=elsewhere, limit=limit)
 
     def _prepare(self, req: Generate) -> Prepared | None:
         """Template, tokenize and check one request; emits Failed and returns None if it
@@ -260,20 +404,26 @@ class EngineBase:
         assert self.prompting is not None
         received = time.time()
         if received > req.deadline:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
-                             message="request expired before it started", retry_elsewhere=True))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
+                                message="request expired before it started",
+                                retry_elsewhere=True))
             return None
+        limit, elsewhere = self.prompt_limit()
         try:
-            ids = self.prompting.encode(self.prompting.render(req))
+            text = self.prompting.render(req)
+            floor = self.prompting.fewest_tokens(text)
+            if floor > limit:
+                self._refuse(self._too_long(req.id, text, floor, limit, elsewhere))
+                return None
+            ids = self.prompting.encode(text)
         except Exception as exc:  # a template or tokenizer error is the request's fault
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         n = int(ids.shape[1])
-        limit, elsewhere = self.prompt_limit()
         if n > limit:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
-                             message=f"prompt is {n} tokens, this worker takes at most {limit}",
-                             retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                                message=f"prompt is {n} tokens, this worker takes at most {limit}",
+                                retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
             return None
         params = req.params
         unset = {k: v for k, v in self.defaults.items() if getattr(params, k, 0) is None}
@@ -282,7 +432,7 @@ class EngineBase:
         try:
             cfg = generation_config(params, self.base_config, self.room(n))
         except Exception as exc:
-            self.emit(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         return Prepared(req=req, ids=ids, config=cfg, received=received)
 
@@ -334,6 +484,7 @@ class EngineBase:
             total_ns=int((end - active.received) * 1e9),
         )
         self.served += 1
+        self._release(active.req.id)
         shown = active.req.log_id or active.req.id
         log.info("finished request_id=%s reason=%s prompt_tokens=%d completion_tokens=%d",
                  shown, reason, active.prompt_tokens, active.completion_tokens,

@@ -91,7 +91,12 @@ class WorkerProcess:
             sent_at=time.time(),
             stalled_for=(time.monotonic() - engine.progress_at
                          if engine is not None and engine.in_flight else 0.0),
+            blocking=engine.blocking if engine is not None else False,
         )
+
+    def _announce(self) -> None:
+        """A heartbeat now, from the engine thread (see Engine.announce)."""
+        self.publish(self.heartbeat())
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -133,9 +138,13 @@ class WorkerProcess:
                              message=f"worker {self.spec.name} is {self.state.label}",
                              retry_elsewhere=True))
             return
-        if engine.queue_depth >= self.spec.max_queue:
+        # NOTE: answered at once, never queued: a full worker says so and the gateway tries
+        # the next worker for the model, else answers 503 with Retry-After. Only this thread
+        # submits, so the room seen here is still there when submit() takes it.
+        if not engine.has_room():
             self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.QUEUE_FULL,
-                             message=f"worker {self.spec.name} queue is full",
+                             message=f"worker {self.spec.name} is full ({engine.in_flight} "
+                                     f"running, {engine.queue_depth} waiting)",
                              retry_elsewhere=True))
             return
         engine.submit(msg)
@@ -185,6 +194,7 @@ class WorkerProcess:
                 while not held.exists() and not self._stop.is_set():
                     time.sleep(0.1)
             engine: Engine = build_engine(self)
+            engine.announce = self._announce
             engine.load(self._compile_properties())
             self.engine = engine
             self.state = WorkerState.WARMING

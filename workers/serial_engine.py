@@ -4,24 +4,22 @@ An NPU pipeline is compiled for a fixed prompt length (MAX_PROMPT_LEN) plus a mi
 response length (MIN_RESPONSE_LEN) and serves one request at a time. Requests are checked
 the moment they arrive (exact token count with the model's tokenizer) so a prompt that is too
 long is refused at once with `retry_elsewhere`, even while another request is generating;
-accepted ones wait in a bounded queue. The same role runs on CPU in tests, with the same
-limits configured, to exercise this code where no NPU exists.
+accepted ones wait in the engine's bounded queue (max_queue, see workers/engine.py). The same
+role runs on CPU in tests, with the same limits configured, to exercise this code where no NPU
+exists.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 import time
 from typing import Any
 
 import openvino as ov
 import openvino_genai as ov_genai
 
-from protocol.config import WorkerSpec
 from protocol.messages import Abort, ErrorCode, Failed, Generate, Tokenize
-from workers.engine import Active, Emit, EngineBase, Prepared, Prompting
+from workers.engine import Active, EngineBase, Prepared, Prompting
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +46,6 @@ class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
 
 class SerialEngine(EngineBase):
     """One request at a time through an LLMPipeline; the others wait in a bounded queue."""
-
-    def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
-        super().__init__(spec, model_path, context_length, emit)
-        self._lock = threading.Lock()
-        self._queue: collections.deque[Prepared] = collections.deque()
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
 
     def prompt_limit(self) -> tuple[int, bool]:
         return self.spec.max_prompt_len, True
@@ -85,38 +74,18 @@ class SerialEngine(EngineBase):
     def submit(self, msg: Generate | Abort | Tokenize) -> None:
         # NOTE: checked on arrival, not when its turn comes, so a prompt too long for the NPU
         # goes elsewhere at once.
+        self._take(msg)
         self._dispatch(msg)
-
-    def _admit(self, ready: Prepared) -> None:
-        # NOTE: the queue bound is checked by the worker process before submit().
-        with self._lock:
-            self._queue.append(ready)
-        self._accept(ready)
-        self._wake.set()
-
-    def _abort(self, rid: str) -> bool:
-        # NOTE: under the lock that _step holds from dequeue to tracking, so an abort that
-        # arrives in between finds the request in one of the two, never in neither.
-        with self._lock:
-            if super()._abort(rid):
-                return True
-            queued = [ready for ready in self._queue if ready.req.id == rid]
-            for ready in queued:
-                self._queue.remove(ready)
-        if queued:
-            shown = queued[0].req.log_id or rid
-            log.info("abort request_id=%s while queued", shown, extra={"request_id": shown})
-        return bool(queued)
 
     # --- engine thread -------------------------------------------------------------------
 
     def _step(self) -> bool:
-        with self._lock:
-            ready = self._queue.popleft() if self._queue else None
-            active = self._track(ready, None) if ready is not None else None
-        if ready is None or active is None:
+        taken = self._next()
+        if taken is None:
             return False
-        self._generate(ready, active)
+        ready, active = taken
+        if active is not None:
+            self._generate(ready, active)
         return True
 
     def _generate(self, ready: Prepared, active: Active) -> None:
@@ -126,19 +95,10 @@ class SerialEngine(EngineBase):
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": req.log_id or req.id})
             self._active.pop(req.id, None)
-            self.emit(Failed(id=req.id, seq=active.seq, code=ErrorCode.INTERNAL,
-                             message=f"generation failed: {exc}"))
+            self._refuse(Failed(id=req.id, seq=active.seq, code=ErrorCode.INTERNAL,
+                                message=f"generation failed: {exc}"))
             return
         if not active.cancelled and active.completion_tokens >= ready.config.max_new_tokens:
             active.finish_reason = "length"
         self._active.pop(req.id, None)
         self._finish(active)
-
-    def abort_all(self, reason: str) -> None:
-        super().abort_all(reason)
-        with self._lock:
-            queued = list(self._queue)
-            self._queue.clear()
-        for ready in queued:
-            self.emit(Failed(id=ready.req.id, seq=1, code=ErrorCode.NOT_READY,
-                             message=f"worker {self.spec.name} is stopping", retry_elsewhere=True))

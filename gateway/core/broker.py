@@ -39,7 +39,7 @@ from protocol.sockets import (
     events_endpoint,
     worker_endpoint,
 )
-from protocol.states import ProcessState, observed, reported, transition
+from protocol.states import ProcessState, observed, reported, silence_allowed, transition
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,19 @@ class WorkerLink:
             return time.monotonic() - self.pid_since < self.spec.heartbeat_timeout
         # NOTE: a worker stuck mid-generation still heartbeats; stop routing to it as soon
         # as it has made no progress for its stall timeout (the supervisor then restarts it).
-        return (self.heartbeat_age() < self.spec.heartbeat_timeout
+        return (self.heartbeat_age() < self.silence_allowed()
                 and beat.stalled_for <= self.spec.stall_timeout)
 
     def heartbeat_age(self) -> float:
         return time.monotonic() - self.seen_at if self.seen_at else float("inf")
+
+    def silence_allowed(self) -> float:
+        """Seconds without a heartbeat before this worker counts as hung (what its last
+        heartbeat said decides: protocol/states.py)."""
+        beat = self.heartbeat
+        return silence_allowed(beat is not None and beat.blocking,
+                               beat.stalled_for if beat is not None else 0.0,
+                               self.spec.heartbeat_timeout, self.spec.stall_timeout)
 
     @property
     def serving(self) -> bool:
@@ -254,7 +262,7 @@ class Broker:
         while True:
             await asyncio.sleep(0.2)
             for link in self.links.values():
-                if link.requests and link.heartbeat_age() > link.spec.heartbeat_timeout:
+                if link.requests and link.heartbeat_age() > link.silence_allowed():
                     self.worker_lost(link.name, "stopped sending heartbeats")
 
     async def _events(self) -> None:

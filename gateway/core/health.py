@@ -27,7 +27,7 @@ def _describe(link: WorkerLink) -> str:
         return f"{link.name} has not reported yet"
     if state == ProcessState.UNRESPONSIVE and beat is not None:
         age = link.heartbeat_age()
-        if age >= link.spec.heartbeat_timeout:
+        if age >= link.silence_allowed():
             return f"{link.name} sent no heartbeat for {age:.0f} s"
         if beat.stalled_for > link.spec.stall_timeout:
             return f"{link.name} made no progress for {beat.stalled_for:.0f} s"

@@ -270,9 +270,13 @@ class Router:
                 observer.on_route(request_id, link.name, reason)
             return stream, frame, reason
         if too_long is not None and not busy:
+            if too_long.prompt_tokens is not None:
+                size = f"{too_long.prompt_tokens} tokens"
+            else:  # NOTE: refused on its length in characters, never counted
+                size = f"too long to count ({too_long.message})"
             raise GatewayError(
                 400, "context_length_exceeded",
-                f"the prompt is {too_long.prompt_tokens} tokens, longer than any worker for "
+                f"the prompt is {size}, longer than any worker for "
                 f"'{model.name}' takes (limit {too_long.limit})", param="messages")
         raise unavailable(f"no worker can take a request for '{model.name}' right now"
                           " (all busy, loading or down)")
