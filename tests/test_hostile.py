@@ -11,9 +11,11 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from serverctl import Server
 
 from gateway.api.ollama_template import render
 from gateway.api.tools import CallParser, Tool, parse_calls
@@ -145,3 +147,42 @@ def test_a_client_that_goes_away_frees_its_slot(base_url: str) -> None:
     while _in_flight(base_url, "llm") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _in_flight(base_url, "llm") == 0
+
+
+def test_a_pathological_template_never_stalls_another_stream(base_url: str) -> None:
+    """The template that once backtracked for minutes on the event loop is answered while a
+    stream on another connection keeps receiving tokens."""
+    body = {"model": "smollm2:135m", "stream": True, "max_tokens": 4000, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+    seen = 0
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            seen += line.startswith("data: {")
+            if seen >= 3:
+                break
+        bad = httpx.post(base_url + "/api/generate", timeout=60, json={
+            "model": "smollm2:135m", "prompt": "hi", "stream": False,
+            "options": {"num_predict": 1}, "template": "{{" + " " * 20_000})
+        assert bad.status_code in (200, 400)
+        for line in lines:
+            seen += line.startswith("data: {")
+            if seen >= 6:
+                break
+    assert seen >= 6
+
+
+def test_a_timed_out_request_frees_its_slot(tmp_path: Path) -> None:
+    server = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
+                    inference_timeout=2.0).start()
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "max_tokens": 4000, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me a very long story."}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        deadline = time.monotonic() + 60
+        while _in_flight(server.url, "llm") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _in_flight(server.url, "llm") == 0
+    finally:
+        server.stop()
