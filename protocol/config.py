@@ -47,6 +47,12 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     stall_after_tokens: int | None = None
     # Stay loading until this file exists (a test can then observe the loading state).
     hold_load_until: str = ""
+    # Skip one sequence number in each request's frames once it has this many tokens (what
+    # a frame dropped by PUB looks like to the gateway).
+    gap_after_tokens: int | None = None
+    # Take no request (Generate) until this file exists: a client can give up before its
+    # request is accepted.
+    hold_accept_until: str = ""
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -189,6 +190,22 @@ class FaultInjector:
     def __init__(self, spec: WorkerSpec) -> None:
         self.faults = spec.faults
         self.tokens = 0
+        self._gapped: set[str] = set()
+
+    def gap_due(self, rid: str, tokens: int) -> bool:
+        """True once per request, when its frames should skip a sequence number."""
+        limit = self.faults.gap_after_tokens
+        if limit is None or tokens < limit or rid in self._gapped:
+            return False
+        self._gapped.add(rid)
+        log.error("fault hook: skipping a frame of request %s", rid)
+        return True
+
+    def hold_accept(self) -> None:
+        """Block until the hold_accept_until file exists (when set)."""
+        held = self.faults.hold_accept_until
+        while held and not Path(held).exists():
+            time.sleep(0.05)
 
     def on_tokens(self, n: int) -> None:
         f = self.faults
@@ -338,6 +355,7 @@ class EngineBase:
         elif isinstance(msg, Tokenize):
             self._tokenize(msg)
         else:
+            self.faults.hold_accept()
             ready = self._prepare(msg)
             if ready is not None:
                 self._admit(ready)
@@ -465,6 +483,8 @@ class EngineBase:
         if active.text:
             chunk = "".join(active.text)
             active.text.clear()
+            if self.faults.gap_due(active.req.id, active.completion_tokens):
+                active.seq += 1
             self.emit(Delta(id=active.req.id, seq=active.seq, text=chunk,
                             tokens=active.completion_tokens))
             active.seq += 1

@@ -84,6 +84,8 @@ class HealthRoutes:
             "pid": beat.pid if beat is not None else None,
             "queue": beat.queue if beat is not None else 0,
             "in_flight": beat.in_flight if beat is not None else 0,
+            # The gateway's own open requests on this worker (streams it routes frames to).
+            "gateway_requests": len(link.requests) if link is not None else 0,
             "served": beat.served if beat is not None else 0,
             "load_seconds": round(beat.load_seconds, 3) if beat is not None else None,
             "restarts": restarts,

@@ -1,0 +1,76 @@
+"""Every way a request ends frees its slot, in the gateway and in the worker (issue 14).
+
+`/health/devices` shows both: `gateway_requests` (streams the gateway routes frames to) and
+`in_flight` (requests the worker runs). Each test makes one way of ending happen through an
+explicit fault hook and waits on those figures; none depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serverctl import Server
+
+LONG_ANSWER = {"model": "smollm2:135m", "max_tokens": 4000, "ignore_eos": True,
+               "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+
+
+def _row(srv: Server, worker: str = "llm") -> dict[str, Any]:
+    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
+    return dict(next(w for w in rows if w["name"] == worker))
+
+
+def _wait_free(srv: Server, worker: str = "llm", timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    row = _row(srv, worker)
+    while (row["in_flight"] or row["gateway_requests"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        row = _row(srv, worker)
+    return row
+
+
+def test_a_frame_gap_ends_the_request_and_frees_both_slots(tmp_path: Path) -> None:
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
+                                     "faults": {"gap_after_tokens": 8}}]).start()
+    try:
+        error = None
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
+                          json={**LONG_ANSWER, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and "error" in json.loads(line[6:]):
+                    error = json.loads(line[6:])["error"]
+        assert error is not None and "frame" in error["message"]
+        row = _wait_free(srv)
+        # NOTE: without the abort the worker would go on to 4,000 tokens for nobody.
+        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
+    finally:
+        srv.stop()
+
+
+def test_a_client_gone_before_acceptance_frees_both_slots(tmp_path: Path) -> None:
+    gate = tmp_path / "accept"
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
+                                     "faults": {"hold_accept_until": str(gate)}}]).start()
+    try:
+        # The worker takes nothing until the gate exists: the client gives up first.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/chat/completions", json=LONG_ANSWER, timeout=1.0)
+        deadline = time.monotonic() + 60
+        while _row(srv)["gateway_requests"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _row(srv)["gateway_requests"] == 0
+        gate.touch()
+        # The worker now takes the request, then its abort.
+        row = _wait_free(srv)
+        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200
+    finally:
+        srv.stop()
