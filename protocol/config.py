@@ -53,6 +53,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Take no request (Generate) until this file exists: a client can give up before its
     # request is accepted.
     hold_accept_until: str = ""
+    # Hold each request after the engine dequeued it (tracked as active) and before it starts
+    # generating, until this file exists: an abort can then arrive in exactly that window.
+    hold_start_until: str = ""
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
