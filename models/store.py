@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 MANIFEST = ".npu-proxy-manifest.json"
 STAGING = ".staging"
 ALIASES = "aliases.json"
+# GGUF models converted to OpenVINO IR once, so that restarts skip the conversion; each
+# folder's CONVERTED_FROM file names the GGUF it came from (see workers/gguf_ir.py).
+GGUF_IR = ".gguf-ir"
+CONVERTED_FROM = "converted-from.txt"
 
 
 class ManifestFile(msgspec.Struct, omit_defaults=True):
@@ -205,9 +209,19 @@ class ModelStore:
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.replace(target, trash)  # NOTE: gone from listings at once, even if rmtree is slow
         _remove(trash)
+        self._remove_converted(target)
         aliases = {a: t for a, t in self.aliases().items() if t != name}
         self._write_aliases(aliases)
         return True
+
+    def _remove_converted(self, folder: Path) -> None:
+        """Drop the IR converted from any GGUF file that was in `folder`."""
+        with contextlib.suppress(OSError):
+            for ir in (self.root / GGUF_IR).iterdir():
+                with contextlib.suppress(OSError):
+                    source = Path((ir / CONVERTED_FROM).read_text().strip())
+                    if inside(folder.resolve(), source):
+                        _remove(ir)
 
     def add_alias(self, alias: str, target: str) -> None:
         folder_name(alias)  # validates

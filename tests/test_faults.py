@@ -123,6 +123,8 @@ def test_sigkill_mid_stream(srv: Server) -> None:
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
         "model": LLM, "messages": SHORT, "max_tokens": 4})
     assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "npu"
+    # The restart read the IR kept from an earlier load instead of converting the GGUF again.
+    assert "loading the converted IR" in srv.worker_log("npu")
 
 
 def test_ollama_stream_gets_error_line_when_worker_dies(srv: Server) -> None:
