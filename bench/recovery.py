@@ -36,14 +36,16 @@ def in_process_load(cache: Path) -> float:
     """Seconds for the llm worker's pipeline (the IR its restarts load) to load and answer one
     token, in a fresh interpreter that has already imported OpenVINO GenAI."""
     code = f"""
-import time, openvino as ov, openvino_genai as g
+import time, pathlib, openvino_genai as g
 from models.locate import locate
 from protocol.config import Config
 from workers.gguf_ir import loadable
-path = loadable(str(locate(Config(), "smollm2:135m").path), __import__("pathlib").Path({str(cache)!r}))
+cache = pathlib.Path({str(cache)!r})
+path = loadable(str(locate(Config(), "smollm2:135m").path), cache)
 start = time.monotonic()
 s = g.SchedulerConfig(); s.enable_prefix_caching = True; s.cache_size = 1
-pipe = g.ContinuousBatchingPipeline(path, s, "CPU", {{"CACHE_DIR": {str(cache / "ov_cache" / "cpu")!r}}})
+props = {{"CACHE_DIR": str(cache / "ov_cache" / "cpu")}}
+pipe = g.ContinuousBatchingPipeline(path, s, "CPU", props)
 cfg = g.GenerationConfig(); cfg.max_new_tokens = 1
 pipe.generate(["Hello"], [cfg])
 print(time.monotonic() - start)

@@ -44,6 +44,20 @@ def test_converted_once_then_loaded_as_ir(tmp_path: Path,
     assert _greedy(first) == _greedy(str(gguf))
 
 
+def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.gguf"
+    gone.write_bytes(b"GGUF")
+    stale = ir_folder(tmp_path / "cache" / GGUF_IR, gone)
+    stale.mkdir(parents=True)
+    (stale / "converted-from.txt").write_text(f"{gone.resolve()}\n")
+    gone.unlink()
+    (tmp_path / "model.gguf").write_bytes(b"not a model")
+    # A conversion that fails still costs only the speed-up: the GGUF itself is loaded.
+    assert loadable(str(tmp_path / "model.gguf"), tmp_path / "cache") == str(
+        tmp_path / "model.gguf")
+    assert not stale.exists() and list((tmp_path / "cache" / GGUF_IR).iterdir()) == []
+
+
 def test_an_ir_folder_is_loaded_as_it_is(tmp_path: Path) -> None:
     assert loadable(str(tmp_path), tmp_path / "cache") == str(tmp_path)
     assert not (tmp_path / "cache").exists()

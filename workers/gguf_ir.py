@@ -41,6 +41,7 @@ def loadable(model_path: str, cache: Path) -> str:
     if (done / COMPLETE).is_file():
         log.info("loading the converted IR of %s from %s", gguf.name, done)
         return str(done)
+    _prune(done.parent)
     try:
         _convert(gguf, done)
     except Exception:
@@ -48,6 +49,21 @@ def loadable(model_path: str, cache: Path) -> str:
         log.exception("could not keep %s as IR; loading the GGUF file itself", gguf.name)
         return model_path
     return str(done)
+
+
+def _prune(root: Path) -> None:
+    """Drop converted folders whose GGUF file is gone (a removed virtual environment, a model
+    deleted by hand): nothing would ever load them again."""
+    if not root.is_dir():
+        return
+    for folder in root.iterdir():
+        try:
+            source = Path((folder / COMPLETE).read_text().strip())
+        except OSError:
+            continue  # another worker's conversion in progress, or not ours
+        if not source.exists():
+            log.info("removing %s: its GGUF %s is gone", folder, source)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _convert(gguf: Path, done: Path) -> None:
