@@ -88,6 +88,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Continuous batching (llm role).
     max_batch_tokens: int = 2048
     kv_cache_gb: float = 1.0
+    # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
+    # n-grams of the prompt (of at most prompt_lookup_ngram tokens) and verified in one pass;
+    # 0 = off. Output is unchanged; tasks that repeat their input (rewrite, edit code,
+    # extract) decode faster. See bench/lookup.py.
+    prompt_lookup: int = 0
+    prompt_lookup_ngram: int = 3
     # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
     # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
     # device does not know makes the load fail with OpenVINO's message.
@@ -109,6 +115,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.stall_timeout = 300.0 if self.role == "npu" else 120.0
         if self.max_queue <= 0:
             self.max_queue = 4 if self.role == "npu" else 64
+        if self.prompt_lookup < 0 or self.prompt_lookup_ngram < 1:
+            raise ValueError("prompt_lookup must be >= 0 and prompt_lookup_ngram >= 1")
+        if self.prompt_lookup and self.role != "llm":
+            raise ValueError(f"worker {self.name}: prompt_lookup needs the llm role")
         if self.role == "npu":
             self.max_running = 1
         elif self.max_running <= 0:
