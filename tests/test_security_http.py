@@ -212,7 +212,8 @@ def test_a_configured_origin_gets_cors_answers(opened: Server) -> None:
         "Origin": ALLOWED, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers":
             "x-api-key,anthropic-version,anthropic-dangerous-direct-browser-access,"
-            "content-type,x-stainless-lang,x-stainless-retry-count", **BROWSER})
+            "content-type,x-stainless-lang,x-stainless-retry-count",
+        "Access-Control-Request-Private-Network": "true", **BROWSER})
     # A preflight never carries the key; it is answered before the key is asked for.
     assert preflight.status_code == 204
     assert preflight.headers["access-control-allow-origin"] == ALLOWED
@@ -224,6 +225,7 @@ def test_a_configured_origin_gets_cors_answers(opened: Server) -> None:
             "anthropic-beta", "anthropic-dangerous-direct-browser-access", "openai-beta",
             "x-stainless-lang", "x-stainless-retry-count", "x-stainless-os"} <= allowed
     assert "Origin" in preflight.headers["vary"]
+    assert preflight.headers["access-control-allow-private-network"] == "true"
     # The page can read a refusal (no key) and an answer (key).
     r = httpx.get(opened.url + "/v1/models", headers={"Origin": ALLOWED, **BROWSER})
     assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ALLOWED

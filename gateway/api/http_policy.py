@@ -156,7 +156,7 @@ class HttpPolicyMiddleware:
             return
         if (origin is not None and method == "OPTIONS"
                 and _header(scope, b"access-control-request-method") is not None):
-            await self._preflight(origin)(scope, receive, send)
+            await self._preflight(scope, origin)(scope, receive, send)
             return
 
         async def send_with_cors(message: Message) -> None:
@@ -179,11 +179,16 @@ class HttpPolicyMiddleware:
             return
         await self.app(scope, receive, send_with_cors)
 
-    def _preflight(self, origin: str) -> Response:
-        return Response(status_code=204, headers={
+    def _preflight(self, scope: Scope, origin: str) -> Response:
+        headers = {
             "Access-Control-Allow-Origin": origin,
             "Access-Control-Allow-Methods": ALLOW_METHODS,
             "Access-Control-Allow-Headers": ALLOW_HEADERS,
             "Access-Control-Max-Age": "600",
             "Vary": "Origin",
-        })
+        }
+        # NOTE: Chrome's Private Network Access asks this before a public page (an allowed
+        # origin) may reach a loopback or LAN address.
+        if _header(scope, b"access-control-request-private-network") == "true":
+            headers["Access-Control-Allow-Private-Network"] = "true"
+        return Response(status_code=204, headers=headers)
