@@ -79,7 +79,7 @@ def test_a_foreign_host_is_refused_in_each_api_shape(base_url: str, path: str,
 def test_loopback_hosts_are_served(base_url: str) -> None:
     port = base_url.rsplit(":", 1)[1]
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST",
-                 "127.0.0.1"):
+                 "127.0.0.1", f"0.0.0.0:{port}"):
         r = httpx.get(base_url + "/api/tags", headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
 

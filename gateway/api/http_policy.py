@@ -4,10 +4,11 @@ by `host`, `allowed_hosts` and `allowed_origins` (protocol/config.py). Refusals 
 calling API's own error shape (`dialect_for(scope)`).
 
 In order, for every HTTP request:
-1. Host: loopback names (localhost, 127.0.0.1, [::1], any port), the configured `host`, the
-   `allowed_hosts`, and, when bound to every address (0.0.0.0, ::), any IP literal. Anything
-   else is 403: a page whose name was re-pointed at this machine (DNS rebinding) sends its
-   own name, and no browser can send an IP literal for a name it resolved.
+1. Host: loopback names (localhost, 127.0.0.1, [::1], any port; also 0.0.0.0, which
+   reaches loopback), the configured `host`, the `allowed_hosts`, and, when bound to every
+   address (0.0.0.0, ::), any IP literal. Anything else is 403: a page whose name was
+   re-pointed at this machine (DNS rebinding) sends its own name, and no browser sends an
+   IP literal for a name it resolved.
 2. Origin (sent by browsers on every cross-origin request and on every POST): loopback
    origins and the `allowed_origins` get CORS answers (preflight included); any other origin
    is 403 with no CORS header, so the page can neither call nor read the API. Without an
@@ -106,7 +107,11 @@ class HttpPolicy:
         name = host_name(host)
         if name in self.hosts:
             return True
-        return _is_ip(name) and (self.any_ip or ipaddress.ip_address(name).is_loopback)
+        if not _is_ip(name):
+            return False
+        # NOTE: `OLLAMA_HOST=0.0.0.0` clients send Host 0.0.0.0 (it reaches loopback).
+        address = ipaddress.ip_address(name)
+        return self.any_ip or address.is_loopback or address.is_unspecified
 
     def origin_allowed(self, origin: str) -> bool:
         origin = origin.strip().lower()
