@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from models.portable import path_problem
 from models.registry import ModelNameError, canonical
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,14 @@ def folder_name(name: str) -> str:
 
 
 def safe_relative(path: str) -> bool:
-    """A repository file path that stays inside the folder it is written to."""
+    """A repository file path that stays inside the folder it is written to, and names the
+    same file on every platform (models/portable.py: no device names, streams, ...)."""
     if not path or path.startswith(("/", "\\")) or "\\" in path or "\x00" in path:
         return False
     if len(path) > 2 and path[1] == ":":
         return False  # a drive letter
     parts = path.split("/")
-    return all(p not in ("", ".", "..") for p in parts)
+    return all(p not in ("", ".", "..") for p in parts) and path_problem(path) is None
 
 
 def inside(root: Path, path: Path) -> bool:
