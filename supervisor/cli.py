@@ -21,6 +21,7 @@ from supervisor.cli_common import call, config_options, load
 from supervisor.logfiles import follow as follow_lines
 from supervisor.logfiles import tail
 from supervisor.models_cli import convert, models, pull, rm
+from supervisor.service_cli import service
 
 
 @click.group()
@@ -165,7 +166,7 @@ def _everything(obj: Any) -> Any:
     return obj
 
 
-for _command in (pull, models, rm, convert):
+for _command in (pull, models, rm, convert, service):
     main.add_command(_command)
 
 
