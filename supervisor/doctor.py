@@ -171,8 +171,10 @@ def check_worker_devices(config: Config, devices: list[Device]) -> list[Check]:
         if not spec.enabled or spec.device.split(":")[0] in ("AUTO", "HETERO", "MULTI"):
             continue
         ok = spec.device in found
+        limits = f" (max_prompt_len {spec.max_prompt_len}, min_response_len " \
+            f"{spec.min_response_len})" if spec.role == "npu" else ""
         checks.append(Check(f"device of {spec.name}", "ok" if ok else "fail",
-                            f"{spec.device}" + ("" if ok else " not found by OpenVINO")))
+                            spec.device + limits + ("" if ok else " not found by OpenVINO")))
     return checks
 
 

@@ -45,6 +45,14 @@ def _home_of(user: str) -> Path:
         return Path.home()
 
 
+def _make_folder(path: Path, owner: str) -> None:
+    """mkdir -p, the folders it creates owned by `owner` (the service's user) if given."""
+    missing = [p for p in [path, *path.parents] if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for folder in missing if owner else []:
+        shutil.chown(folder, owner, owner)
+
+
 def _systemctl(system: bool, *args: str, check: bool = True) -> int:
     argv = service_unit.systemctl_args(system, *args)
     click.echo(f"$ {shlex.join(argv)}")
@@ -101,6 +109,8 @@ def install(config_file: Path | None, system: bool, run_as: str | None, no_start
         if config.model_cache.startswith("~"):
             # NOTE: "~" is the service user's home, not the home of whoever runs sudo.
             model_cache = _home_of(user or "root") / config.model_cache.lstrip("~").lstrip("/")
+    if config_file is None:
+        click.echo("note: no --config: the service runs with the built-in defaults", err=True)
     spec = service_unit.installed_spec(current_command(), config_file, model_cache,
                                        config.grace_period, system, os.getuid(), user)
     text = service_unit.render_unit(spec)
@@ -109,9 +119,7 @@ def install(config_file: Path | None, system: bool, run_as: str | None, no_start
         click.echo(f"# {path}")
         click.echo(text, nl=False)
         return
-    model_cache.mkdir(parents=True, exist_ok=True)
-    if user:
-        shutil.chown(model_cache, user)
+    _make_folder(model_cache, user)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     click.echo(f"wrote {path}")

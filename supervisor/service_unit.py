@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.config import Config
+
 UNIT_NAME = "npu-proxy.service"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")
 # Seconds beyond the grace period: the supervisor waits up to 5 s for a killed child.
@@ -116,7 +118,7 @@ TEMPLATE = UnitSpec(
     config_file="%E/npu-proxy/config.toml",
     model_cache="%h/.cache/npu-proxy/models",
     runtime_name="npu-proxy-%U",
-    grace_period=10.0,
+    grace_period=Config().grace_period,
 )
 
 

@@ -78,7 +78,8 @@ def test_doctor_fails_on_a_model_or_device_that_cannot_be_found(tmp_path: Path) 
     done = _doctor(config, "--no-selftest")
     assert done.returncode == 1
     assert re.search(r"FAIL +model of llm +no-such-model:1b: .*not available", done.stdout)
-    assert re.search(r"FAIL +device of npu +NPU not found by OpenVINO", done.stdout)
+    assert re.search(r"FAIL +device of npu +NPU \(max_prompt_len 1024, min_response_len 128\) "
+                     r"not found by OpenVINO", done.stdout)
     assert "result: 2 problems" in done.stdout
 
 

@@ -21,7 +21,7 @@ _NAMED = ("FULL_DEVICE_NAME", "DEVICE_ARCHITECTURE", "DEVICE_TYPE", "OPTIMIZATIO
 # ... and any other read-only one whose name says driver, memory or version (NPU_DRIVER_VERSION,
 # NPU_DEVICE_TOTAL_MEM_SIZE, GPU_DEVICE_TOTAL_MEM_SIZE, ...): names differ between plugins and
 # releases, so they are matched rather than listed.
-_WORDS = ("DRIVER", "MEM_SIZE", "VERSION", "EXECUTION_UNITS", "GOPS", "TILES")
+_WORDS = ("DRIVER", "MEM_SIZE", "VERSION", "EXECUTION_UNITS", "GOPS", "TILES", "MAX_")
 # NOTE: an NPU pipeline is compiled for a fixed prompt length; small ones compile fastest.
 _NPU_SELFTEST = {"MAX_PROMPT_LEN": 64, "MIN_RESPONSE_LEN": 32}
 
