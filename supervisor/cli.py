@@ -18,9 +18,11 @@ from protocol.config import Config, is_loopback_host, redacted
 from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from protocol.logs import setup_logging
 from supervisor.cli_common import call, config_options, load
+from supervisor.doctor import doctor
 from supervisor.logfiles import follow as follow_lines
 from supervisor.logfiles import tail
 from supervisor.models_cli import convert, models, pull, rm
+from supervisor.service_cli import service
 
 
 @click.group()
@@ -177,7 +179,7 @@ def _everything(obj: Any) -> Any:
     return obj
 
 
-for _command in (pull, models, rm, convert):
+for _command in (pull, models, rm, convert, service, doctor):
     main.add_command(_command)
 
 
