@@ -173,6 +173,9 @@ def check_worker_devices(config: Config, devices: list[Device]) -> list[Check]:
         ok = spec.device in found
         limits = f" (max_prompt_len {spec.max_prompt_len}, min_response_len " \
             f"{spec.min_response_len})" if spec.role == "npu" else ""
+        if spec.prompt_lookup:
+            limits += f" (prompt lookup: {spec.prompt_lookup} tokens from " \
+                f"{spec.prompt_lookup_ngram}-grams)"
         checks.append(Check(f"device of {spec.name}", "ok" if ok else "fail",
                             spec.device + limits + ("" if ok else " not found by OpenVINO")))
     return checks

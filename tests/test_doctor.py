@@ -55,6 +55,13 @@ def test_doctor_json(tmp_path: Path) -> None:
         "openvino", "model cache", "runtime folder", "port", "model of llm", "model of embed"}
 
 
+def test_doctor_shows_a_workers_prompt_lookup(tmp_path: Path) -> None:
+    config = _config(tmp_path, workers=[{"name": "llm", "role": "llm", "prompt_lookup": 4}])
+    done = _doctor(config, "--no-selftest")
+    assert re.search(r"OK +device of llm +CPU \(prompt lookup: 4 tokens from 3-grams\)",
+                     done.stdout), done.stdout
+
+
 def test_doctor_fails_on_a_runtime_folder_with_bad_permissions(tmp_path: Path) -> None:
     (tmp_path / "rt").mkdir(mode=0o755)
     (tmp_path / "rt").chmod(0o755)
