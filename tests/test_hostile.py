@@ -186,3 +186,51 @@ def test_a_timed_out_request_frees_its_slot(tmp_path: Path) -> None:
         assert _in_flight(server.url, "llm") == 0
     finally:
         server.stop()
+
+
+# Each of these made OpenVINO's grammar compiler throw inside the batch step, which left the
+# pipeline unusable: every request on the worker failed and it restarted.
+UNCOMPILABLE = [
+    {"type": 1}, {"type": "strin"}, {"anyOf": []}, {"enum": []},
+    {"type": "object", "properties": {"a": {"$ref": "#/nope"}}},
+    {"type": "string", "pattern": "(("}, {"type": "string", "pattern": "(?=a)b"},
+    {"type": "string", "pattern": "\\bword"}, {"type": "string", "pattern": "(a)\\1"},
+    {"type": "string", "pattern": "\\p{L}+"},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}},
+    {"type": "array", "minItems": 3, "maxItems": 1},
+]
+
+
+def _restarts(base_url: str) -> int:
+    rows = httpx.get(base_url + "/health/devices", timeout=10).json()["workers"]
+    return int(next(w for w in rows if w["name"] == "llm")["restarts"])
+
+
+def test_a_schema_the_worker_cannot_compile_is_a_400_and_harms_no_one(base_url: str) -> None:
+    before = _restarts(base_url)
+    messages = [{"role": "user", "content": "Give me JSON."}]
+    for schema in UNCOMPILABLE:
+        openai = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+            "model": "smollm2:135m", "messages": messages, "max_tokens": 8,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "x", "schema": schema}}})
+        assert openai.status_code == 400, (schema, openai.text)
+        assert "JSON schema" in openai.json()["error"]["message"]
+        ollama = httpx.post(base_url + "/api/chat", timeout=60, json={
+            "model": "smollm2:135m", "messages": messages, "format": schema, "stream": False})
+        assert ollama.status_code == 400 and "JSON schema" in ollama.json()["error"]
+        tool = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+            "model": "smollm2:135m", "messages": messages, "max_tokens": 8,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"x": schema}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}})
+        assert tool.status_code == 400, (schema, tool.text)
+    # A schema it can compile is still served, by the same worker, never restarted.
+    good = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}},
+            "required": ["n"]}
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+        "model": "smollm2:135m", "messages": messages, "max_tokens": 30,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": good}}})
+    # NOTE: only that it is served: the tiny model may run to max_tokens inside the object.
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
+    assert _restarts(base_url) == before

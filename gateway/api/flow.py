@@ -38,6 +38,7 @@ from gateway.api.common import (
 )
 from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.limits import Limits
+from gateway.api.schema_check import check_schema
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
@@ -135,6 +136,8 @@ class Flow:
                   messages: list[ChatMessage] | None = None, prompt: str | None = None,
                   tools: list[dict[str, Any]] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
+        if params.json_schema is not None:
+            check_schema(params.json_schema)
         return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
                         tools=tools, log_id=request_id(request))
