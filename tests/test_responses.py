@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,7 +19,9 @@ import openai
 import pytest
 
 from gateway.api.response_store import ResponseStore
-from protocol.messages import ChatMessage
+from gateway.api.responses_reply import ResponseReply
+from gateway.core.errors import GatewayError
+from protocol.messages import Accepted, ChatMessage, Delta
 
 LLM = "smollm2:135m"
 ASK = "What is the weather in Paris?"
@@ -350,3 +353,57 @@ def test_store_bounds_count_bytes_and_age() -> None:
     assert len(small) < 3 and small.get("g")
     assert store.delete("d") and not store.delete("d")
     assert not ResponseStore(0, 10.0, 100).put("x", {}, said)
+
+
+def test_raw_stream_names_each_event_after_its_type(base_url: str) -> None:
+    body = {"model": LLM, "input": "Hi", "max_output_tokens": 4, "stream": True,
+            "store": False}
+    with httpx.stream("POST", base_url + "/v1/responses", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    names = [ln[7:] for ln in lines if ln.startswith("event: ")]
+    datas = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
+    assert len(names) == len(datas) == len(lines) // 2
+    assert names == [d["type"] for d in datas]  # and no [DONE] line
+    assert datas[0]["response"]["status"] == "in_progress"
+    assert datas[0]["response"]["usage"] is None
+
+
+# --- a failure mid-stream, without the server ------------------------------------------------
+
+
+class _LostWorker:
+    """What a Generation looks like to a reply when its worker dies after one delta."""
+
+    def __init__(self) -> None:
+        self.accepted = Accepted(id="r", seq=0, worker="llm", device="CPU", prompt_tokens=5)
+        self.finished = None
+        self.tokens = 1
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        yield Delta(id="r", seq=1, text="Hel", tokens=1)
+        raise GatewayError(503, "worker_lost", "worker llm exited")
+
+
+def test_worker_lost_mid_stream_is_response_failed() -> None:
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    store = ResponseStore(10, 60.0, 10_000)
+    reply = ResponseReply({"model": LLM, "tools": [], "tool_choice": "auto",
+                           "parallel_tool_calls": True}, None, store, [])
+
+    async def collect() -> list[dict[str, Any]]:
+        return [e async for e in reply.events(_LostWorker())]  # type: ignore[arg-type]
+
+    events = asyncio.run(collect())
+    parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e) for e in events]
+    assert [e.type for e in parsed] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.failed"]
+    assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
+    failed = parsed[-1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "server_error" and "exited" in failed.error.message
+    assert failed.output[0].status == "incomplete"  # type: ignore[union-attr]
+    assert store.get(reply.id) is None  # a failed response is not kept
