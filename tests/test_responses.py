@@ -407,3 +407,37 @@ def test_worker_lost_mid_stream_is_response_failed() -> None:
     assert failed.error.code == "server_error" and "exited" in failed.error.message
     assert failed.output[0].status == "incomplete"  # type: ignore[union-attr]
     assert store.get(reply.id) is None  # a failed response is not kept
+
+
+ODD_VALUES: list[Any] = [None, -1, 1.5, "x", "\u0000", [], [None], {}, True, 10**20, [{}],
+                         {"type": 1}]
+ITEMS: list[dict[str, Any]] = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+]
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}
+
+
+def test_fuzz_items_and_tools(base_url: str) -> None:
+    """Each field of an input item, a tool and the nested settings takes odd values: never a
+    5xx, every refusal in OpenAI's error shape."""
+    base = {"model": LLM, "max_output_tokens": 1, "store": False}
+    bodies = [{**base, "input": [{**item, key: v}, {"role": "user", "content": "x"}]}
+              for item in ITEMS for key in item for v in ODD_VALUES]
+    bodies += [{**base, "input": "x", "tools": [{**TOOL, key: v}]}
+               for key in TOOL for v in ODD_VALUES]
+    for v in ODD_VALUES:
+        bodies += [{**base, "input": "x", "tools": [TOOL], "tool_choice": v},
+                   {**base, "input": "x", "text": {"format": v}},
+                   {**base, "input": "x", "reasoning": v},
+                   {**base, "input": "x", "previous_response_id": v},
+                   {**base, "input": [{"role": "user", "content": [v]}]}]
+    failures = []
+    with httpx.Client(base_url=base_url, timeout=120) as http:
+        for body in bodies:
+            r = http.post("/v1/responses", json=body)
+            if r.status_code >= 500 or (r.status_code >= 400 and set(r.json()["error"]) != {
+                    "message", "type", "param", "code"}):
+                failures.append(f"{body}: {r.status_code} {r.text[:200]}")
+    assert not failures, "\n".join(failures)

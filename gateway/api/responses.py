@@ -122,7 +122,8 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage
         where = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            role = item.get("role")
+            role = ROLES.get(role) if isinstance(role, str) else None
             if role is None:
                 raise invalid(f"{where}.role must be user, assistant, system or developer",
                               param="input")
