@@ -199,6 +199,8 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
                       "with previous_response_id", param="conversation")
     if req.prompt is not None:
         raise invalid("prompt templates are not supported by this server", param="prompt")
+    if req.truncation not in (None, "auto", "disabled"):
+        raise invalid("truncation must be auto or disabled", param="truncation")
     meta = req.metadata or {}
     if len(meta) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in meta.items()):
         raise invalid("metadata takes at most 16 pairs, keys of at most 64 characters and "
@@ -223,12 +225,17 @@ def _choice_echo(value: str | dict[str, Any] | None) -> str | dict[str, Any]:
     return value or "auto"
 
 
-def _format_echo(text: TextConfig | None) -> dict[str, Any]:
+def _text_echo(text: TextConfig | None) -> dict[str, Any]:
     fmt = text.format if text is not None else None
-    if fmt is None or fmt.type in ("text", "json_object"):
-        return {"format": {"type": fmt.type if fmt else "text"}}
-    return {"format": {"type": fmt.type, "name": fmt.name, "schema": fmt.schema,
-                       "strict": fmt.strict, "description": fmt.description}}
+    verbosity = text.verbosity if text is not None else None
+    if verbosity not in (None, "low", "medium", "high"):
+        raise invalid("text.verbosity must be low, medium or high", param="text")
+    echo: dict[str, Any] = {"format": {"type": fmt.type if fmt else "text"},
+                            "verbosity": verbosity or "medium"}
+    if fmt is not None and fmt.type == "json_schema":
+        echo["format"] = {"type": fmt.type, "name": fmt.name, "schema": fmt.schema,
+                          "strict": fmt.strict, "description": fmt.description}
+    return echo
 
 
 # --- routes ------------------------------------------------------------------------------
@@ -246,20 +253,20 @@ class ResponsesRoutes(Translator):
             self.flow.delete("/v1/responses/{response_id}", self.delete),
         ]
 
-    def _stored(self, response_id: str) -> GatewayError:
+    def _not_found(self, response_id: str) -> GatewayError:
         return GatewayError(404, "not_found", f"Response with id '{response_id}' not found.")
 
     async def retrieve(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         found = self.store.get(response_id)
         if found is None:
-            raise self._stored(response_id)
+            raise self._not_found(response_id)
         return JSONResponse(found.body)
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
         if not self.store.delete(response_id):
-            raise self._stored(response_id)
+            raise self._not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     async def create(self, request: Request, req: ResponsesRequest) -> Turn:
@@ -295,7 +302,7 @@ class ResponsesRoutes(Translator):
             "previous_response_id": req.previous_response_id,
             "reasoning": reasoning(req.reasoning), "store": store,
             "temperature": req.temperature, "top_p": req.top_p,
-            "text": _format_echo(req.text), "tool_choice": _choice_echo(req.tool_choice),
+            "text": _text_echo(req.text), "tool_choice": _choice_echo(req.tool_choice),
             "tools": _tool_echo(req.tools), "truncation": req.truncation or "disabled",
             "user": req.user, "metadata": req.metadata or {}, "background": False,
         }
