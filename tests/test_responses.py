@@ -323,13 +323,20 @@ def test_agents_sdk_runs_a_function_tool(base_url: str) -> None:
         streamed = Runner.run_streamed(agent, ASK)
         async for _ in streamed.stream_events():
             pass
+        # The whole loop: the call is forced, its output goes back as a function_call_output
+        # item, and the next turn (tool_choice reset to auto) answers in text.
+        looped = await Runner.run(agent.clone(tool_use_behavior="run_llm_again"), ASK,
+                                  max_turns=4)
         await oai.close()
-        return result, streamed
+        return result, streamed, looped
 
-    result, streamed = asyncio.run(run())
-    assert len(seen) == 2 and all(isinstance(city, str) for city in seen)
+    result, streamed, looped = asyncio.run(run())
+    assert len(seen) == 3 and all(isinstance(city, str) for city in seen)
     assert result.final_output == f"Sunny in {seen[0]}"
     assert streamed.final_output == f"Sunny in {seen[1]}"
+    assert [type(item).__name__ for item in looped.new_items] == [
+        "ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"]
+    assert isinstance(looped.final_output, str)
 
 
 # --- the store, without the server ----------------------------------------------------------
