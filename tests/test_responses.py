@@ -210,6 +210,28 @@ def test_previous_response_id_continues(client: openai.OpenAI) -> None:
     assert info.value.code == "previous_response_not_found"
 
 
+def test_previous_response_id_with_a_function_call_output(client: openai.OpenAI) -> None:
+    """The stateful tool loop: only the call's output is sent, the call comes from the store."""
+    first = client.responses.create(model=LLM, input=ASK, tools=TOOLS, temperature=0,
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    max_output_tokens=64)
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    second = client.responses.create(
+        model=LLM, previous_response_id=first.id, tools=TOOLS, tool_choice="none",
+        temperature=0, max_output_tokens=16,
+        input=[{"type": "function_call_output", "call_id": call.call_id,
+                "output": "Sunny, 22 degrees"}])
+    assert [o.type for o in second.output] == ["message"]
+    stateless = client.responses.create(
+        model=LLM, tools=TOOLS, tool_choice="none", temperature=0, max_output_tokens=16,
+        store=False, input=[{"role": "user", "content": ASK}, call.model_dump(exclude_none=True),
+                            {"type": "function_call_output", "call_id": call.call_id,
+                             "output": "Sunny, 22 degrees"}])
+    assert second.usage is not None and stateless.usage is not None
+    assert second.usage.input_tokens == stateless.usage.input_tokens  # the same prompt
+    assert second.output_text == stateless.output_text
+
+
 def test_retrieve_and_delete(client: openai.OpenAI, base_url: str) -> None:
     resp = client.responses.create(model=LLM, input="Hello", temperature=0,
                                    max_output_tokens=8)
