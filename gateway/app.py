@@ -17,6 +17,7 @@ from gateway.api.auth import ApiKeyMiddleware
 from gateway.api.common import accept_request_id
 from gateway.api.embeddings import EmbeddingRoutes
 from gateway.api.flow import Flow
+from gateway.api.http_policy import HttpPolicyMiddleware
 from gateway.api.limits import BodyLimitMiddleware
 from gateway.api.model_admin import ModelRoutes
 from gateway.api.ollama import OllamaRoutes
@@ -106,6 +107,9 @@ class Gateway:
     def app(self) -> ASGIApp:
         starlette = Starlette(routes=self.routes(), lifespan=self.lifespan)
         inner: ASGIApp = ApiKeyMiddleware(starlette, self.config.api_key)
+        # NOTE: Host, Origin and body type come before the key (a preflight carries none)
+        # and inside the body limit, so a refused body has been read to its end.
+        inner = HttpPolicyMiddleware(inner, self.config)
         # NOTE: the body limit sits outside the key check, so a refused client's body is
         # read to its end too (see BodyLimitMiddleware), and inside the metrics and request
         # ids, so a 413 is counted and carries its X-Request-ID.

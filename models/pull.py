@@ -14,7 +14,9 @@ their sizes and digests (one metadata request); `run_pull()` downloads them.
   message saying to pull again, as `ollama pull` does.
 - Verification: every file's size; its sha256 when the hub gives one (LFS files), else its
   git blob id (small files stored in git).
-- Only allow-listed files are fetched, and no file path may leave the model folder.
+- Only allow-listed files are fetched; no file path may leave the model folder or be a name
+  Windows misreads (a device name, a `:` stream, a trailing dot: models/portable.py), and
+  both are checked before anything is created.
 
 Never imports OpenVINO: the gateway runs this in a thread.
 """
@@ -453,9 +455,11 @@ def run_pull(config: Config, plan: PullPlan, on_progress: OnProgress,
         return None
     store = ModelStore(config.model_cache_path())
     staging = store.staging_dir(plan.name)
+    # NOTE: containment is checked before anything is created: a link planted in the cache
+    # must not make the pull create folders where it points.
+    if not inside(store.root, staging):
+        raise PullRefused(f"the staging folder {staging} leaves the model cache")
     staging.parent.mkdir(parents=True, exist_ok=True)
-    if not inside(store.root, staging.parent):
-        raise PullRefused(f"the staging folder {staging.parent} leaves the model cache")
     lock = filelock.FileLock(str(store.lock_path(plan.name)))
     while True:
         try:
@@ -479,9 +483,9 @@ def run_pull(config: Config, plan: PullPlan, on_progress: OnProgress,
         headers["Accept-Encoding"] = "identity"
         for file in plan.files:
             dest = staging / file.path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not inside(staging, dest.parent):
+            if not safe_relative(file.path) or not inside(staging, dest):
                 raise PullRefused(f"{file.path} would be written outside the model cache")
+            dest.parent.mkdir(parents=True, exist_ok=True)
             url = hf_hub_url(plan.repo, file.path, revision=plan.commit or plan.revision,
                              endpoint=_endpoint())
             _fetch(url, headers, dest, file, _Reporter(file, on_progress, cancel))

@@ -20,6 +20,7 @@ from typing import Literal
 
 import msgspec
 
+from models.portable import component_problem
 from protocol.config import ModelSource as ModelSource
 
 
@@ -196,6 +197,11 @@ def canonical(name: str) -> str:
         raise ModelNameError(
             f"invalid model name {name!r}: use [namespace/]name[:tag] with letters, digits, "
             "'.', '_' and '-'")
+    # NOTE: each part becomes part of a folder name (models/store.py), on Windows too.
+    for part in re.split(r"[/:]", key):
+        problem = component_problem(part)
+        if problem is not None:
+            raise ModelNameError(f"invalid model name {name!r}: {part!r} has {problem}")
     return key
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from models.portable import path_problem
 from models.registry import ModelNameError, canonical
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 MANIFEST = ".npu-proxy-manifest.json"
 STAGING = ".staging"
 ALIASES = "aliases.json"
+# GGUF models converted to OpenVINO IR once, so that restarts skip the conversion; each
+# folder's CONVERTED_FROM file names the GGUF it came from (see workers/gguf_ir.py).
+GGUF_IR = ".gguf-ir"
+CONVERTED_FROM = "converted-from.txt"
 
 
 class ManifestFile(msgspec.Struct, omit_defaults=True):
@@ -70,13 +75,14 @@ def folder_name(name: str) -> str:
 
 
 def safe_relative(path: str) -> bool:
-    """A repository file path that stays inside the folder it is written to."""
+    """A repository file path that stays inside the folder it is written to, and names the
+    same file on every platform (models/portable.py: no device names, streams, ...)."""
     if not path or path.startswith(("/", "\\")) or "\\" in path or "\x00" in path:
         return False
     if len(path) > 2 and path[1] == ":":
         return False  # a drive letter
     parts = path.split("/")
-    return all(p not in ("", ".", "..") for p in parts)
+    return all(p not in ("", ".", "..") for p in parts) and path_problem(path) is None
 
 
 def inside(root: Path, path: Path) -> bool:
@@ -205,9 +211,19 @@ class ModelStore:
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.replace(target, trash)  # NOTE: gone from listings at once, even if rmtree is slow
         _remove(trash)
+        self._remove_converted(target)
         aliases = {a: t for a, t in self.aliases().items() if t != name}
         self._write_aliases(aliases)
         return True
+
+    def _remove_converted(self, folder: Path) -> None:
+        """Drop the IR converted from any GGUF file that was in `folder`."""
+        with contextlib.suppress(OSError):
+            for ir in (self.root / GGUF_IR).iterdir():
+                with contextlib.suppress(OSError):
+                    source = Path((ir / CONVERTED_FROM).read_text().strip())
+                    if inside(folder.resolve(), source):
+                        _remove(ir)
 
     def add_alias(self, alias: str, target: str) -> None:
         folder_name(alias)  # validates

@@ -7,8 +7,10 @@ JSON into the private runtime folder and passes its path.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +55,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Take no request (Generate) until this file exists: a client can give up before its
     # request is accepted.
     hold_accept_until: str = ""
+    # Hold each request after the engine dequeued it (tracked as active) and before it starts
+    # generating, until this file exists: an abort can then arrive in exactly that window.
+    hold_start_until: str = ""
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -85,6 +90,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Continuous batching (llm role).
     max_batch_tokens: int = 2048
     kv_cache_gb: float = 1.0
+    # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
+    # n-grams of the prompt (of at most prompt_lookup_ngram tokens) and verified in one pass;
+    # 0 = off. Output is unchanged; tasks that repeat their input (rewrite, edit code,
+    # extract) decode faster. See bench/lookup.py.
+    prompt_lookup: int = 0
+    prompt_lookup_ngram: int = 3
     # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
     # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
     # device does not know makes the load fail with OpenVINO's message.
@@ -106,6 +117,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.stall_timeout = 300.0 if self.role == "npu" else 120.0
         if self.max_queue <= 0:
             self.max_queue = 4 if self.role == "npu" else 64
+        if self.prompt_lookup < 0 or self.prompt_lookup_ngram < 1:
+            raise ValueError("prompt_lookup must be >= 0 and prompt_lookup_ngram >= 1")
+        if self.prompt_lookup and self.role != "llm":
+            raise ValueError(f"worker {self.name}: prompt_lookup needs the llm role")
         if self.role == "npu":
             self.max_running = 1
         elif self.max_running <= 0:
@@ -155,7 +170,19 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # log_backups older files (<name>.log.1 is the newest of them).
     log_max_bytes: int = 10 * 1024 * 1024
     log_backups: int = 3
+    # --- who may talk to the HTTP port (gateway/api/http_policy.py, gateway/api/auth.py).
+    # The key every route that does work or shows state wants (Bearer or x-api-key); "" =
+    # none. A bind to anything but loopback needs one, or allow_unauthenticated_remote.
     api_key: str = ""
+    # Serve a non-loopback address without a key: anyone who reaches the port can use it.
+    allow_unauthenticated_remote: bool = False
+    # Host header names accepted besides loopback (localhost, 127.0.0.1, [::1]) and `host`
+    # (a name, without port; "*" = any). Refusing the others stops DNS rebinding.
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # Browser origins (e.g. "https://chat.example.com", "http://*.example.lan:*", "*") whose
+    # pages may call the API; loopback origins (http://localhost:*, http://127.0.0.1:*,
+    # http://[::1]:*) always may, every other page is refused (403), like OLLAMA_ORIGINS.
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
     heartbeat_interval: float = 0.5
     grace_period: float = 10.0
     max_restarts: int = 5
@@ -202,6 +229,16 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Seconds a request waits for a worker to switch to the model it names.
     switch_timeout: float = 300.0
 
+    def remote_bind_refusal(self) -> str | None:
+        """Why this configuration must not start (a remote bind without a key), or None."""
+        if is_loopback_host(self.host) or self.api_key or self.allow_unauthenticated_remote:
+            return None
+        return (f"refusing to listen on {self.host or 'every address'} without an API key: "
+                "anyone who can reach the port could use it. Set api_key (NPU_PROXY_API_KEY), "
+                "or bind to 127.0.0.1 (--host 127.0.0.1), or accept the risk with "
+                "allow_unauthenticated_remote = true (NPU_PROXY_ALLOW_UNAUTHENTICATED_REMOTE=1 "
+                "or --allow-unauthenticated-remote)")
+
     def runtime_path(self) -> Path:
         return Path(self.runtime_dir or _default_runtime_dir())
 
@@ -215,8 +252,40 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
         raise KeyError(name)
 
 
-# Environment variable -> (config field, type). The npu-proxy specification's names.
-_ENV: dict[str, tuple[str, type]] = {
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback address: reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # NOTE: another name may resolve to anything; treated as remote
+
+
+REDACTED = "<redacted>"
+
+
+def redacted(config: Config) -> Config:
+    """The configuration as it may be shown or logged: the API key replaced."""
+    return msgspec.structs.replace(config, api_key=REDACTED) if config.api_key else config
+
+
+def _flag(value: str) -> bool:
+    low = value.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _names(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+# Environment variable -> (config field, parser). The npu-proxy specification's names, and
+# NPU_PROXY_ORIGINS as Ollama's OLLAMA_ORIGINS (comma-separated).
+_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NPU_PROXY_HOST": ("host", str),
     "NPU_PROXY_PORT": ("port", int),
     "NPU_PROXY_RUNTIME_DIR": ("runtime_dir", str),
@@ -226,6 +295,9 @@ _ENV: dict[str, tuple[str, type]] = {
     "NPU_PROXY_LOG_LEVEL": ("log_level", str),
     "NPU_PROXY_LOG_FORMAT": ("log_format", str),
     "NPU_PROXY_API_KEY": ("api_key", str),
+    "NPU_PROXY_ALLOW_UNAUTHENTICATED_REMOTE": ("allow_unauthenticated_remote", _flag),
+    "NPU_PROXY_ALLOWED_HOSTS": ("allowed_hosts", _names),
+    "NPU_PROXY_ORIGINS": ("allowed_origins", _names),
     "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
 }

@@ -14,7 +14,7 @@ from typing import Any
 import click
 import msgspec
 
-from protocol.config import Config
+from protocol.config import Config, is_loopback_host, redacted
 from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from protocol.logs import setup_logging
 from supervisor.cli_common import call, config_options, load
@@ -31,31 +31,42 @@ def main() -> None:
 @main.command()
 @click.argument("worker", required=False)
 @click.option("--quiet", is_flag=True, help="Do not echo the children's logs.")
+@click.option("--allow-unauthenticated-remote", "allow_remote", is_flag=True,
+              help="Serve a non-loopback --host without an API key (anyone who reaches the "
+                   "port can use it).")
 @config_options
-def start(worker: str | None, quiet: bool, **kw: Any) -> None:
+def start(worker: str | None, quiet: bool, allow_remote: bool, **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
     if worker:
         call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
     from supervisor.devices import discover
+    from supervisor.runtime_dir import RuntimeDirError
     from supervisor.service import AlreadyRunning, Supervisor
 
+    # NOTE: None, not False, without the flag: the file or environment may allow it.
+    opt_out = True if allow_remote else None
+
+    def reload() -> Config:
+        return load(**kw, devices=found, allow_unauthenticated_remote=opt_out)
+
+    # NOTE: the bind is checked before device discovery, so a refusal comes at once.
+    refusal = load(**kw, allow_unauthenticated_remote=opt_out).remote_bind_refusal()
+    if refusal is not None:
+        raise click.ClickException(refusal)
     found = discover()
-    config = load(**kw, devices=found)
+    config = reload()
     setup_logging("supervisor", config.log_level, config.log_format)
     logging.getLogger("supervisor").info(
         "devices: %s", ", ".join(f"{k} ({v})" for k, v in found.items()))
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+    if not is_loopback_host(config.host) and not config.api_key:
         logging.getLogger("supervisor").warning(
-            "listening on %s without an API key: anyone who can reach it can use it; "
-            "set NPU_PROXY_API_KEY", config.host)
-    def reload() -> Config:
-        return load(**kw, devices=found)
-
+            "ALLOW_UNAUTHENTICATED_REMOTE: listening on %s without an API key; anyone who "
+            "can reach port %d can run models, pull and delete them", config.host, config.port)
     try:
         code = Supervisor(config, echo=not quiet, reload=reload).run()
-    except AlreadyRunning as exc:
+    except (AlreadyRunning, RuntimeDirError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
 
@@ -146,10 +157,11 @@ def logs(worker: str, lines: int, follow: bool, **kw: Any) -> None:
 @main.command("config")
 @config_options
 def show_config(**kw: Any) -> None:
-    """Print the effective configuration as TOML (with the devices found here)."""
+    """Print the effective configuration as TOML (with the devices found here; the API key
+    shown as <redacted>)."""
     from supervisor.devices import discover
 
-    config = load(**kw, devices=discover())
+    config = redacted(load(**kw, devices=discover()))
     click.echo(msgspec.toml.encode(_everything(config)).decode())
 
 

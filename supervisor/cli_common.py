@@ -33,12 +33,13 @@ def config_options(func: F) -> F:
 
 def load(config_file: Path | None, host: str | None, port: int | None,
          runtime_dir: str | None, transport: str | None,
-         devices: dict[str, str] | None = None) -> Config:
-    """The configuration from the options of `config_options`."""
+         devices: dict[str, str] | None = None,
+         allow_unauthenticated_remote: bool | None = None) -> Config:
+    """The configuration from the options of `config_options` (and `start`'s opt-out)."""
     try:
-        return load_config(config_file, overrides={"host": host, "port": port,
-                                                   "runtime_dir": runtime_dir,
-                                                   "transport": transport}, devices=devices)
+        return load_config(config_file, overrides={
+            "host": host, "port": port, "runtime_dir": runtime_dir, "transport": transport,
+            "allow_unauthenticated_remote": allow_unauthenticated_remote}, devices=devices)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
 

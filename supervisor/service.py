@@ -12,7 +12,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -55,6 +54,7 @@ from protocol.sockets import (
 from protocol.states import Event, ProcessState, reported, silence_allowed
 from supervisor.children import Child
 from supervisor.logfiles import RotatingLog
+from supervisor.runtime_dir import prepare_runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,6 @@ class AlreadyRunning(Exception):
 
 class Refusal(Exception):
     """A control command that cannot be carried out; its message goes back as Refused."""
-
-
-def prepare_runtime_dir(path: Path) -> None:
-    """A private folder (0700) for the IPC endpoints, logs and the effective config."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid():
-        raise PermissionError(f"runtime folder {path} belongs to another user")
-    os.chmod(path, 0o700)
-    (path / "logs").mkdir(mode=0o700, exist_ok=True)
 
 
 class Supervisor:

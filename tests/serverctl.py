@@ -104,10 +104,10 @@ class Server:
         return subprocess.run([SUPERVISOR, *args, "--config", str(self.config_path)],
                               capture_output=True, text=True, check=check, timeout=60)
 
-    def start(self, wait: bool = True, timeout: float = 240.0) -> Server:
+    def start(self, wait: bool = True, timeout: float = 240.0, *flags: str) -> Server:
         log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [SUPERVISOR, "start", "--config", str(self.config_path)],
+            [SUPERVISOR, "start", "--config", str(self.config_path), *flags],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         if wait:

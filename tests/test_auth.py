@@ -1,4 +1,5 @@
-"""With an API key configured, every inference route wants it, in each API's error shape."""
+"""With an API key configured, every route that does work or shows state wants it, in each
+API's error shape."""
 
 from __future__ import annotations
 
@@ -65,4 +66,9 @@ def test_inference_timeout_ends_ollama_chat_with_reason_timeout(srv: Server) -> 
 
 def test_unknown_path_is_not_an_auth_leak(srv: Server) -> None:
     assert httpx.post(srv.url + "/v1/chat/completions", json={}).status_code == 401
-    assert httpx.get(srv.url + "/health/devices").status_code == 200
+    # Pids, errors and counters are state: they want the key; the probes do not.
+    assert httpx.get(srv.url + "/health/devices").status_code == 401
+    assert httpx.get(srv.url + "/metrics").status_code == 401
+    assert httpx.get(srv.url + "/health/ready").status_code == 200
+    assert httpx.get(srv.url + "/metrics",
+                     headers={"Authorization": f"Bearer {KEY}"}).status_code == 200

@@ -79,6 +79,11 @@ def pid_of(srv: Server, worker: str) -> int:
     return int(srv.children()[worker]["pid"])
 
 
+def gateway_requests(srv: Server, worker: str) -> int:
+    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
+    return int(next(w for w in rows if w["name"] == worker)["gateway_requests"])
+
+
 def reference_text(srv: Server, messages: list[dict[str, str]], max_tokens: int) -> str:
     """Greedy text for the prompt, taken the second time so that it (like the request it is
     compared with) comes with the prompt in the prefix cache: cached and freshly computed
@@ -106,6 +111,11 @@ def test_sigkill_mid_stream(srv: Server) -> None:
     # NOTE: promptness is shown by the path, not a stopwatch: the supervisor's exit event
     # ended the stream ("exited"), not the heartbeat timeout ("stopped sending heartbeats").
     assert "npu" in err[1]["error"]["message"] and "exited" in err[1]["error"]["message"]
+    # The lost worker's streams are unregistered in the gateway, not left to leak.
+    deadline = time.monotonic() + 60
+    while gateway_requests(srv, "npu") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gateway_requests(srv, "npu") == 0
     other.future.result(timeout=60)
     assert other.text() == expected
     assert other.events[-1][1]["choices"][0]["finish_reason"] == "length"
@@ -113,6 +123,8 @@ def test_sigkill_mid_stream(srv: Server) -> None:
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
         "model": LLM, "messages": SHORT, "max_tokens": 4})
     assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "npu"
+    # The restart read the IR kept from an earlier load instead of converting the GGUF again.
+    assert "loading the converted IR" in srv.worker_log("npu")
 
 
 def test_ollama_stream_gets_error_line_when_worker_dies(srv: Server) -> None:

@@ -62,6 +62,11 @@ def hub(source: Path) -> Iterator[FakeHub]:
         hub.add_file(repo, "README.md", data=b"# a test repository\n")
     hub.add_file("test/evil", "openvino_model.xml", data=b"<net/>")
     hub.add_file("test/evil", "../escape.json", data=b"{}")
+    # Names Windows misreads: a device (any extension), a data stream, a trailing dot.
+    for repo, path in (("test/win-dev", "AUX.json"), ("test/win-stream", "config.json:x"),
+                       ("test/win-dot", "tokenizer.json.")):
+        hub.add_file(repo, "openvino_model.xml", data=b"<net/>")
+        hub.add_file(repo, path, data=b"{}")
     hub.start()
     yield hub
     hub.stop()
@@ -152,6 +157,16 @@ def test_unsafe_names_are_refused(srv: Server, http: httpx.Client) -> None:
         assert "error" in r.json()
     r = http.post("/api/pull", json={"model": "hf.co/test/evil"})
     assert r.status_code == 400 and "unsafe" in r.json()["error"]
+    # Refused on every platform, before anything is created in the cache.
+    cache_before = sorted(p.relative_to(cache) for p in cache.rglob("*"))
+    for name in ("nul", "con.gguf:latest", "test/com1:latest", "smol:q4.", f"lpt9/{GGUF}"):
+        r = http.post("/api/pull", json={"model": name})
+        assert r.status_code == 400 and "invalid model name" in r.json()["error"], (name, r.text)
+    for repo in ("test/win-dev", "test/win-stream", "test/win-dot"):
+        r = http.post("/api/pull", json={"model": f"hf.co/{repo}"})
+        assert r.status_code == 400 and "unsafe" in r.json()["error"], (repo, r.text)
+    assert srv.cli("pull", "hf.co/test/win-dev", check=False).returncode != 0
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == cache_before
     assert http.request("DELETE", "/api/delete", json={"model": "../x"}).status_code == 400
     r = http.post("/api/copy", json={"source": DEFAULT, "destination": "../x"})
     assert r.status_code == 400

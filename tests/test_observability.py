@@ -6,6 +6,7 @@ followed through the gateway's and the worker's logs by its id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -288,7 +289,7 @@ def test_health_answers_while_the_worker_hangs_in_load(tmp_path: Path) -> None:
 # --- a real Prometheus -------------------------------------------------------------------
 
 
-def _prometheus_config(target: str, tmp: Path) -> Path:
+def _prometheus_config(target: str, tmp: Path, credentials: str = "") -> Path:
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     config["global"]["scrape_interval"] = "1s"
     config["global"]["evaluation_interval"] = "1s"
@@ -297,19 +298,23 @@ def _prometheus_config(target: str, tmp: Path) -> Path:
     job["scrape_timeout"] = "1s"
     assert job["static_configs"][0]["targets"] == ["127.0.0.1:11435"]
     job["static_configs"][0]["targets"] = [target]
+    if credentials:
+        # NOTE: what deploy/prometheus.yml says to add when an API key is set.
+        job["authorization"] = {"credentials": credentials}
     path = tmp / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-@pytest.fixture
-def prometheus(server: Server, tmp_path: Path) -> Iterator[str]:
+@contextlib.contextmanager
+def running_prometheus(server: Server, tmp_path: Path, credentials: str = "") -> Iterator[str]:
+    """A real Prometheus scraping `server` with deploy/prometheus.yml; yields its URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("no `prometheus` binary on PATH (Debian package `prometheus`; "
                     ".ci/run installs it)")
     port = free_port()
-    config = _prometheus_config(f"127.0.0.1:{server.port}", tmp_path)
+    config = _prometheus_config(f"127.0.0.1:{server.port}", tmp_path, credentials)
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
@@ -334,6 +339,12 @@ def prometheus(server: Server, tmp_path: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def prometheus(server: Server, tmp_path: Path) -> Iterator[str]:
+    with running_prometheus(server, tmp_path) as url:
+        yield url
 
 
 def query(prom: str, expr: str) -> list[dict[str, Any]]:

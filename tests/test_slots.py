@@ -8,6 +8,7 @@ explicit fault hook and waits on those figures; none depends on how fast this ma
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -72,5 +73,41 @@ def test_a_client_gone_before_acceptance_frees_both_slots(tmp_path: Path) -> Non
             "model": "smollm2:135m", "max_tokens": 4,
             "messages": [{"role": "user", "content": "Hi"}]})
         assert r.status_code == 200
+    finally:
+        srv.stop()
+
+
+def _wait_log(srv: Server, worker: str, needle: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = srv.worker_log(worker)
+        if needle in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{needle!r} never appeared in {worker}.log:\n{srv.worker_log(worker)}")
+
+
+def test_an_npu_abort_between_dequeue_and_start_is_not_lost(tmp_path: Path) -> None:
+    gate = tmp_path / "start"
+    srv = Server(tmp_path, workers=[{
+        "name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": 256,
+        "faults": {"hold_start_until": str(gate)}}]).start()
+    try:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
+                          headers={"X-Request-ID": "race-1"},
+                          json={**LONG_ANSWER, "max_tokens": 1000, "stream": True}) as r:
+            assert r.status_code == 200
+            # The engine took the request off its queue and holds it before the first step.
+            _wait_log(srv, "npu", "holding request_id=race-1 before it starts")
+        # The client is gone: the gateway's abort reaches the worker inside that window.
+        _wait_log(srv, "npu", "abort request_id=race-1")
+        gate.touch()
+        log = _wait_log(srv, "npu", "finished request_id=race-1")
+        line = next(x for x in log.splitlines() if "finished request_id=race-1" in x)
+        # NOTE: a lost abort would run on to 1,000 tokens; the held one stops at its first.
+        tokens = re.search(r"completion_tokens=(\d+)", line)
+        assert "reason=abort" in line and tokens is not None and int(tokens[1]) <= 1, line
+        row = _wait_free(srv, "npu")
+        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
     finally:
         srv.stop()

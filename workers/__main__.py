@@ -32,11 +32,13 @@ def _build_engine(proc: WorkerProcess) -> Engine:
                            build_minilm=found.origin is Origin.EMBEDDED_IR)
     from models.facts import describe_model
     from workers.batch_engine import BatchEngine
+    from workers.gguf_ir import loadable
     from workers.serial_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
     kind = SerialEngine if spec.role == "npu" else BatchEngine
-    engine = kind(spec, str(path), context or 2048, proc.emit)
+    engine = kind(spec, loadable(str(path), proc.config.model_cache_path()), context or 2048,
+                  proc.emit)
     engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)
     return engine
 

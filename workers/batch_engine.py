@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import queue
 import time
+from pathlib import Path
 from typing import Any
 
 import openvino as ov
 import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
-from protocol.messages import ErrorCode, Failed
+from protocol.messages import ErrorCode, Failed, SamplingParams
 from workers.engine import Emit, EngineBase, Prompting
+from workers.sampling import generation_config
 
 _DONE = (
     ov_genai.GenerationStatus.FINISHED,
@@ -29,6 +31,17 @@ _DONE = (
     ov_genai.GenerationStatus.STOP,
     ov_genai.GenerationStatus.IGNORED,
 )
+
+
+def _model_generation_config(model_path: str, pipe: Any) -> Any:
+    """The model's own generation defaults: its generation_config.json, else the tokenizer's
+    end-of-sequence token."""
+    saved = Path(model_path) / "generation_config.json"
+    cfg = ov_genai.GenerationConfig(str(saved)) if saved.is_file() else ov_genai.GenerationConfig()
+    if cfg.eos_token_id < 0:
+        cfg.eos_token_id = pipe.get_tokenizer().get_eos_token_id()
+    cfg.stop_token_ids = {t for t in cfg.stop_token_ids if t >= 0} | {cfg.eos_token_id}
+    return cfg
 
 
 class BatchEngine(EngineBase):
@@ -48,17 +61,25 @@ class BatchEngine(EngineBase):
         # (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of 8-14 s prefill.
         sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
         sched.max_num_seqs = self.spec.max_running
+        if self.spec.prompt_lookup:
+            properties = {**properties, "prompt_lookup": True}
         self.pipe = ov_genai.ContinuousBatchingPipeline(
             self.model_path, sched, self.spec.device, properties
         )
         self.prompting = Prompting(self.pipe.get_tokenizer(), self.context_length)
         self.base_config = self.pipe.get_config()
+        if self.base_config.eos_token_id < 0:
+            # NOTE: a prompt-lookup pipeline reports a blank config (no EOS, no stop ids).
+            self.base_config = _model_generation_config(self.model_path, self.pipe)
+        if self.spec.prompt_lookup:
+            self.base_config.num_assistant_tokens = self.spec.prompt_lookup
+            self.base_config.max_ngram_size = self.spec.prompt_lookup_ngram
 
     def warm_up(self) -> None:
         """A one-token generation, so the first real request does not pay for compilation."""
         assert self.prompting is not None
-        cfg = ov_genai.GenerationConfig()
-        cfg.max_new_tokens = 1
+        cfg = generation_config(SamplingParams(max_tokens=1, temperature=0.0),
+                                self.base_config, 1)
         ids = self.prompting.encode("Hello")
         handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
         while self.pipe.has_non_finished_requests():

@@ -184,6 +184,11 @@ class Prompting:
         return -(-len(text) // self.token_chars)
 
 
+def _hold(gate: str) -> None:
+    while gate and not Path(gate).exists():
+        time.sleep(0.05)
+
+
 class FaultInjector:
     """Test hooks, switched on explicitly per worker in the configuration."""
 
@@ -203,9 +208,14 @@ class FaultInjector:
 
     def hold_accept(self) -> None:
         """Block until the hold_accept_until file exists (when set)."""
-        held = self.faults.hold_accept_until
-        while held and not Path(held).exists():
-            time.sleep(0.05)
+        _hold(self.faults.hold_accept_until)
+
+    def hold_start(self, shown: str) -> None:
+        """Block until the hold_start_until file exists (when set)."""
+        gate = self.faults.hold_start_until
+        if gate and not Path(gate).exists():
+            log.warning("fault hook: holding request_id=%s before it starts", shown)
+            _hold(gate)
 
     def on_tokens(self, n: int) -> None:
         f = self.faults
@@ -346,6 +356,7 @@ class EngineBase:
             self._active.pop(ready.req.id, None)
             self._finish(active)
             return ready, None
+        self.faults.hold_start(ready.req.log_id or ready.req.id)
         return ready, active
 
     def _dispatch(self, msg: Generate | Abort | Tokenize) -> None:

@@ -19,6 +19,10 @@ def generation_config(
     `room` is how many tokens the context has left after the prompt.
     """
     cfg = ov_genai.GenerationConfig()
+    if base.is_prompt_lookup():
+        # NOTE: a prompt-lookup pipeline refuses any request without both fields.
+        cfg.num_assistant_tokens = base.num_assistant_tokens
+        cfg.max_ngram_size = base.max_ngram_size
     cfg.eos_token_id = base.eos_token_id
     cfg.stop_token_ids = set(base.stop_token_ids) | {base.eos_token_id}
     limit = params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS

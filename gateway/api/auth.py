@@ -1,9 +1,13 @@
-"""API key check for every inference route, answered in the calling API's own error shape
-(gateway/api/dialects.py decides which API a request speaks).
+"""API key check for every route that does work or shows state, answered in the calling
+API's own error shape (gateway/api/dialects.py decides which API a request speaks).
 
 Off unless `api_key` is configured. Clients send the key as `Authorization: Bearer` (OpenAI,
-Ollama behind a proxy) or `x-api-key` (Anthropic); both are accepted everywhere. Liveness,
-metrics and Ollama's probes (`/`, `/api/version`) stay open.
+Ollama behind a proxy, Prometheus' `authorization: credentials:`) or `x-api-key`
+(Anthropic); both are accepted everywhere. Only the probes stay open: liveness (`/health`),
+readiness (`/health/ready`, which load balancers ask without a key, and which names no pid,
+model or error) and Ollama's (`/`, `/api/version`). `/metrics`, `/health/devices` (pids,
+errors) and every model and inference route want the key. CORS preflights never carry it;
+gateway/api/http_policy.py answers them before this check.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.api.dialects import dialect_for
 from gateway.core.errors import GatewayError
 
-OPEN_PATHS = ("/", "/api/version", "/metrics")
+OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/health/ready"})
 
 
 def _sent_key(scope: Scope) -> str:
@@ -35,7 +39,6 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (scope["type"] != "http" or not self.api_key or path in OPEN_PATHS
-                or path.startswith("/health")
                 or hmac.compare_digest(_sent_key(scope).encode(), self.api_key)):
             await self.app(scope, receive, send)
             return

@@ -80,7 +80,8 @@ def http_status(exc: GatewayError) -> int:
 # --- OpenAI ------------------------------------------------------------------------------
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                 404: "invalid_request_error", 413: "invalid_request_error",
+                 403: "permission_error", 404: "invalid_request_error",
+                 413: "invalid_request_error", 415: "invalid_request_error",
                  429: "rate_limit_error", 503: "server_error", 504: "timeout"}
 
 

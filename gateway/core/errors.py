@@ -10,7 +10,7 @@ class GatewayError(Exception):
 
     kind is one of: invalid_request, model_not_found, context_length_exceeded, unavailable,
     worker_lost, timeout, authentication, internal, not_found, unsupported,
-    request_too_large.
+    request_too_large, forbidden, unsupported_media_type.
     """
 
     def __init__(

@@ -1,0 +1,199 @@
+"""Who may talk to the HTTP port from a browser: Host allow-list, Origin policy with CORS,
+Fetch Metadata, and JSON-only bodies. One middleware, outside the API key check, configured
+by `host`, `allowed_hosts` and `allowed_origins` (protocol/config.py). Refusals are in the
+calling API's own error shape (`dialect_for(scope)`).
+
+In order, for every HTTP request:
+1. Host: loopback names (localhost, 127.0.0.1, [::1], any port; also 0.0.0.0, which
+   reaches loopback), the configured `host`, the `allowed_hosts`, and, when bound to every
+   address (0.0.0.0, ::), any IP literal. Anything else is 403: a page whose name was
+   re-pointed at this machine (DNS rebinding) sends its own name, and no browser sends an
+   IP literal for a name it resolved.
+2. Origin (sent by browsers on every cross-origin request and on every POST): loopback
+   origins and the `allowed_origins` get CORS answers (preflight included); any other origin
+   is 403 with no CORS header, so the page can neither call nor read the API. Without an
+   Origin, `Sec-Fetch-Site: cross-site` marks a browser request from a foreign page (an
+   `<img>` or `<script>`), refused unless it is a top-level navigation.
+3. Body type: text/plain, multipart/form-data and application/x-www-form-urlencoded — the
+   three a page may send cross-origin without a preflight — are 415 on every route that
+   takes a body. A body with no Content-Type is accepted (non-browser clients that send raw
+   JSON); any other type needs a preflight, which step 2 governs. NOTE: `curl -d` sends
+   application/x-www-form-urlencoded, so curl needs `-H 'Content-Type: application/json'`
+   (or `--json`); every SDK (OpenAI, Anthropic, Ollama, LangChain) sends application/json.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.dialects import dialect_for
+from gateway.core.errors import GatewayError
+from protocol.config import Config
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+# What a page may send cross-origin without asking first (the CORS "simple" body types).
+SIMPLE_BODY_TYPES = frozenset({"text/plain", "multipart/form-data",
+                               "application/x-www-form-urlencoded"})
+ALLOW_METHODS = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
+# What the official SDKs send from a browser (OpenAI's and Anthropic's generated clients add
+# the x-stainless-* set; Anthropic's wants its direct-browser-access opt-in).
+ALLOW_HEADERS = ", ".join((
+    "Authorization", "Content-Type", "Accept", "User-Agent", "X-Requested-With",
+    "X-Request-ID", "x-api-key", "anthropic-version", "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access", "OpenAI-Beta", "OpenAI-Organization",
+    "OpenAI-Project", "x-stainless-arch", "x-stainless-async", "x-stainless-lang",
+    "x-stainless-os", "x-stainless-package-version", "x-stainless-runtime",
+    "x-stainless-runtime-version", "x-stainless-retry-count", "x-stainless-timeout",
+    "x-stainless-helper-method", "x-stainless-poll-helper",
+    "x-stainless-custom-poll-interval"))
+EXPOSE_HEADERS = ", ".join((
+    "X-Request-ID", "X-NPU-Proxy-Device", "X-NPU-Proxy-Worker", "X-NPU-Proxy-Route-Reason",
+    "X-NPU-Proxy-Token-Count", "Retry-After"))
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header value: no port, no brackets, lower case, no final dot."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _origin_pattern(pattern: str) -> re.Pattern[str]:
+    # NOTE: `*` stands for any run of characters within the origin (a subdomain, a port);
+    # an origin has no path, so it never reaches past one.
+    parts = (re.escape(part) for part in pattern.strip().lower().rstrip("/").split("*"))
+    return re.compile("[^/]*".join(parts))
+
+
+class HttpPolicy:
+    """The decisions, apart from the ASGI plumbing."""
+
+    def __init__(self, config: Config) -> None:
+        bound = host_name(config.host)
+        self.any_ip = bound in WILDCARD_BINDS
+        self.hosts = set(LOOPBACK_NAMES) | {host_name(h) for h in config.allowed_hosts}
+        if not self.any_ip:
+            self.hosts.add(bound)
+        self.any_host = "*" in self.hosts
+        self.origins = [_origin_pattern(o) for o in config.allowed_origins]
+
+    def host_allowed(self, host: str | None) -> bool:
+        if host is None or self.any_host:
+            return True  # NOTE: HTTP/1.0 without Host: not a browser
+        name = host_name(host)
+        if name in self.hosts:
+            return True
+        if not _is_ip(name):
+            return False
+        # NOTE: `OLLAMA_HOST=0.0.0.0` clients send Host 0.0.0.0 (it reaches loopback).
+        address = ipaddress.ip_address(name)
+        return self.any_ip or address.is_loopback or address.is_unspecified
+
+    def origin_allowed(self, origin: str) -> bool:
+        origin = origin.strip().lower()
+        parts = urlsplit(origin)
+        if parts.scheme in ("http", "https") and parts.hostname is not None:
+            name = parts.hostname
+            if name in LOOPBACK_NAMES or (_is_ip(name) and ipaddress.ip_address(name).is_loopback):
+                return True
+        return any(p.fullmatch(origin) for p in self.origins)
+
+
+def _refuse(scope: Scope, status: int, kind: str, message: str) -> Response:
+    response = dialect_for(scope).error_response(GatewayError(status, kind, message))
+    response.headers["Vary"] = "Origin"
+    return response
+
+
+class HttpPolicyMiddleware:
+    def __init__(self, app: ASGIApp, config: Config) -> None:
+        self.app = app
+        self.policy = HttpPolicy(config)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope.get("method", "GET")
+        host = _header(scope, b"host")
+        if not self.policy.host_allowed(host):
+            await _refuse(scope, 403, "forbidden",
+                          f"Host {host!r} is not served here; add it to allowed_hosts "
+                          "(NPU_PROXY_ALLOWED_HOSTS) if it names this server")(
+                              scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        if origin is not None and not self.policy.origin_allowed(origin):
+            await _refuse(scope, 403, "forbidden",
+                          f"origin {origin!r} is not allowed; add it to allowed_origins "
+                          "(NPU_PROXY_ORIGINS) to let its pages use this server")(
+                              scope, receive, send)
+            return
+        if origin is None and _header(scope, b"sec-fetch-site") == "cross-site" and not (
+                method in ("GET", "HEAD") and _header(scope, b"sec-fetch-mode") == "navigate"):
+            await _refuse(scope, 403, "forbidden",
+                          "a request from another site's page is not allowed")(
+                              scope, receive, send)
+            return
+        if (origin is not None and method == "OPTIONS"
+                and _header(scope, b"access-control-request-method") is not None):
+            await self._preflight(scope, origin)(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"vary", b"Origin"))
+                if origin is not None:
+                    headers.append((b"access-control-allow-origin", origin.encode("latin-1")))
+                    headers.append((b"access-control-expose-headers", EXPOSE_HEADERS.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        media = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+        if method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES:
+            # NOTE: an allowed page may read why (CORS headers added by send_with_cors).
+            error = GatewayError(415, "unsupported_media_type",
+                                 f"Content-Type {media} is not accepted: send the JSON body "
+                                 "as application/json")
+            await dialect_for(scope).error_response(error)(scope, receive, send_with_cors)
+            return
+        await self.app(scope, receive, send_with_cors)
+
+    def _preflight(self, scope: Scope, origin: str) -> Response:
+        headers = {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": ALLOW_METHODS,
+            "Access-Control-Allow-Headers": ALLOW_HEADERS,
+            "Access-Control-Max-Age": "600",
+            "Vary": "Origin",
+        }
+        # NOTE: Chrome's Private Network Access asks this before a public page (an allowed
+        # origin) may reach a loopback or LAN address.
+        if _header(scope, b"access-control-request-private-network") == "true":
+            headers["Access-Control-Allow-Private-Network"] = "true"
+        return Response(status_code=204, headers=headers)

@@ -1,0 +1,95 @@
+"""A GGUF model converted once to an OpenVINO IR folder in the model cache.
+
+OpenVINO GenAI builds an OpenVINO model from a GGUF file on every load (about 3.3 s for the
+embedded SmolLM2 on this machine's CPU), and a worker's restart is the product's answer to
+every fault. So the first load of a GGUF saves the model and its tokenizers as IR, keyed by the
+file's path, size and modification time, and every later load (restart, model switch back,
+another worker on the same model) reads that folder instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from models.store import CONVERTED_FROM as COMPLETE
+from models.store import GGUF_IR
+
+log = logging.getLogger(__name__)
+
+
+def ir_folder(root: Path, gguf: Path) -> Path:
+    """Where the IR of this GGUF file (as it is now on disk) lives under `root`."""
+    real = gguf.resolve()
+    st = real.stat()
+    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return root / f"{real.stem}-{key}"
+
+
+def loadable(model_path: str, cache: Path) -> str:
+    """The path a pipeline should load for `model_path`: its converted IR folder in the model
+    cache when it is a GGUF file (converting it now if that was never done), else
+    `model_path` unchanged. The folder is complete once its COMPLETE file exists (written
+    last, naming the GGUF file), so an interrupted conversion is never loaded."""
+    gguf = Path(model_path)
+    if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
+        return model_path
+    done = ir_folder(cache / GGUF_IR, gguf)
+    if (done / COMPLETE).is_file():
+        log.info("loading the converted IR of %s from %s", gguf.name, done)
+        return str(done)
+    _prune(done.parent)
+    try:
+        _convert(gguf, done)
+    except Exception:
+        # NOTE: a conversion that fails (disk full, read-only cache) costs only the speed-up.
+        log.exception("could not keep %s as IR; loading the GGUF file itself", gguf.name)
+        return model_path
+    return str(done)
+
+
+def _prune(root: Path) -> None:
+    """Drop converted folders whose GGUF file is gone (a removed virtual environment, a model
+    deleted by hand): nothing would ever load them again."""
+    if not root.is_dir():
+        return
+    for folder in root.iterdir():
+        try:
+            source = Path((folder / COMPLETE).read_text().strip())
+        except OSError:
+            continue  # another worker's conversion in progress, or not ours
+        if not source.exists():
+            log.info("removing %s: its GGUF %s is gone", folder, source)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _convert(gguf: Path, done: Path) -> None:
+    import openvino_genai as ov_genai
+
+    staging = done.with_name(f"{done.name}.{os.getpid()}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        # NOTE: GenAI saves the IR beside the file it loads, so it loads a link placed in the
+        # staging folder. Only LLMPipeline saves the tokenizers too (ContinuousBatching-
+        # Pipeline saves the model alone), and CPU compiles fastest, whatever the device.
+        link = staging / gguf.name
+        link.symlink_to(gguf.resolve())
+        log.info("converting %s to IR in %s (once)", gguf.name, done)
+        pipe = ov_genai.LLMPipeline(str(link), "CPU", enable_save_ov_model=True)
+        del pipe
+        link.unlink()
+        if not (staging / "openvino_model.xml").is_file():
+            raise RuntimeError("OpenVINO GenAI saved no openvino_model.xml")
+        (staging / COMPLETE).write_text(f"{gguf.resolve()}\n")
+        try:
+            staging.rename(done)
+        except OSError:
+            # NOTE: another worker converted the same file meanwhile; its folder is as good.
+            if not (done / COMPLETE).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
