@@ -24,6 +24,8 @@ from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
+from gateway.api.response_store import ResponseStore
+from gateway.api.responses import ResponsesRoutes
 from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
@@ -73,12 +75,14 @@ class Gateway:
         self.catalog = ModelCatalog(self.router)
         self.tooling = Tooling(self.catalog)
         self.flow = Flow(self.router, self.tooling)
+        self.responses = ResponseStore.from_config(config)
 
     def routes(self) -> list[Any]:
         routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
             *OpenAIRoutes(self.flow).routes(),
+            *ResponsesRoutes(self.flow, self.responses).routes(),
             *AnthropicRoutes(self.flow).routes(),
             *ModelRoutes(self.router).routes(),
             *OllamaRoutes(self.flow, self.catalog).routes(),

@@ -210,6 +210,13 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
+    # Responses API (/v1/responses): responses kept for previous_response_id and
+    # GET/DELETE /v1/responses/{id} (a request's `store`, true by default as in OpenAI), in the
+    # gateway's memory only: at most this many, each for this many seconds, and at most this
+    # many bytes of them all (their JSON); the oldest go first. 0 responses = none are kept.
+    responses_store_max: int = 1000
+    responses_store_ttl: float = 3600.0
+    responses_store_max_bytes: int = 256 * 1024 * 1024
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
     # The model every `claude-*` name (what Claude Code asks for) stands for, unless
     # model_aliases names it exactly; "" = the default LLM (first enabled llm/npu worker's).

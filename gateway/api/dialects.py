@@ -1,14 +1,15 @@
 """Which API a request speaks, decided in one place, and what is alike for all its routes.
 
-`dialect_for(scope)`: `/v1/messages*` is Anthropic's, every other `/v1/*` OpenAI's, and the
-rest (`/api/*`, `/`) Ollama's. `/v1/models*` belongs to both OpenAI and Anthropic; Anthropic's
+`dialect_for(scope)`: `/v1/messages*` is Anthropic's, `/v1/responses*` OpenAI's Responses API
+(OpenAI's error body, but named SSE events), every other `/v1/*` OpenAI's, and the rest
+(`/api/*`, `/`) Ollama's. `/v1/models*` belongs to both OpenAI and Anthropic; Anthropic's
 SDKs send `anthropic-version` on every request and OpenAI's never do, so that header decides.
 The auth middleware, /v1/models and the shared request path (gateway/api/flow.py) all ask it.
 
 A `Dialect` holds what every route of its API shares: the error body (`{"error": {...}}`,
 `{"type": "error", ...}` or `{"error": "..."}`) and status, Retry-After, and how a stream is
 framed (SSE `data:` lines, SSE named events, NDJSON) and ended. The translation of requests
-and responses is each API's own module: openai.py, anthropic.py, ollama.py.
+and responses is each API's own module: openai.py, responses.py, anthropic.py, ollama.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ NDJSON = "application/x-ndjson"
 
 @dataclass(frozen=True)
 class Dialect:
-    name: str  # "openai", "anthropic" or "ollama"
+    name: str  # "openai", "responses", "anthropic" or "ollama"
     media_type: str  # of a streamed response
     frame: Callable[[dict[str, Any]], bytes]  # one event of a stream
     end: bytes  # what closes a stream that completed
@@ -61,6 +62,13 @@ def sse_event(obj: dict[str, Any]) -> bytes:
     return b"event: " + str(obj["type"]).encode() + b"\ndata: " + dumps(obj) + b"\n\n"
 
 
+def sse_named(obj: dict[str, Any]) -> bytes:
+    # NOTE: the Responses API names each event after its data's `type` too; an error body
+    # (`{"error": {...}}`, no type) goes out as an `error` event, which the OpenAI SDK raises.
+    kind = obj.get("type", "error")
+    return b"event: " + str(kind).encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+
+
 def ndjson_line(obj: dict[str, Any]) -> bytes:
     return dumps(obj) + b"\n"
 
@@ -86,6 +94,9 @@ def openai_error(exc: GatewayError) -> dict[str, Any]:
 
 
 OPENAI = Dialect("openai", SSE, sse_data, b"data: [DONE]\n\n", openai_error, http_status)
+# NOTE: a Responses stream ends with its response.completed (or .incomplete, .failed) event,
+# no [DONE] line.
+RESPONSES = Dialect("responses", SSE, sse_named, b"", openai_error, http_status)
 
 
 # --- Anthropic ---------------------------------------------------------------------------
@@ -126,6 +137,8 @@ def dialect_for(scope: Scope) -> Dialect:
     path: str = scope.get("path", "")
     if path.startswith("/v1/messages"):
         return ANTHROPIC
+    if path.startswith("/v1/responses"):
+        return RESPONSES
     if path.startswith("/v1/"):
         if path.startswith("/v1/models") and any(
                 key == b"anthropic-version" for key, _ in scope.get("headers", ())):

@@ -94,14 +94,20 @@ class Flow:
 
     def get(self, path: str, handler: Handler) -> Route:
         """A route without a body whose errors are answered in its API's shape."""
+        return self._bodiless("GET", path, handler)
 
+    def delete(self, path: str, handler: Handler) -> Route:
+        """Like `get`, for DELETE (the Responses API's stored responses)."""
+        return self._bodiless("DELETE", path, handler)
+
+    def _bodiless(self, method: str, path: str, handler: Handler) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
                 return await handler(request)
             except GatewayError as exc:
                 return dialect_for(request.scope).error_response(exc)
 
-        return Route(path, endpoint, methods=["GET"], name=handler.__name__)
+        return Route(path, endpoint, methods=[method], name=handler.__name__)
 
     async def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                        requested: str, messages: list[ChatMessage] | None = None,

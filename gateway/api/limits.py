@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from gateway.core.model_table import ServedModel
 
 # What each API calls the output limit (OpenAI's max_completion_tokens lands on max_tokens).
-OUTPUT_PARAM = {"openai": "max_tokens", "anthropic": "max_tokens", "ollama": "num_predict"}
+OUTPUT_PARAM = {"openai": "max_tokens", "responses": "max_output_tokens",
+                "anthropic": "max_tokens", "ollama": "num_predict"}
 
 
 # --- the body ----------------------------------------------------------------------------
@@ -137,6 +138,16 @@ class Limits:
     def __init__(self, config: Config, catalog: ModelCatalog) -> None:
         self.config = config
         self.catalog = catalog
+
+    def check_items(self, items: int, tools: int) -> None:
+        """The Responses API's input items and tools, counted as sent, before they are
+        translated (several items may make one message, some none): the same two limits."""
+        if items > self.config.max_messages:
+            raise invalid(f"the request has {items} input items; the limit is "
+                          f"{self.config.max_messages} (max_messages)", param="input")
+        if tools > self.config.max_tools:
+            raise invalid(f"the request offers {tools} tools; the limit is "
+                          f"{self.config.max_tools} (max_tools)", param="tools")
 
     def check_input(self, messages: list[ChatMessage] | None, prompt: str | None,
                     tools: ToolRequest | None) -> None:

@@ -21,11 +21,13 @@ from gateway.api import embeddings as embed_api
 from gateway.api import model_admin as models_api
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
+from gateway.api import responses as responses_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/v1/chat/completions"): openai_api.ChatRequest,
     ("POST", "/v1/completions"): openai_api.CompletionRequest,
+    ("POST", "/v1/responses"): responses_api.ResponsesRequest,
     ("POST", "/v1/embeddings"): embed_api.OpenAIEmbeddingRequest,
     ("POST", "/v1/messages"): anthropic_api.MessagesRequest,
     ("POST", "/v1/messages/count_tokens"): anthropic_api.CountRequest,
@@ -38,6 +40,9 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/api/copy"): models_api.CopyRequest,
     ("DELETE", "/api/delete"): models_api.DeleteRequest,
 }
+
+# Routes whose method usually carries a body but whose handler takes none.
+BODILESS: set[tuple[str, str]] = {("DELETE", "/v1/responses/{response_id}")}
 
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
@@ -80,7 +85,8 @@ def document(routes: list[BaseRoute]) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "npu-proxy", "version": _version(),
-                 "description": "OpenAI, Ollama and Anthropic Messages APIs on OpenVINO GenAI"},
+                 "description": "OpenAI (chat, completions, responses), Ollama and Anthropic "
+                                "Messages APIs on OpenVINO GenAI"},
         "paths": paths,
         "components": {"schemas": components},
     }

@@ -183,6 +183,37 @@ def anthropic_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
     return tools
 
 
+def responses_tools(raw: list[Any] | None) -> list[Tool]:
+    """OpenAI Responses: flat `[{"type": "function", name, description, parameters, strict}]`.
+    Hosted tools (web_search, file_search, computer_use, mcp, ...) run on OpenAI's servers
+    only: a 400 that names the type, since a request counting on them cannot be answered."""
+    tools = []
+    for i, item in enumerate(raw or []):
+        if not isinstance(item, dict):
+            raise invalid(f"tools[{i}] must be an object", param="tools")
+        kind = item.get("type")
+        if kind != "function":
+            raise invalid(f"tools[{i}]: tool type {kind!r} is not supported by this server; "
+                          "only tools of type 'function' are", param="tools")
+        tools.append(_tool(item.get("name"), item.get("description"), item.get("parameters"),
+                           f"tools[{i}]"))
+    return tools
+
+
+def responses_choice(value: Any, has_tools: bool) -> ToolChoice:
+    """`none` | `auto` | `required` | `{"type": "function", "name"}` (the flat form)."""
+    if value is None:
+        return ToolChoice("auto" if has_tools else "none")
+    if value in ("none", "auto", "required"):
+        return ToolChoice(value)
+    if isinstance(value, dict) and value.get("type") == "function" and \
+            isinstance(value.get("name"), str):
+        return ToolChoice("required", value["name"])
+    raise invalid("tool_choice must be 'none', 'auto', 'required' or "
+                  '{"type": "function", "name": ...}; hosted tools are not supported',
+                  param="tool_choice")
+
+
 def openai_choice(value: Any, has_tools: bool) -> ToolChoice:
     """`none` | `auto` | `required` | `{"type": "function", "function": {"name"}}`."""
     if value is None:

@@ -1,0 +1,314 @@
+"""OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+Translates a request (`input` as a string or items, `instructions`, flat function `tools`,
+`text.format`, `max_output_tokens`, `previous_response_id`) into the one chat request every
+API makes (gateway/api/flow.py `Flow.chat`); the answer is rendered by
+gateway/api/responses_reply.py and kept, when `store` (default true), in the bounded memory
+of gateway/api/response_store.py. Errors are OpenAI's shape; the stream's named SSE events
+are the RESPONSES dialect (gateway/api/dialects.py).
+
+Input items: messages (roles user, assistant, system, developer; content a string or parts
+`input_text`/`output_text`), `function_call` (an assistant's call: consecutive ones make one
+assistant turn) and `function_call_output` (the tool's answer); `reasoning` items are
+skipped. Images, files, hosted tools, `background`, `conversation` and prompt templates are
+refused with a 400 that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.api.flow import Flow, Translator, Turn
+from gateway.api.params import json_schema_text, openai_params
+from gateway.api.response_store import ResponseStore
+from gateway.api.responses_reply import ResponseReply
+from gateway.api.tools import ToolRequest, history_call, responses_choice, responses_tools
+from gateway.core.errors import GatewayError, invalid
+from protocol.messages import ChatMessage, SamplingParams
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text")
+EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES = (None, "auto", "concise", "detailed")
+
+
+# --- request shapes ----------------------------------------------------------------------
+
+
+class TextFormat(msgspec.Struct):
+    type: str
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(msgspec.Struct):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class Reasoning(msgspec.Struct):
+    effort: str | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(msgspec.Struct):
+    model: str = ""
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    reasoning: Reasoning | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    stream: bool | None = False
+    truncation: str | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    # Extensions some clients send (vLLM style).
+    top_k: int | None = None
+    seed: int | None = None
+
+
+# --- translation -------------------------------------------------------------------------
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(f"{where}.content must be a string or a list of parts", param="input")
+    texts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind == "input_image":
+            raise invalid("this model does not support images", param="input")
+        elif kind in ("input_file", "input_audio"):
+            raise invalid(f"{where}.content[{j}]: {kind} is not supported by this model",
+                          param="input")
+        else:
+            raise invalid(f"{where}.content[{j}] must be a part of type input_text or "
+                          "output_text with a string 'text'", param="input")
+    return "".join(texts)
+
+
+def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage]:
+    """The input as chat messages (see the module docstring)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [ChatMessage(role="user", content=value)]
+    out: list[ChatMessage] = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            role = ROLES.get(role) if isinstance(role, str) else None
+            if role is None:
+                raise invalid(f"{where}.role must be user, assistant, system or developer",
+                              param="input")
+            out.append(ChatMessage(role=role, content=_content(item.get("content"), where)))
+        elif kind == "function_call":
+            name, call_id = item.get("name"), item.get("call_id")
+            if not isinstance(name, str) or not isinstance(call_id, str):
+                raise invalid(f"{where}: a function_call needs a string call_id and name",
+                              param="input")
+            call = history_call(call_id, name, item.get("arguments"))
+            if out and out[-1].role == "assistant":
+                out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
+            else:
+                out.append(ChatMessage(role="assistant", content="", tool_calls=[call]))
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{where}: a function_call_output needs a string call_id",
+                              param="input")
+            out.append(ChatMessage(role="tool", content=_content(item.get("output"), where),
+                                   tool_call_id=call_id))
+        elif kind == "reasoning":
+            continue  # NOTE: no model here thinks yet; another model's reasoning is not ours
+        else:
+            raise invalid(f"{where}: input items of type {kind!r} are not supported by this "
+                          "server", param="input")
+    return out
+
+
+def text_schema(text: TextConfig | None) -> str | None:
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_schema_text(None)
+    if fmt.type == "json_schema":
+        if fmt.schema is None:
+            raise invalid("text.format.schema is required for json_schema", param="text")
+        return json_schema_text(fmt.schema)
+    raise invalid(f"unknown text.format type '{fmt.type}'", param="text")
+
+
+def reasoning(value: Reasoning | None) -> dict[str, Any]:
+    """Accepted and echoed. NOTE: the hook for thinking models: effort changes nothing until
+    a worker can think; then it maps onto SamplingParams here and reasoning items and
+    output_tokens_details.reasoning_tokens come back (gateway/api/responses_reply.py)."""
+    value = value or Reasoning()
+    if value.effort not in EFFORTS:
+        raise invalid(f"reasoning.effort must be one of {', '.join(map(str, EFFORTS[1:]))}",
+                      param="reasoning")
+    if value.summary not in SUMMARIES:
+        raise invalid("reasoning.summary must be auto, concise or detailed", param="reasoning")
+    return {"effort": value.effort, "summary": value.summary}
+
+
+def sampling(req: ResponsesRequest) -> SamplingParams:
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise invalid("max_output_tokens must be at least 1", param="max_output_tokens")
+    if req.top_logprobs:
+        raise invalid("logprobs are not supported by this server", param="top_logprobs")
+    return openai_params(max_tokens=req.max_output_tokens, temperature=req.temperature,
+                         top_p=req.top_p, stop=None, seed=req.seed, presence_penalty=None,
+                         frequency_penalty=None, top_k=req.top_k,
+                         json_schema=text_schema(req.text))
+
+
+def _refuse_unsupported(req: ResponsesRequest) -> None:
+    if req.background:
+        raise invalid("background responses are not supported by this server",
+                      param="background")
+    if req.conversation is not None:
+        raise invalid("conversations are not supported by this server; continue a response "
+                      "with previous_response_id", param="conversation")
+    if req.prompt is not None:
+        raise invalid("prompt templates are not supported by this server", param="prompt")
+    if req.truncation not in (None, "auto", "disabled"):
+        raise invalid("truncation must be auto or disabled", param="truncation")
+    meta = req.metadata or {}
+    if len(meta) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in meta.items()):
+        raise invalid("metadata takes at most 16 pairs, keys of at most 64 characters and "
+                      "values of at most 512", param="metadata")
+
+
+def _tool_echo(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    out = []
+    for i, item in enumerate(raw or []):
+        strict = item.get("strict", True)
+        if not isinstance(strict, bool):
+            raise invalid(f"tools[{i}].strict must be a boolean", param="tools")
+        out.append({"type": "function", "name": item.get("name"),
+                    "description": item.get("description"),
+                    "parameters": item.get("parameters"), "strict": strict})
+    return out
+
+
+def _choice_echo(value: str | dict[str, Any] | None) -> str | dict[str, Any]:
+    if isinstance(value, dict):
+        return {"type": "function", "name": value.get("name")}
+    return value or "auto"
+
+
+def _text_echo(text: TextConfig | None) -> dict[str, Any]:
+    fmt = text.format if text is not None else None
+    verbosity = text.verbosity if text is not None else None
+    if verbosity not in (None, "low", "medium", "high"):
+        raise invalid("text.verbosity must be low, medium or high", param="text")
+    echo: dict[str, Any] = {"format": {"type": fmt.type if fmt else "text"},
+                            "verbosity": verbosity or "medium"}
+    if fmt is not None and fmt.type == "json_schema":
+        echo["format"] = {"type": fmt.type, "name": fmt.name, "schema": fmt.schema,
+                          "strict": fmt.strict, "description": fmt.description}
+    return echo
+
+
+# --- routes ------------------------------------------------------------------------------
+
+
+class ResponsesRoutes(Translator):
+    def __init__(self, flow: Flow, store: ResponseStore) -> None:
+        super().__init__(flow)
+        self.store = store
+
+    def routes(self) -> list[Route]:
+        return [
+            self.flow.post("/v1/responses", ResponsesRequest, self.create),
+            self.flow.get("/v1/responses/{response_id}", self.retrieve),
+            self.flow.delete("/v1/responses/{response_id}", self.delete),
+        ]
+
+    def _not_found(self, response_id: str) -> GatewayError:
+        return GatewayError(404, "not_found", f"Response with id '{response_id}' not found.")
+
+    async def retrieve(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        found = self.store.get(response_id)
+        if found is None:
+            raise self._not_found(response_id)
+        return JSONResponse(found.body)
+
+    async def delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        if not self.store.delete(response_id):
+            raise self._not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def create(self, request: Request, req: ResponsesRequest) -> Turn:
+        _refuse_unsupported(req)
+        items = req.input if isinstance(req.input, list) else []
+        self.flow.limits.check_items(len(items), len(req.tools or []))
+        history: list[ChatMessage] = []
+        if req.previous_response_id is not None:
+            prior = self.store.get(req.previous_response_id)
+            if prior is None:
+                raise GatewayError(404, "previous_response_not_found",
+                                   f"Previous response with id '{req.previous_response_id}' "
+                                   "not found.", param="previous_response_id")
+            history = list(prior.history)
+        conversation = history + input_messages(req.input)
+        if not conversation:
+            raise invalid("input is required (a string or a non-empty list of items)",
+                          param="input")
+        model = self.router.resolve(req.model, kind="llm")
+        params = sampling(req)
+        tools = responses_tools(req.tools)
+        choice = responses_choice(req.tool_choice, bool(tools))
+        if not tools and choice.mode == "required":
+            raise invalid("tool_choice requires a call but no tools were given",
+                          param="tool_choice")
+        request_tools = ToolRequest(tools, choice, req.parallel_tool_calls is not False) \
+            if tools else None
+        store = req.store is not False and self.store.enabled
+        echo = {
+            "model": req.model, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": reasoning(req.reasoning), "store": store,
+            "temperature": req.temperature, "top_p": req.top_p,
+            "text": _text_echo(req.text), "tool_choice": _choice_echo(req.tool_choice),
+            "tools": _tool_echo(req.tools), "truncation": req.truncation or "disabled",
+            "user": req.user, "metadata": req.metadata or {}, "background": False,
+        }
+        system = [ChatMessage(role="system", content=req.instructions)] \
+            if req.instructions else []
+        msg, parser = await self.flow.chat(request, model, system + conversation,
+                                           request_tools, params, requested=req.model)
+        reply = ResponseReply(echo, parser, self.store if store else None, conversation)
+        return Turn(model, msg, bool(req.stream), reply)
