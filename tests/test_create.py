@@ -10,6 +10,8 @@ folder) shows that a created model survives a restart.
 from __future__ import annotations
 
 import hashlib
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -262,10 +264,35 @@ def test_refusals_in_ollama_shape(http: httpx.Client) -> None:
 # --- a restart ----------------------------------------------------------------------------
 
 
+def wait_for(check: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def test_created_models_survive_a_restart(tmp_path: Path, gguf: Path) -> None:
+    """Also, on this server of its own with a small max_blob_bytes: blobs over the limit and
+    a client that goes away mid-upload leave nothing behind."""
+    limit = 1_000_000
     server = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
-                    model_cache=str(tmp_path / "cache")).start()
+                    model_cache=str(tmp_path / "cache"), max_blob_bytes=limit).start()
     try:
+        big = b"x" * (limit + 1)
+        digest = sha256_of(big)
+        r = httpx.post(f"{server.url}/api/blobs/{digest}", content=big)
+        assert r.status_code == 413 and "max_blob_bytes" in r.json()["error"]
+        r = httpx.post(f"{server.url}/api/blobs/{digest}", content=iter([big[:limit], big]))
+        assert r.status_code == 413 and "max_blob_bytes" in r.json()["error"]
+        assert httpx.head(f"{server.url}/api/blobs/{digest}").status_code == 404
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         f"Content-Length: {limit}\r\n\r\n".encode() + big[:limit // 2])
+            wait_for(lambda: uploads(server), "the upload did not start")
+        wait_for(lambda: not uploads(server), "a partial upload was left behind")
+        assert not (tmp_path / "cache" / "blobs").exists() or \
+            not list((tmp_path / "cache" / "blobs").iterdir())
+
         client = ollama.Client(host=server.url, timeout=180)
         client.create(model="kept", from_=LLM, system=SYSTEM, parameters={"num_predict": 3})
         first = client.chat(model="kept", messages=HI)
