@@ -273,6 +273,7 @@ class ModelStore:
         own weights gets them as a hard link to its blob (a copy where links fail)."""
         folder = self.root / CREATED
         folder.mkdir(parents=True, exist_ok=True)
+        old = self.created().get(record.name)
         tag = uuid.uuid4().hex[:8]
         if record.blob:
             weights = self.created_path(record.name, ".gguf")
@@ -292,6 +293,8 @@ class ModelStore:
         tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
         os.replace(tmp, path)
         self._seen = None
+        if old is not None:
+            self._prune(old.blob)
 
     def remove_created(self, name: str) -> bool:
         """Delete a created model, the aliases to it, and its blob once no model uses it."""
@@ -301,12 +304,16 @@ class ModelStore:
         self.created_path(name).unlink(missing_ok=True)
         self.created_path(name, ".gguf").unlink(missing_ok=True)
         self._seen = None
-        if record.blob and all(r.blob != record.blob for r in self.created().values()):
-            self.blob_path(record.blob).unlink(missing_ok=True)
+        self._prune(record.blob)
         aliases = {a: t for a, t in self.aliases().items() if t != name}
         if aliases != self.aliases():
             self._write_aliases(aliases)
         return True
+
+    def _prune(self, blob: str) -> None:
+        """Delete a blob no created model uses any more (as Ollama prunes unused layers)."""
+        if blob and all(r.blob != blob for r in self.created().values()):
+            self.blob_path(blob).unlink(missing_ok=True)
 
     def _write_aliases(self, aliases: dict[str, str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

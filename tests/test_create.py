@@ -36,13 +36,14 @@ def name(what: str) -> str:
 
 
 PIRATE, PIRATE2, COPY, FROM_GGUF = name("pirate"), name("pirate2"), name("copy"), name("gguf")
+TEMPLATED = name("templated")
 
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> Iterator[ollama.Client]:
     client = ollama.Client(host=server.url, timeout=180)
     yield client
-    for made in (COPY, PIRATE2, PIRATE, FROM_GGUF):
+    for made in (COPY, PIRATE2, PIRATE, FROM_GGUF, TEMPLATED):
         httpx.request("DELETE", server.url + "/api/delete", json={"model": made}, timeout=180)
 
 
@@ -136,6 +137,23 @@ def test_create_from_a_created_model_streams_progress(client: ollama.Client,
     assert second.eval_count is not None and second.eval_count <= 3
     r = http.post("/api/generate", json={"model": PIRATE2, "prompt": "Hi.", "stream": False})
     assert r.status_code == 200 and r.json()["eval_count"] <= 3
+
+
+def test_a_single_prompt_template_applies_to_generate(client: ollama.Client,
+                                                     http: httpx.Client) -> None:
+    template = "{{ if .System }}{{ .System }}\n{{ end }}Q: {{ .Prompt }}\nA:"
+    client.create(model=TEMPLATED, from_=LLM, template=template, system="Be short.")
+    assert client.show(TEMPLATED).template == template
+    made = client.generate(model=TEMPLATED, prompt="Hi", options={"num_predict": 1})
+    raw = client.generate(model=LLM, prompt="Be short.\nQ: Hi\nA:", raw=True,
+                          options={"num_predict": 1})
+    assert made.prompt_eval_count == raw.prompt_eval_count
+    # The request's own system prompt goes into the model's template.
+    mine = client.generate(model=TEMPLATED, prompt="Hi", system="Be long and detailed.",
+                           options={"num_predict": 1})
+    assert mine.prompt_eval_count == client.generate(
+        model=LLM, prompt="Be long and detailed.\nQ: Hi\nA:", raw=True,
+        options={"num_predict": 1}).prompt_eval_count
 
 
 def test_list_copy_and_delete(client: ollama.Client, http: httpx.Client,
@@ -306,5 +324,12 @@ def test_created_models_survive_a_restart(tmp_path: Path, gguf: Path) -> None:
         assert again.eval_count is not None and again.eval_count <= 3
         assert sorted(p.name for p in (tmp_path / "cache" / "created").iterdir()) == \
             ["kept@latest.json"]
+        # The model CLI lists and deletes it too.
+        line = next(x for x in server.cli("models").stdout.splitlines()
+                    if x.startswith("kept:latest"))
+        assert f"created from {LLM}" in line
+        assert server.cli("rm", LLM, check=False).returncode != 0  # built in
+        assert "deleted 'kept:latest'" in server.cli("rm", "kept").stdout
+        assert "kept:latest" not in tags(client)
     finally:
         server.stop()
