@@ -241,7 +241,11 @@ class ModelCatalog:
 
 def _key(model: ServedModel) -> str:
     """What details are kept by: the files (a created model and its base share them; a model
-    deleted and made again under its name may not)."""
+    deleted and made again under its name may not). A created model's own GGUF is always at
+    the same path: the time it was made tells its files apart."""
+    record = model.created
+    if record is not None and record.blob:
+        return f"{model.path}@{record.created_at}"
     return model.path or model.name
 
 
