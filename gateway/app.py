@@ -20,6 +20,7 @@ from gateway.api.flow import Flow
 from gateway.api.http_policy import HttpPolicyMiddleware
 from gateway.api.limits import BodyLimitMiddleware
 from gateway.api.model_admin import ModelRoutes
+from gateway.api.model_create import BLOBS_PREFIX, CreateRoutes
 from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
@@ -85,6 +86,7 @@ class Gateway:
             *ResponsesRoutes(self.flow, self.responses).routes(),
             *AnthropicRoutes(self.flow).routes(),
             *ModelRoutes(self.router).routes(),
+            *CreateRoutes(self.router).routes(),
             *OllamaRoutes(self.flow, self.catalog).routes(),
             *EmbeddingRoutes(self.flow).routes(),
         ]
@@ -113,7 +115,7 @@ class Gateway:
         # NOTE: the body limit sits outside the key check, so a refused client's body is
         # read to its end too (see BodyLimitMiddleware), and inside the metrics and request
         # ids, so a 413 is counted and carries its X-Request-ID.
-        inner = BodyLimitMiddleware(inner, self.config.max_body_bytes)
+        inner = BodyLimitMiddleware(inner, self.config.max_body_bytes, exempt=(BLOBS_PREFIX,))
         return RequestIdMiddleware(MetricsMiddleware(inner, self.metrics, starlette.routes))
 
 

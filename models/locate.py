@@ -3,7 +3,8 @@
 `locate()` takes a model by any of its names: config aliases and then /api/copy aliases are
 resolved first. The first of these that has the model wins:
 
-1. a model pulled into the model cache (the store);
+1. a model pulled into the model cache (the store), or made by /api/create: its own GGUF
+   file, or the files of the model it was made from (models/created.py);
 2. a `[models]` entry of the config file with a local `path`;
 3. an embedded default shipped as a file inside a PyPI package (SmolLM2's GGUF);
 4. the embedded embedding model: its IR folder in the model cache, `MINILM_IR_FOLDER`;
@@ -42,6 +43,7 @@ class Origin(enum.Enum):
     """Which rule of `locate()` found the files."""
 
     PULLED = "pulled"
+    CREATED = "created"
     CONFIGURED = "configured"
     PACKAGED = "packaged"
     # The embedded MiniLM's IR folder: may not exist yet; its worker builds it when loading.
@@ -80,6 +82,18 @@ def locate(config: Config, name: str, store: ModelStore | None = None) -> Locati
     if manifest is not None:
         try:
             return Location(store.entry_path(manifest), Origin.PULLED)
+        except StoreError as exc:
+            raise ModelSourceMissing(str(exc)) from exc
+    created = store.created()
+    record = created.get(key)
+    if record is not None and record.base:
+        if record.base in created:  # NOTE: never written so; a hand-edited record could loop
+            raise ModelSourceMissing(f"model {name!r} is made from the created model "
+                                     f"{record.base!r}, not from a model with files")
+        return locate(config, record.base, store)
+    if record is not None:
+        try:
+            return Location(store.weights_path(record), Origin.CREATED)
         except StoreError as exc:
             raise ModelSourceMissing(str(exc)) from exc
     for user_name, source in config.models.items():

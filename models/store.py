@@ -8,6 +8,10 @@ Layout under `Config.model_cache_path()`:
 - `.staging/<folder>/` a pull in progress (partial files end in `.incomplete`); renamed into
   place only when every file is complete and verified, so a partial pull is never listed.
 - `aliases.json` names made by /api/copy: alias -> canonical name, no files copied.
+- `created/<folder>.json` a model made by /api/create (models/created.py), and
+  `created/<folder>.gguf` its weights when it has its own: a hard link to its blob.
+- `blobs/sha256-<hex>` files uploaded for /api/create (models/blobs.py); an upload in
+  progress is a `.staging/upload-*.partial` file until its digest is verified.
 
 Pure stdlib and msgspec, so the gateway, the workers and the CLI all read the same store.
 """
@@ -23,6 +27,8 @@ from pathlib import Path
 
 import msgspec
 
+from models.blobs import parse_digest
+from models.created import CreatedModel
 from models.portable import path_problem
 from models.registry import ModelNameError, canonical
 
@@ -35,6 +41,8 @@ ALIASES = "aliases.json"
 # folder's CONVERTED_FROM file names the GGUF it came from (see workers/gguf_ir.py).
 GGUF_IR = ".gguf-ir"
 CONVERTED_FROM = "converted-from.txt"
+CREATED = "created"
+BLOBS = "blobs"
 
 
 class ManifestFile(msgspec.Struct, omit_defaults=True):
@@ -99,11 +107,12 @@ class ModelStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         # Counts re-reads, so callers can cache what they derive from the store.
         self._version = 0
         self._manifests: dict[str, Manifest] = {}
         self._aliases: dict[str, str] = {}
+        self._created: dict[str, CreatedModel] = {}
 
     # --- paths ---------------------------------------------------------------------------
 
@@ -116,6 +125,14 @@ class ModelStore:
     def lock_path(self, name: str) -> Path:
         return self.root / STAGING / f"{folder_name(name)}.lock"
 
+    def blob_path(self, digest: str) -> Path:
+        """Where the blob `sha256:<hex>` is kept; a BlobError for anything not a digest."""
+        return self.root / BLOBS / f"sha256-{parse_digest(digest)}"
+
+    def created_path(self, name: str, suffix: str = ".json") -> Path:
+        """A created model's record (`.json`) or its own weights (`.gguf`)."""
+        return self.root / CREATED / f"{folder_name(name)}{suffix}"
+
     def entry_path(self, manifest: Manifest) -> Path:
         """The file or folder a worker loads; refuses a path that leaves the cache."""
         folder = self.model_dir(manifest.name)
@@ -127,13 +144,13 @@ class ModelStore:
 
     # --- reading -------------------------------------------------------------------------
 
-    def _stamp(self) -> tuple[int, int]:
+    def _stamp(self) -> tuple[int, int, int]:
         def mtime(p: Path) -> int:
             try:
                 return p.stat().st_mtime_ns
             except OSError:
                 return 0
-        return mtime(self.root), mtime(self.root / ALIASES)
+        return mtime(self.root), mtime(self.root / ALIASES), mtime(self.root / CREATED)
 
     def _refresh(self) -> None:
         stamp = self._stamp()
@@ -155,6 +172,23 @@ class ModelStore:
         except (OSError, msgspec.DecodeError):
             raw = {}
         self._aliases = raw
+        self._created = self._read_created()
+
+    def _read_created(self) -> dict[str, CreatedModel]:
+        found: dict[str, CreatedModel] = {}
+        with contextlib.suppress(OSError):
+            for path in (self.root / CREATED).glob("*.json"):
+                if path.is_symlink() or not path.is_file():
+                    continue
+                try:
+                    record = msgspec.json.decode(path.read_bytes(), type=CreatedModel)
+                    if f"{folder_name(record.name)}.json" != path.name:
+                        raise StoreError(f"the record names {record.name!r}")
+                except (OSError, msgspec.DecodeError, ModelNameError, StoreError) as exc:
+                    log.warning("ignoring created model %s: %s", path, exc)
+                    continue
+                found[record.name] = record
+        return found
 
     def _read_manifest(self, folder: Path) -> Manifest | None:
         path = folder / MANIFEST
@@ -185,6 +219,18 @@ class ModelStore:
     def aliases(self) -> dict[str, str]:
         self._refresh()
         return dict(self._aliases)
+
+    def created(self) -> dict[str, CreatedModel]:
+        """Models made by /api/create, by canonical name."""
+        self._refresh()
+        return dict(self._created)
+
+    def weights_path(self, record: CreatedModel) -> Path:
+        """The GGUF file a created model with its own weights runs."""
+        path = self.created_path(record.name, ".gguf")
+        if path.is_symlink() or not inside(self.root / CREATED, path):
+            raise StoreError(f"model {record.name}: {path} is outside the model cache")
+        return path
 
     # --- writing -------------------------------------------------------------------------
 
@@ -237,6 +283,53 @@ class ModelStore:
             return False
         self._write_aliases(aliases)
         return True
+
+    def add_created(self, record: CreatedModel) -> None:
+        """Write a created model's record (replacing one of the same name); a model with its
+        own weights gets them as a hard link to its blob (a copy where links fail)."""
+        folder = self.root / CREATED
+        folder.mkdir(parents=True, exist_ok=True)
+        old = self.created().get(record.name)
+        tag = uuid.uuid4().hex[:8]
+        if record.blob:
+            weights = self.created_path(record.name, ".gguf")
+            tmp = folder / f".{weights.name}.{tag}"
+            try:
+                try:
+                    os.link(self.blob_path(record.blob), tmp)
+                except OSError:
+                    shutil.copyfile(self.blob_path(record.blob), tmp)
+                os.replace(tmp, weights)
+            finally:
+                tmp.unlink(missing_ok=True)
+        else:
+            self.created_path(record.name, ".gguf").unlink(missing_ok=True)
+        path = self.created_path(record.name)
+        tmp = folder / f".{path.name}.{tag}"
+        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))
+        os.replace(tmp, path)
+        self._seen = None
+        if old is not None:
+            self._prune(old.blob)
+
+    def remove_created(self, name: str) -> bool:
+        """Delete a created model, the aliases to it, and its blob once no model uses it."""
+        record = self.created().get(name)
+        if record is None:
+            return False
+        self.created_path(name).unlink(missing_ok=True)
+        self.created_path(name, ".gguf").unlink(missing_ok=True)
+        self._seen = None
+        self._prune(record.blob)
+        aliases = {a: t for a, t in self.aliases().items() if t != name}
+        if aliases != self.aliases():
+            self._write_aliases(aliases)
+        return True
+
+    def _prune(self, blob: str) -> None:
+        """Delete a blob no created model uses any more (as Ollama prunes unused layers)."""
+        if blob and all(r.blob != blob for r in self.created().values()):
+            self.blob_path(blob).unlink(missing_ok=True)
 
     def _write_aliases(self, aliases: dict[str, str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

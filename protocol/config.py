@@ -197,6 +197,10 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # API accepts, so every request Claude Code builds (long sessions, pasted screenshots as
     # base64) fits, as does a long RAG prompt; the gateway keeps at most this much of a body.
     max_body_bytes: int = 32 * 1024 * 1024
+    # A blob uploaded for /api/create (POST /api/blobs/sha256:<hex>, a GGUF model file) larger
+    # than this is refused with 413; blobs stream to disk, so max_body_bytes does not apply.
+    # NOTE: 64 GiB takes a 70B model at 4-5 bits per weight; the disk is the other limit.
+    max_blob_bytes: int = 64 * 1024 * 1024 * 1024
     # Messages of one chat (after translation: Anthropic's system and each tool_result count
     # as one), tools offered in one request, and the characters of all message texts and the
     # prompt (system included) before tokenizing; a request over one is a 400 naming it.

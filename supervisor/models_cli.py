@@ -97,6 +97,8 @@ def _rows(config: Config) -> list[tuple[str, str, str, str, str]]:
     manifests = store.manifests()
     for m in sorted(manifests.values(), key=lambda m: m.name):
         rows.append((m.name, m.kind, _size(m.size), m.source, "npu" if m.npu_ready else ""))
+    for r in sorted(store.created().values(), key=lambda r: r.name):
+        rows.append((r.name, r.kind, "-", f"created from {r.base or r.file or r.blob}", ""))
     for alias, target in sorted(store.aliases().items()):
         rows.append((alias, "", "-", f"alias of {target}", ""))
     for name, source in sorted(config.models.items()):
@@ -134,7 +136,7 @@ def models(available: bool, **kw: Any) -> None:
 @click.argument("name")
 @config_options
 def rm(name: str, **kw: Any) -> None:
-    """Delete pulled model NAME from the model cache (or an alias made by copy)."""
+    """Delete pulled or created model NAME from the model cache (or an alias made by copy)."""
     config = load(**kw)
     try:
         key = canonical(name)
@@ -148,10 +150,18 @@ def rm(name: str, **kw: Any) -> None:
     if store.remove_alias(key):
         click.echo(f"deleted alias '{key}'")
         return
-    if store.get(key) is None:
+    created = store.created()
+    if store.get(key) is None and key not in created:
         raise click.ClickException(f"model '{name}' not found")
+    users = sorted(r.name for r in created.values() if r.base == key)
+    if users:
+        raise click.ClickException(f"'{key}' is the base of the created model(s) "
+                                   f"{', '.join(users)}; delete them first")
     _unload(config, key)
-    store.remove(key)
+    if key in created:
+        store.remove_created(key)
+    else:
+        store.remove(key)
     click.echo(f"deleted '{key}'")
 
 

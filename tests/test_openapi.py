@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from gateway.api.openapi import BODILESS, REQUEST_BODIES
+from gateway.api.openapi import BODILESS, RAW_BODIES, REQUEST_BODIES
 from gateway.app import Gateway
 from protocol.config import load_config
 
@@ -49,7 +49,7 @@ def document(base_url: str) -> dict[str, Any]:
 def test_every_route_that_takes_a_body_is_documented() -> None:
     routes = [r for r in Gateway(load_config(None, env={})).routes() if isinstance(r, Route)]
     taking = {(m, r.path) for r in routes for m in (r.methods or ()) if m in ("POST", "DELETE")}
-    assert taking - BODILESS == set(REQUEST_BODIES)
+    assert taking - BODILESS == set(REQUEST_BODIES) | set(RAW_BODIES)
 
 
 def test_document_lists_every_route_with_its_body(document: dict[str, Any]) -> None:
@@ -58,6 +58,10 @@ def test_document_lists_every_route_with_its_body(document: dict[str, Any]) -> N
     for method, path in REQUEST_BODIES:
         assert _body_schema(document, method, path)["type"] == "object"
     assert paths["/v1/models/{model_id}"]["get"]["parameters"][0]["name"] == "model_id"
+    for method, path in RAW_BODIES:
+        content = paths[path][method.lower()]["requestBody"]["content"]
+        assert content[RAW_BODIES[method, path]]["schema"]["format"] == "binary"
+    assert "head" in paths["/api/blobs/{digest}"] and "head" not in paths["/api/tags"]
     assert {"/", "/api/tags", "/health", "/metrics", "/openapi.json"} <= set(paths)
     chat = _properties(document, "POST", "/v1/chat/completions")
     assert {"messages", "max_completion_tokens", "tools", "response_format"} <= set(chat)

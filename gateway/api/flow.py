@@ -7,7 +7,8 @@ and a `Reply` that renders the worker's output as the API's stream events or as 
 chat's Generate request is made the one way (`Flow.chat`: tools prepared by
 gateway/api/tools.py, the request's id and deadline), and every Generate or Tokenize request
 is first held to the limits (gateway/api/limits.py: messages, tools, prompt length, output
-beyond the context). The rest is here, once:
+beyond the context), after what a model made by /api/create adds to it (its system prompt,
+messages and parameters: gateway/api/profiles.py). The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
 - the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
@@ -38,6 +39,7 @@ from gateway.api.common import (
 )
 from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.limits import Limits
+from gateway.api.profiles import with_messages, with_params
 from gateway.api.schema_check import check_schema
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
@@ -114,6 +116,8 @@ class Flow:
                        prompt: str | None = None) -> Generate:
         """A Generate request without tools (a prompt, or messages made from one), within the
         limits; `requested` is the model name the client sent."""
+        messages = with_messages(messages, model) if messages is not None else None
+        params = with_params(params, model)
         self.limits.check_input(messages, prompt, None)
         await self.limits.check_output(request, model, params, requested)
         return self._generate(request, model, params, messages=messages, prompt=prompt)
@@ -123,6 +127,7 @@ class Flow:
                    ) -> tuple[Generate, CallParser | None]:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
+        messages, params = with_messages(messages, model), with_params(params, model)
         self.limits.check_input(messages, None, tools)
         await self.limits.check_output(request, model, params, requested)
         prep = await self.tooling.prepare(model, messages, tools, params)
@@ -133,6 +138,7 @@ class Flow:
                        tools: ToolRequest | None) -> Tokenize:
         """A token count of a chat, within the same limits, prepared exactly like `chat` so
         the count equals the generation's prompt tokens."""
+        messages = with_messages(messages, model)
         self.limits.check_input(messages, None, tools)
         prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
         return Tokenize(id=request_key(request), model=model.name, messages=prep.messages,

@@ -5,7 +5,8 @@ shape and status (`dialect_for(scope)`, gateway/api/dialects.py):
 
 - the body's size (`max_body_bytes`): `BodyLimitMiddleware`, outside every route, answers a
   larger body with 413, found by its Content-Length up front or, for a body sent without one
-  (chunked), by counting its chunks; it never keeps more than the limit;
+  (chunked), by counting its chunks; it never keeps more than the limit. Blob uploads
+  (gateway/api/model_create.py) stream to disk instead, under `max_blob_bytes`;
 - what one generation asks for: messages (`max_messages`), tools (`max_tools`), characters of
   prompt text (`max_prompt_chars`), and output tokens beyond the model's context: `Limits`,
   asked by the one request path (gateway/api/flow.py) for every chat, generate and token
@@ -78,12 +79,14 @@ class BodyLimitMiddleware:
     without end, keeping nothing, as it could hold a connection open anyway.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        # Path prefixes whose routes stream their body and hold it to a limit of their own.
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or str(scope.get("path", "")).startswith(self.exempt):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

@@ -8,8 +8,9 @@ manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `strea
 answered once at the end. A client that goes away cancels the pull; the next pull resumes.
 
 /api/copy makes an alias in the cache's alias store (no files copied); /api/delete removes a
-pulled model or an alias, first switching a worker that runs it back to its configured model.
-Built-in defaults and workers' configured models cannot be deleted (400).
+pulled model, a model made by /api/create (gateway/api/model_create.py) or an alias, first
+switching a worker that runs it back to its configured model. Built-in defaults, workers'
+configured models and the base of a created model cannot be deleted (400).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def _canonical(name: str, param: str = "model") -> str:
+def checked_name(name: str, param: str = "model") -> str:
+    """The canonical form of a name a client gives, or a 400 (registry.canonical's check)."""
     try:
         return canonical(name)
     except ModelNameError as exc:
@@ -141,7 +143,7 @@ class ModelRoutes:
         try:
             req = await decode_body(request, DeleteRequest)
             raw = req.model or req.name
-            key = _canonical(raw)
+            key = checked_name(raw)
             table = self.router.table
             name = table.aliases.get(key, key)
             if embedded(name) is not None:
@@ -149,7 +151,8 @@ class ModelRoutes:
                               "deleted", param="model")
             if await asyncio.to_thread(table.store.remove_alias, key):
                 return Response(status_code=200)
-            if table.store.get(name) is None:
+            created = table.store.created()
+            if table.store.get(name) is None and name not in created:
                 raise model_not_found(raw)
             workers = [s for s in self.config.workers if s.enabled]
             homes = [s.name for s in workers if table.default_model(s) == name]
@@ -157,10 +160,15 @@ class ModelRoutes:
                 raise invalid(f"model '{raw}' is the configured model of worker "
                               f"{', '.join(homes)}; change the config file first",
                               param="model")
+            users = sorted(r.name for r in created.values() if r.base == name)
+            if users:
+                raise invalid(f"model '{raw}' is the base of the created model(s) "
+                              f"{', '.join(users)}; delete them first", param="model")
             for spec in workers:
                 if table.current_model(spec) == name:
                     await self.router.switcher.load(spec.name, "")
-            if not await asyncio.to_thread(table.store.remove, name):
+            remove = table.store.remove_created if name in created else table.store.remove
+            if not await asyncio.to_thread(remove, name):
                 raise model_not_found(raw)
         except GatewayError as exc:
             return _error(exc.status, exc.message)
@@ -172,7 +180,7 @@ class ModelRoutes:
             req = await decode_body(request, CopyRequest)
             if not req.source or not req.destination:
                 raise invalid("source and destination are required")
-            dest = _canonical(req.destination, param="destination")
+            dest = checked_name(req.destination, param="destination")
             source = self.router.resolve(req.source)
             if dest != source.name:
                 table = self.router.table

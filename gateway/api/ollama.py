@@ -10,6 +10,8 @@ line (OLLAMA in gateway/api/dialects.py).
 Decisions where Ollama's semantics do not carry over:
 - `template` (a Go template) is rendered here for the subset single-prompt templates use
   (gateway/api/ollama_template.py) and the result is sent raw; other templates are a 400.
+  A model made by /api/create with such a TEMPLATE has it applied the same way; its SYSTEM,
+  MESSAGE and PARAMETER settings apply to every request (gateway/api/profiles.py).
 - `suffix` is a 400: chat templates of the served models have no fill-in-the-middle slot.
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
@@ -36,7 +38,7 @@ from starlette.routing import Route
 from gateway.api.common import dumps, request_id
 from gateway.api.flow import Flow, Translator, Turn
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
-from gateway.api.ollama_template import render
+from gateway.api.ollama_template import render, supported
 from gateway.api.params import json_schema_text, ollama_params
 from gateway.api.tools import (
     CallParser,
@@ -281,10 +283,16 @@ class OllamaRoutes(Translator):
                       extra={"request_id": rid})
         messages: list[ChatMessage] | None = None
         prompt: str | None = None
+        record = model.created
+        # NOTE: a created model's TEMPLATE is used where it renders here (single-prompt
+        # templates); a chat template (.Messages, range) is left to the model's own.
+        template = req.template or (record.template if record is not None and record.template
+                                    and supported(record.template) else None)
         if req.raw:
             prompt = req.prompt
-        elif req.template:
-            prompt = render(req.template, req.system or "", req.prompt)
+        elif template:
+            system = req.system or (record.system if record is not None else None) or ""
+            prompt = render(template, system, req.prompt)
         else:
             messages = [ChatMessage(role="user", content=req.prompt)]
             if req.system:

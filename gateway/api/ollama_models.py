@@ -15,6 +15,7 @@ used yet was loaded by its worker at start-up with no deadline, so it reports Ol
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import re
@@ -22,9 +23,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Router
+from models.created import CreatedModel, modelfile, parameter_lines
 from models.facts import ModelDetails, ModelInfoError, context_length, describe_model
 from models.locate import locate
 from models.registry import ModelSourceMissing
@@ -113,11 +117,12 @@ class ModelCatalog:
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""
-        if (hit := self._details.get(model.name)) is not None:
+        key = _key(model)
+        if (hit := self._details.get(key)) is not None:
             return hit
-        lock = self._locks.setdefault(model.name, asyncio.Lock())
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if (hit := self._details.get(model.name)) is not None:
+            if (hit := self._details.get(key)) is not None:
                 return hit
             try:
                 found = await asyncio.to_thread(_describe, self.router.config, model)
@@ -126,7 +131,7 @@ class ModelCatalog:
                 # built by its worker at first start) is described on the next request.
                 log.warning("cannot describe model %s: %s", model.name, exc)
                 return None
-            self._details[model.name] = found
+            self._details[key] = found
             return found
 
     async def context_length(self, model: ServedModel) -> int:
@@ -136,9 +141,9 @@ class ModelCatalog:
         `details()`, which hashes the model's files the first time: the length alone is read
         once per model (in a thread) and kept, like the details, for the gateway's life.
         """
-        if (found := self._details.get(model.name)) is not None:
+        if (found := self._details.get(_key(model))) is not None:
             return found.context_length
-        if (known := self._contexts.get(model.name)) is not None:
+        if (known := self._contexts.get(_key(model))) is not None:
             return known
         try:
             length = await asyncio.to_thread(_context_length, self.router.config, model)
@@ -146,7 +151,7 @@ class ModelCatalog:
             # NOTE: not kept, like details(): files that appear later are read then.
             log.debug("cannot read the context length of %s: %s", model.name, exc)
             return 0
-        self._contexts[model.name] = length
+        self._contexts[_key(model)] = length
         return length
 
     async def capabilities(self, model: ServedModel) -> list[str]:
@@ -175,14 +180,17 @@ class ModelCatalog:
         for model in self.router.models.values():
             found = await self.details(model)
             name = display_name(model)
-            models.append({
+            entry = {
                 "name": name,
                 "model": name,
                 "modified_at": iso(_modified(found, self.router)),
                 "size": found.size if found else 0,
                 "digest": _digest(found),
                 "details": _details(found),
-            })
+            }
+            if model.created is not None:
+                entry.update(_created_tags(model.created, entry))
+            models.append(entry)
         return {"models": models}
 
     async def ps(self) -> dict[str, Any]:
@@ -215,7 +223,7 @@ class ModelCatalog:
         modelfile = f"# Modelfile of {display_name(model)} (served by npu-proxy)\n" + "".join(
             f"PARAMETER {key} {value}\n" for key, value in params.items())
         license_ = info.get("general.license")
-        return {
+        body: dict[str, Any] = {
             "license": license_ if isinstance(license_, str) else "",
             "modelfile": modelfile,
             # NOTE: Ollama's layout: the key padded to 30 columns, one parameter a line.
@@ -226,6 +234,47 @@ class ModelCatalog:
             "capabilities": await self.capabilities(model),
             "modified_at": iso(_modified(found, self.router)),
         }
+        if model.created is not None:
+            body.update(_created_show(model.created, body["details"]))
+        return body
+
+
+def _key(model: ServedModel) -> str:
+    """What details are kept by: the files (a created model and its base share them; a model
+    deleted and made again under its name may not). A created model's own GGUF is always at
+    the same path: the time it was made tells its files apart."""
+    record = model.created
+    if record is not None and record.blob:
+        return f"{model.path}@{record.created_at}"
+    return model.path or model.name
+
+
+def _created_show(record: CreatedModel, details: dict[str, Any]) -> dict[str, Any]:
+    """What /api/show says of a model made by /api/create, over what its files say."""
+    body: dict[str, Any] = {"modelfile": modelfile(record),
+                            "details": dict(details, parent_model=record.parent),
+                            "modified_at": iso(datetime.fromtimestamp(record.created_at, UTC))}
+    if record.parameters:
+        body["parameters"] = "\n".join(
+            f"{key:<30} {value}" for key, value in parameter_lines(record.parameters))
+    if record.template is not None:
+        body["template"] = record.template
+    if record.system is not None:
+        body["system"] = record.system
+    if record.license:
+        body["license"] = "\n".join(record.license)
+    if record.messages:
+        body["messages"] = [{"role": m.role, "content": m.content} for m in record.messages]
+    return body
+
+
+def _created_tags(record: CreatedModel, entry: dict[str, Any]) -> dict[str, Any]:
+    """A created model's own digest (of its record, as Ollama's is of its manifest), time and
+    parent, over its files' details."""
+    details = dict(entry["details"], parent_model=record.parent)
+    digest = hashlib.sha256(msgspec.json.encode(record)).hexdigest()
+    return {"digest": digest, "details": details,
+            "modified_at": iso(datetime.fromtimestamp(record.created_at, UTC))}
 
 
 def _modified(found: ModelDetails | None, router: Router) -> datetime:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from gateway.core.errors import invalid
+from gateway.core.errors import GatewayError, invalid
 
 _SPACE = " \t\r\n"
 
@@ -98,3 +98,12 @@ def render(template: str, system: str, prompt: str) -> str:
     if active:
         out.append(tail.lstrip() if trim_next else tail)
     return "".join(out)
+
+
+def supported(template: str) -> bool:
+    """Whether `render` takes this template (only the subset above)."""
+    try:
+        render(template, "", "")
+    except GatewayError:
+        return False
+    return True

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from gateway.api import anthropic as anthropic_api
 from gateway.api import embeddings as embed_api
 from gateway.api import model_admin as models_api
+from gateway.api import model_create as create_api
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
 from gateway.api import responses as responses_api
@@ -39,6 +40,11 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/api/pull"): models_api.PullRequest,
     ("POST", "/api/copy"): models_api.CopyRequest,
     ("DELETE", "/api/delete"): models_api.DeleteRequest,
+    ("POST", "/api/create"): create_api.CreateRequest,
+}
+# (method, path) -> the media type of a body that is not JSON (read as a stream of bytes).
+RAW_BODIES: dict[tuple[str, str], str] = {
+    ("POST", create_api.BLOBS_PREFIX + "{digest}"): "application/octet-stream",
 }
 
 # Routes whose method usually carries a body but whose handler takes none.
@@ -64,7 +70,9 @@ def document(routes: list[BaseRoute]) -> dict[str, Any]:
         if not isinstance(route, Route) or route.methods is None:
             continue
         path = _PARAM.sub(r"{\1}", route.path)
-        for method in sorted(route.methods - {"HEAD"}):
+        # NOTE: HEAD is listed only where it is not GET's shadow (HEAD /api/blobs/...).
+        methods = route.methods - {"HEAD"} if "GET" in route.methods else route.methods
+        for method in sorted(methods):
             operation: dict[str, Any] = {
                 "operationId": f"{method.lower()}{re.sub(r'[^A-Za-z0-9]+', '_', path)}",
                 "responses": {
@@ -81,6 +89,11 @@ def document(routes: list[BaseRoute]) -> dict[str, Any]:
             if body is not None:
                 operation["requestBody"] = {
                     "required": True, "content": {"application/json": {"schema": body}}}
+            raw = RAW_BODIES.get((method, route.path))
+            if raw is not None:
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {raw: {"schema": {"type": "string", "format": "binary"}}}}
             paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

@@ -2,9 +2,11 @@
 
 A model is served when a worker runs it (its heartbeat says so; before the first heartbeat,
 its configuration), when it is some worker's configured model, when it was pulled into the
-model cache, when a `[models]` entry of the config file points at a local path, or when it
-is an alias made by /api/copy. `workers` lists the workers running it right now; a model
-with none is loaded by switching a worker to it (gateway/core/switching.py).
+model cache, when a `[models]` entry of the config file points at a local path, when it was
+made by /api/create, or when it is an alias made by /api/copy. `workers` lists the workers
+running it right now; a model with none is loaded by switching a worker to it
+(gateway/core/switching.py). A created model over another one (`base`) runs that model's
+weights: the workers running the base serve it, and switching loads the base.
 
 `ServedModel` is defined here, where it is built; the router and the switcher import it.
 """
@@ -15,6 +17,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from models.created import CreatedModel
 from models.locate import NotLocated, locate
 from models.registry import (
     ModelSourceMissing,
@@ -39,6 +42,15 @@ class ServedModel:
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""
+    # Made by /api/create: its record (system prompt, parameters, ...; models/created.py).
+    created: CreatedModel | None = None
+    # The model whose weights it runs, when that is another one (a created overlay).
+    base: str = ""
+
+    @property
+    def runs(self) -> str:
+        """The model a worker loads to serve this one."""
+        return self.base or self.name
 
 
 class ModelTable:
@@ -120,10 +132,26 @@ class ModelTable:
             add(manifest.name, manifest.kind)
         for name, source in self.user_paths.items():
             add(name, source.kind or "llm")
+        created = self.store.created()
+        for record in created.values():
+            if not record.blob:
+                continue
+            add(record.name, record.kind).created = record
+        for record in created.values():
+            base = table.get(record.base)
+            if not record.base or base is None or base.created is not None:
+                if record.base:
+                    log.warning("created model %s: its base %s is not served", record.name,
+                                record.base)
+                continue
+            model = add(record.name, base.kind)
+            model.created, model.base = record, base.name
+            # NOTE: a worker configured with the created model's own name runs it too.
+            model.workers = list(dict.fromkeys([*model.workers, *base.workers]))
         aliases = self.store.aliases()
         for alias, target in aliases.items():
             if target in table and alias not in table:
                 add(alias, table[target].kind)
         for model in table.values():
-            model.path = self.path_of(aliases.get(model.name, model.name))
+            model.path = self.path_of(aliases.get(model.runs, model.runs))
         return table

@@ -65,9 +65,12 @@ class Switcher:
         """A request named `name` with this keep_alive; a positive one on a model no worker
         runs starts loading it (Ollama's empty-prompt load)."""
         name = self.table.canonical(name)
+        model = self.table.models().get(name)
+        # NOTE: a created model over another one keeps that one loaded: the reaper asks by
+        # the model a worker runs.
+        name = model.runs if model is not None else name
         self.keep_alive[name] = keep_alive
         self.touched_at[name] = time.time()
-        model = self.table.models().get(name)
         if model is None:
             return
         self._mark(model.workers)
@@ -78,6 +81,8 @@ class Switcher:
         """Wall-clock time the last request's keep_alive for `name` runs out; math.inf for
         forever, and for a model no request named yet (its worker loaded it at start-up)."""
         name = self.table.canonical(name)
+        model = self.table.models().get(name)
+        name = model.runs if model is not None else name
         since = self.touched_at.get(name)
         return math.inf if since is None else since + self.keep_alive[name]
 
@@ -91,12 +96,12 @@ class Switcher:
         if model.workers:
             self._mark(model.workers)
             links = self.broker.links
-            switching = [w for w in model.workers if self.pending.get(w) == model.name]
+            switching = [w for w in model.workers if self.pending.get(w) == model.runs]
             if switching and not any(links[w].serving for w in model.workers if w in links):
-                await self.load(switching[0], model.name)
+                await self.load(switching[0], model.runs)
             return model
         worker = self.pick(model)
-        await self.load(worker, model.name)
+        await self.load(worker, model.runs)
         fresh = self.table.models().get(model.name)
         if fresh is None or not fresh.workers:
             raise unavailable(f"model '{model.name}' was unloaded again; retry")
@@ -126,7 +131,7 @@ class Switcher:
         def rank(spec: WorkerSpec) -> tuple[int, int, int, int]:
             link = self.broker.links.get(spec.name)
             busy = bool(link and (link.requests or (link.heartbeat and link.heartbeat.in_flight)))
-            return (0 if self.table.default_model(spec) == model.name else 1,
+            return (0 if self.table.default_model(spec) == model.runs else 1,
                     0 if self.table.current_model(spec) != self.table.default_model(spec)
                     else 1,
                     1 if busy else 0,
