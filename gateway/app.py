@@ -23,6 +23,7 @@ from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
+from gateway.api.tokenizer import TokenizerRoutes
 from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
@@ -82,6 +83,7 @@ class Gateway:
             *ModelRoutes(self.router).routes(),
             *OllamaRoutes(self.flow, self.catalog).routes(),
             *EmbeddingRoutes(self.flow).routes(),
+            *TokenizerRoutes(self.flow, self.catalog).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

@@ -122,14 +122,23 @@ class Flow:
         msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools)
         return msg, prep.parser()
 
-    async def tokenize(self, request: Request, model: ServedModel, messages: list[ChatMessage],
-                       tools: ToolRequest | None) -> Tokenize:
-        """A token count of a chat, within the same limits, prepared exactly like `chat` so
-        the count equals the generation's prompt tokens."""
-        self.limits.check_input(messages, None, tools)
-        prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
-        return Tokenize(id=request_key(request), model=model.name, messages=prep.messages,
-                        tools=prep.tools, log_id=request_id(request))
+    async def tokenize(self, request: Request, model: ServedModel,
+                       messages: list[ChatMessage] | None, tools: ToolRequest | None, *,
+                       prompt: str | None = None, want_tokens: bool = False,
+                       add_special_tokens: bool = False,
+                       add_generation_prompt: bool = True) -> Tokenize:
+        """A token count of a chat (or of a raw prompt), within the same limits, prepared
+        exactly like `chat` so the count equals the generation's prompt tokens."""
+        self.limits.check_input(messages, prompt, tools)
+        if messages is not None:
+            prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
+            messages, tool_list = prep.messages, prep.tools
+        else:
+            tool_list = None
+        return Tokenize(id=request_key(request), model=model.name, messages=messages,
+                        prompt=prompt, tools=tool_list, log_id=request_id(request),
+                        want_tokens=want_tokens, add_special_tokens=add_special_tokens,
+                        add_generation_prompt=add_generation_prompt)
 
     def _generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                   messages: list[ChatMessage] | None = None, prompt: str | None = None,

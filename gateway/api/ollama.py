@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gateway.api import logprobs as lp
 from gateway.api.common import dumps, request_id
 from gateway.api.flow import Flow, Translator, Turn
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
@@ -79,6 +80,8 @@ class _Request(msgspec.Struct):
     stream: bool | None = None
     keep_alive: float | str | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class GenerateRequest(_Request):
@@ -154,6 +157,12 @@ def _check_think(think: bool | str | None, model: str) -> None:
         raise invalid(f"model '{model}' does not support thinking", param="think")
 
 
+def _logprobs(req: GenerateRequest | ChatRequest) -> int | None:
+    """None without logprobs, else the number of alternatives asked for (checked)."""
+    top = lp.top_count(req.top_logprobs, "top_logprobs")
+    return top if req.logprobs else None
+
+
 def final_fields(fin: Finished) -> dict[str, Any]:
     """done_reason and the six figures of a last chunk, in nanoseconds measured by the worker.
 
@@ -200,16 +209,24 @@ class OllamaReply:
     offered, text that may be a call is held back by the parser; calls go out whole in one
     done:false chunk before the last one."""
 
-    def __init__(self, name: str, chat: bool, parser: CallParser | None) -> None:
+    def __init__(self, name: str, chat: bool, parser: CallParser | None,
+                 logprobs: int | None = None) -> None:
         self.name = name
         self.chat = chat
         self.parser = parser
+        self.logprobs = logprobs  # None: not asked; else top_logprobs
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
-        name, chat, parser = self.name, self.chat, self.parser
+        name, chat, parser, top = self.name, self.chat, self.parser, self.logprobs
         async for delta in gen:
             text = parser.feed(delta.text) if parser is not None else delta.text
-            if text or parser is None:
+            if top is not None and delta.logprobs:
+                # NOTE: with tools, the parser may hold text back; the tokens go out as they
+                # come (they are the model's raw output).
+                body = chunk(name, text, chat)
+                body["logprobs"] = lp.ollama(delta.logprobs, top)
+                yield body
+            elif text or parser is None:
                 yield chunk(name, text, chat)
         if parser is not None:
             rest, calls = parser.finish()
@@ -225,6 +242,8 @@ class OllamaReply:
         body = chunk(self.name, text, self.chat)
         if calls:
             body["message"]["tool_calls"] = tool_calls_json(calls)
+        if self.logprobs is not None:
+            body["logprobs"] = lp.ollama(gen.logprobs, self.logprobs)
         return last(gen, body)
 
 
@@ -291,7 +310,8 @@ class OllamaRoutes(Translator):
                 messages.insert(0, ChatMessage(role="system", content=req.system))
         msg = await self.flow.generate(request, model, params, requested=req.model,
                                        messages=messages, prompt=prompt)
-        return self._turn(model, req, msg, keep, OllamaReply(req.model, False, None))
+        return self._turn(model, req, msg, keep,
+                          OllamaReply(req.model, False, None, _logprobs(req)))
 
     async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
         model, keep, params = self._common(req)
@@ -299,7 +319,8 @@ class OllamaRoutes(Translator):
             return self._load(model, req.model, keep, chat=True)
         msg, parser = await self.flow.chat(request, model, chat_messages(req.messages, req.model),
                                            tool_request(req), params, requested=req.model)
-        return self._turn(model, req, msg, keep, OllamaReply(req.model, True, parser))
+        return self._turn(model, req, msg, keep,
+                          OllamaReply(req.model, True, parser, _logprobs(req)))
 
     # --- shared by generate and chat -----------------------------------------------------
 
@@ -309,6 +330,7 @@ class OllamaRoutes(Translator):
         model = self.router.resolve(req.model, kind="llm")
         keep = parse_keep_alive(req.keep_alive)
         params = ollama_params(req.options, format_schema(req.format))
+        params.logprobs = _logprobs(req) is not None
         _check_think(req.think, req.model)
         return model, keep, params
 

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api import anthropic as anthropic_api
+from gateway.api import logprobs as lp
 from gateway.api.common import new_id, now
 from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
@@ -83,7 +84,6 @@ class SamplingFields(msgspec.Struct):
     frequency_penalty: float | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
     # Extensions some clients send (vLLM style).
     top_k: int | None = None
     min_p: float | None = None
@@ -98,6 +98,7 @@ class ChatRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
     top_logprobs: int | None = None
 
 
@@ -105,6 +106,8 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | None = None
     suffix: str | None = None
     echo: bool | None = False
+    # The number of alternatives per token (0-5); absent: no logprobs.
+    logprobs: int | None = None
 
 
 # --- translation -------------------------------------------------------------------------
@@ -163,8 +166,26 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
 def _check_common(req: SamplingFields) -> None:
     if req.n not in (None, 1):
         raise invalid("only n=1 is supported", param="n")
-    if req.logprobs:
-        raise invalid("logprobs are not supported by this server", param="logprobs")
+
+
+def _chat_logprobs(req: ChatRequest) -> int | None:
+    """None without logprobs, else the number of alternatives asked for."""
+    top = lp.top_count(req.top_logprobs, "top_logprobs")
+    if not req.logprobs:
+        if top:
+            raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
+        return None
+    return top
+
+
+def _completion_logprobs(req: CompletionRequest) -> int | None:
+    if req.logprobs is None:
+        return None
+    top = lp.top_count(req.logprobs, "logprobs", lp.MAX_COMPLETION_TOP)
+    if req.echo:
+        raise invalid("echo with logprobs is not supported: the prompt's tokens have no "
+                      "log-probabilities here", param="echo")
+    return top
 
 
 def _response_schema(fmt: ResponseFormat | None) -> str | None:
@@ -240,25 +261,33 @@ class ChatReply(_Reply):
     deltas with only the index and argument fragments."""
 
     def __init__(self, model: str, include_usage: bool, parser: CallParser | None,
-                 named: bool) -> None:
+                 named: bool, logprobs: int | None = None) -> None:
         super().__init__("chatcmpl-", model, include_usage)
         self.parser = parser
         self.named = named
+        self.logprobs = logprobs  # None: not asked; else top_logprobs
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
         parser = self.parser
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        top = self.logprobs
+
+        def chunk(delta: dict[str, Any], finish: str | None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
             return self.chunk("chat.completion.chunk", created,
-                              {"index": 0, "delta": delta, "logprobs": None,
+                              {"index": 0, "delta": delta, "logprobs": logprobs,
                                "finish_reason": finish})
 
         yield chunk({"role": "assistant", "content": ""}, None)
         calls: list[ToolCall] = []
         async for delta in gen:
             text = parser.feed(delta.text) if parser is not None else delta.text
-            if text:
+            if top is not None and delta.logprobs:
+                # NOTE: with tools, the parser may hold text back; the tokens go out as they
+                # come (they are the model's raw output).
+                yield chunk({"content": text}, None, lp.openai_chat(delta.logprobs, top))
+            elif text:
                 yield chunk({"content": text}, None)
         if parser is not None:
             rest, calls = parser.finish()
@@ -284,35 +313,47 @@ class ChatReply(_Reply):
         return self.whole("chat.completion", gen, {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": (lp.openai_chat(gen.logprobs, self.logprobs)
+                         if self.logprobs is not None else None),
             "finish_reason": _finish_reason(gen, bool(calls), self.named),
         })
 
 
 class CompletionReply(_Reply):
-    def __init__(self, model: str, include_usage: bool, prefix: str) -> None:
+    def __init__(self, model: str, include_usage: bool, prefix: str,
+                 logprobs: int | None = None) -> None:
         super().__init__("cmpl-", model, include_usage)
         self.prefix = prefix  # the prompt, echoed
+        self.logprobs = logprobs  # None: not asked; else the alternatives asked for
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
+        top = self.logprobs
+        offset = 0
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
             return self.chunk("text_completion", created,
-                              {"index": 0, "text": text, "logprobs": None,
+                              {"index": 0, "text": text, "logprobs": logprobs,
                                "finish_reason": finish})
 
         if self.prefix:
             yield chunk(self.prefix, None)
         async for delta in gen:
-            yield chunk(delta.text, None)
+            if top is not None and delta.logprobs:
+                yield chunk(delta.text, None, lp.openai_completion(delta.logprobs, top, offset))
+                offset += len(delta.text)
+            else:
+                yield chunk(delta.text, None)
         yield chunk("", _finish_reason(gen))
         if self.include_usage:
             yield {**self.envelope("text_completion", created, []), "usage": _usage(gen)}
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        logprobs = (lp.openai_completion(gen.logprobs, self.logprobs, 0)
+                    if self.logprobs is not None else None)
         return self.whole("text_completion", gen, {
-            "index": 0, "text": self.prefix + "".join(parts), "logprobs": None,
+            "index": 0, "text": self.prefix + "".join(parts), "logprobs": logprobs,
             "finish_reason": _finish_reason(gen)})
 
 
@@ -350,18 +391,21 @@ class OpenAIRoutes(Translator):
             raise invalid("'messages' is a required property and must be non-empty",
                           param="messages")
         _check_common(req)
+        top = _chat_logprobs(req)
         model = self.router.resolve(req.model, kind="llm")
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = _params(req, max_tokens, _response_schema(req.response_format))
+        params.logprobs = top is not None
         tools = tool_request(req)
         msg, parser = await self.flow.chat(request, model, chat_messages(req.messages), tools,
                                            params, requested=req.model)
         reply = ChatReply(req.model, _include_usage(req), parser,
-                          tools is not None and tools.named)
+                          tools is not None and tools.named, top)
         return Turn(model, msg, bool(req.stream), reply)
 
     async def completions(self, request: Request, req: CompletionRequest) -> Turn:
         _check_common(req)
+        top = _completion_logprobs(req)
         if req.prompt is None:
             raise invalid("'prompt' is a required property", param="prompt")
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
@@ -372,7 +416,9 @@ class OpenAIRoutes(Translator):
                           param="suffix")
         model = self.router.resolve(req.model, kind="llm")
         params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
+        params.logprobs = top is not None
         msg = await self.flow.generate(request, model, params, requested=req.model,
                                        prompt=prompts[0])
-        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "")
+        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "",
+                                top)
         return Turn(model, msg, bool(req.stream), reply)

@@ -21,6 +21,7 @@ from gateway.api import embeddings as embed_api
 from gateway.api import model_admin as models_api
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
+from gateway.api import tokenizer as tokenizer_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
@@ -37,6 +38,10 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/api/pull"): models_api.PullRequest,
     ("POST", "/api/copy"): models_api.CopyRequest,
     ("DELETE", "/api/delete"): models_api.DeleteRequest,
+    ("POST", "/tokenize"): tokenizer_api.TokenizeRequest,
+    ("POST", "/detokenize"): tokenizer_api.DetokenizeRequest,
+    ("POST", "/v1/tokenize"): tokenizer_api.TokenizeRequest,
+    ("POST", "/v1/detokenize"): tokenizer_api.DetokenizeRequest,
 }
 
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
