@@ -83,7 +83,7 @@ class Gateway:
             *ModelRoutes(self.router).routes(),
             *OllamaRoutes(self.flow, self.catalog).routes(),
             *EmbeddingRoutes(self.flow).routes(),
-            *TokenizerRoutes(self.flow, self.catalog).routes(),
+            *TokenizerRoutes(self.flow).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from gateway.api.common import new_id, unless_disconnected
 from gateway.api.flow import Translator, Turn
+from gateway.api.ollama_models import require
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
     CallParser,
@@ -46,6 +47,7 @@ from gateway.api.tools import (
 )
 from gateway.core.errors import invalid
 from gateway.core.router import Generation
+from models.capabilities import VISION, Capabilities
 from protocol.messages import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -149,8 +151,9 @@ def _result_text(block: dict[str, Any], where: str) -> str:
     return f"Error: {text}" if block.get("is_error") else text
 
 
-def chat_messages(system: str | list[dict[str, Any]] | None,
-                  messages: list[InMessage]) -> list[ChatMessage]:
+def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMessage],
+                  caps: Capabilities, requested: str) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     if not messages:
         raise invalid("messages: at least one message is required", param="messages")
     out: list[ChatMessage] = []
@@ -178,6 +181,9 @@ def chat_messages(system: str | list[dict[str, Any]] | None,
                     texts = []
                 out.append(ChatMessage(role="tool", content=_result_text(block, where),
                                        tool_call_id=str(block.get("tool_use_id", ""))))
+            elif kind == "image":
+                # NOTE: no model has vision here; one that has needs its images carried on.
+                require(caps, VISION, requested, "messages")
             elif kind in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {kind} content is not supported by this model",
                               param="messages")
@@ -386,7 +392,9 @@ class AnthropicRoutes(Translator):
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
         model = self.router.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
-        msg = await self.flow.tokenize(request, model, chat_messages(req.system, req.messages),
+        caps = await self.catalog.capabilities(model)
+        msg = await self.flow.tokenize(request, model,
+                                       chat_messages(req.system, req.messages, caps, req.model),
                                        tool_request(req))
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
@@ -397,7 +405,9 @@ class AnthropicRoutes(Translator):
                                   stop_sequences=req.stop_sequences)
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
-        msg, parser = await self.flow.chat(request, model, chat_messages(req.system, req.messages),
+        caps = await self.catalog.capabilities(model)
+        msg, parser = await self.flow.chat(request, model,
+                                           chat_messages(req.system, req.messages, caps, req.model),
                                            tool_request(req), params, requested=req.model)
         reply = MessageReply(req.model, Output(params.stop, parser))
         return Turn(model, msg, bool(req.stream), reply)

@@ -38,10 +38,12 @@ from gateway.api.common import (
 )
 from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.limits import Limits
+from gateway.api.ollama_models import require
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation, Router
+from models.capabilities import TOOLS
 from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 B = TypeVar("B", bound=msgspec.Struct)
@@ -117,6 +119,8 @@ class Flow:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
         self.limits.check_input(messages, None, tools)
+        if tools is not None and tools.tools:
+            require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
         await self.limits.check_output(request, model, params, requested)
         prep = await self.tooling.prepare(model, messages, tools, params)
         msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools)
@@ -169,6 +173,7 @@ class Translator:
     def __init__(self, flow: Flow) -> None:
         self.flow = flow
         self.router = flow.router
+        self.catalog = flow.tooling.catalog
 
 
 async def _stream(dialect: Dialect, turn: Turn, gen: Generation) -> AsyncIterator[bytes]:

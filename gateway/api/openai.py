@@ -21,6 +21,7 @@ from gateway.api import logprobs as lp
 from gateway.api.common import new_id, now
 from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
+from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.tools import (
     CallParser,
@@ -35,6 +36,7 @@ from gateway.api.tools import (
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation
+from models.capabilities import INSERT, VISION, Capabilities
 from protocol.messages import ChatMessage, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
@@ -113,7 +115,7 @@ class CompletionRequest(SamplingFields):
 # --- translation -------------------------------------------------------------------------
 
 
-def _text(content: str | list[ContentPart] | None) -> str:
+def _text(content: str | list[ContentPart] | None, caps: Capabilities, requested: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
@@ -121,11 +123,14 @@ def _text(content: str | list[ContentPart] | None) -> str:
         if part.type == "text":
             parts.append(part.text or "")
         elif part.type in ("image_url", "input_image", "image"):
-            raise invalid("this model does not support images", param="messages")
+            # NOTE: no model has vision here; one that has needs its images carried on.
+            require(caps, VISION, requested, "messages")
     return "".join(parts)
 
 
-def chat_messages(messages: list[Message]) -> list[ChatMessage]:
+def chat_messages(messages: list[Message], caps: Capabilities,
+                  requested: str) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     if not messages:
         raise invalid("messages must be a non-empty list", param="messages")
     out = []
@@ -136,7 +141,7 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
         calls = None
         if role == "assistant" and m.tool_calls:
             calls = [_history_call(c) for c in m.tool_calls]
-        out.append(ChatMessage(role=role, content=_text(m.content), name=m.name,
+        out.append(ChatMessage(role=role, content=_text(m.content, caps, requested), name=m.name,
                                tool_call_id=m.tool_call_id, tool_calls=calls))
     return out
 
@@ -369,22 +374,26 @@ class OpenAIRoutes(Translator):
             self.flow.get("/v1/models/{model_id:path}", self.get_model),
         ]
 
-    def _model_card(self, model: ServedModel) -> dict[str, Any]:
+    async def _model_card(self, model: ServedModel) -> dict[str, Any]:
+        """OpenAI's card, with vLLM's `max_model_len` (0 when unknown) and the model's
+        `capabilities` as /api/show names them (extensions clients may ignore)."""
         return {"id": model.name, "object": "model", "created": self.router.started,
-                "owned_by": "npu-proxy"}
+                "owned_by": "npu-proxy",
+                "max_model_len": await self.catalog.context_length(model),
+                "capabilities": (await self.catalog.capabilities(model)).names}
 
     async def list_models(self, request: Request) -> Response:
         if dialect_for(request.scope) is ANTHROPIC:
             return anthropic_api.models_page(list(self.router.models), self.router.started,
                                              request)
-        data = [self._model_card(m) for m in self.router.models.values()]
+        data = [await self._model_card(m) for m in self.router.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
     async def get_model(self, request: Request) -> Response:
         model = self.router.resolve(request.path_params["model_id"])
         if dialect_for(request.scope) is ANTHROPIC:
             return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
-        return JSONResponse(self._model_card(model))
+        return JSONResponse(await self._model_card(model))
 
     async def chat(self, request: Request, req: ChatRequest) -> Turn:
         if not req.messages:
@@ -397,8 +406,9 @@ class OpenAIRoutes(Translator):
         params = _params(req, max_tokens, _response_schema(req.response_format))
         params.logprobs = top is not None
         tools = tool_request(req)
-        msg, parser = await self.flow.chat(request, model, chat_messages(req.messages), tools,
-                                           params, requested=req.model)
+        messages = chat_messages(req.messages, await self.catalog.capabilities(model), req.model)
+        msg, parser = await self.flow.chat(request, model, messages, tools, params,
+                                           requested=req.model)
         reply = ChatReply(req.model, _include_usage(req), parser,
                           tools is not None and tools.named, top)
         return Turn(model, msg, bool(req.stream), reply)
@@ -411,10 +421,9 @@ class OpenAIRoutes(Translator):
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) != 1:
             raise invalid("exactly one prompt per request is supported", param="prompt")
-        if req.suffix:
-            raise invalid("this model has no fill-in-the-middle support; remove 'suffix'",
-                          param="suffix")
         model = self.router.resolve(req.model, kind="llm")
+        if req.suffix:
+            require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
         params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
         params.logprobs = top is not None
         msg = await self.flow.generate(request, model, params, requested=req.model,

@@ -22,8 +22,7 @@ from starlette.routing import Route
 
 from gateway.api import openai as openai_api
 from gateway.api.common import request_id, request_key, unless_disconnected
-from gateway.api.flow import Flow, Translator
-from gateway.api.ollama_models import ModelCatalog
+from gateway.api.flow import Translator
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from protocol.messages import Detokenize
@@ -52,10 +51,6 @@ class DetokenizeRequest(msgspec.Struct):
 
 
 class TokenizerRoutes(Translator):
-    def __init__(self, flow: Flow, catalog: ModelCatalog) -> None:
-        super().__init__(flow)
-        self.catalog = catalog
-
     def routes(self) -> list[Route]:
         routes = []
         for prefix in ("", "/v1"):
@@ -77,7 +72,8 @@ class TokenizerRoutes(Translator):
             else bool(req.add_special)
         messages = tools = None
         if req.messages is not None:
-            messages = openai_api.chat_messages(req.messages)
+            caps = await self.catalog.capabilities(model)
+            messages = openai_api.chat_messages(req.messages, caps, req.model or model.name)
             tools = openai_api.tool_request(openai_api.ChatRequest(
                 tools=req.tools, tool_choice=req.tool_choice))
         msg = await self.flow.tokenize(request, model, messages, tools, prompt=prompt,
