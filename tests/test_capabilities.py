@@ -49,6 +49,16 @@ def test_openai_and_anthropic_refuse_what_the_model_cannot_do(base_url: str) -> 
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}]}])
     assert "does not support images" in str(aerr.value)
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        claude.messages.create(model=LLM, max_tokens=1, messages=[
+            {"role": "user", "content": "What is on the screen?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [{"type": "image", "source": {
+                                              "type": "base64", "media_type": "image/png",
+                                              "data": "iVBORw0KGgo="}}]}]}])
+    assert "does not support images" in str(aerr.value)
 
 
 def test_capabilities_from_kind_and_template() -> None:

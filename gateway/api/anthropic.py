@@ -135,7 +135,7 @@ def system_text(system: str | list[dict[str, Any]] | None) -> str:
     return "\n\n".join(parts)
 
 
-def _result_text(block: dict[str, Any], where: str) -> str:
+def _result_text(block: dict[str, Any], where: str, caps: Capabilities, requested: str) -> str:
     content = block.get("content")
     if content is None or isinstance(content, str):
         text = content or ""
@@ -144,6 +144,8 @@ def _result_text(block: dict[str, Any], where: str) -> str:
         for sub in content:
             if sub.get("type") == "text":
                 parts.append(_block_text(sub, where))
+            elif sub.get("type") == "image":
+                require(caps, VISION, requested, "messages")
             elif sub.get("type") in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
                               "model", param="messages")
@@ -179,7 +181,8 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMe
                 if texts:
                     out.append(ChatMessage(role="user", content="\n\n".join(texts)))
                     texts = []
-                out.append(ChatMessage(role="tool", content=_result_text(block, where),
+                text = _result_text(block, where, caps, requested)
+                out.append(ChatMessage(role="tool", content=text,
                                        tool_call_id=str(block.get("tool_use_id", ""))))
             elif kind == "image":
                 # NOTE: no model has vision here; one that has needs its images carried on.
