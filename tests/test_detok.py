@@ -70,3 +70,18 @@ def test_logprob_frames_keep_a_split_character_with_its_last_token(
     assert b"".join(e.data for e in entries) == SPLIT.encode()
     assert entries[-1].text == "" and entries[-1].data == b""  # the end-of-turn token
     assert isinstance(frames[-1], Finished) and frames[-1].completion_tokens == len(ids)
+
+
+def test_logprobs_that_do_not_match_the_tokens_stop_the_request(
+        tokenizer: ov_genai.Tokenizer) -> None:
+    frames: list[RequestFrame] = []
+    engine = EngineBase(WorkerSpec(name="t"), "", 2048, frames.append)
+    engine.prompting = Prompting(tokenizer, 2048)
+    req = Generate(id="r", model="m", params=SamplingParams(logprobs=True), deadline=1e12)
+    ready = Prepared(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None, received=0.0)
+    active = engine._track(ready, None)
+    engine._on_tokens(active, [504, 3575], 0.0, [-0.5])  # no value is made up for a token
+    assert active.cancelled == "abort"
+    engine._finish(engine._active.pop("r"))
+    assert not any(isinstance(f, Delta) and f.logprobs for f in frames)
+    assert isinstance(frames[-1], Finished) and frames[-1].finish_reason == "abort"

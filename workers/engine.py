@@ -531,6 +531,14 @@ class EngineBase:
     def _on_logprobs(self, active: Active, ids: list[int], logprobs: list[float]) -> None:
         """One token at a time, so that each has its own piece of the text."""
         assert self.prompting is not None and active.logprobs is not None
+        if len(logprobs) != len(ids):
+            # NOTE: never seen (speculative steps included); a value is never made up, and
+            # the engine thread must not raise: the request ends here instead.
+            shown = active.req.log_id or active.req.id
+            log.error("request_id=%s: %d log-probabilities for %d tokens; stopping it", shown,
+                      len(logprobs), len(ids), extra={"request_id": shown})
+            active.cancel("abort")
+            return
         token_bytes = self.prompting.token_bytes
         for token, logprob in zip(ids, logprobs, strict=True):
             piece = active.streamer.push([token])
