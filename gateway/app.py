@@ -27,6 +27,7 @@ from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses import ResponsesRoutes
+from gateway.api.tokenizer import TokenizerRoutes
 from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
 from gateway.core.health import HealthRoutes
@@ -89,6 +90,7 @@ class Gateway:
             *CreateRoutes(self.router).routes(),
             *OllamaRoutes(self.flow, self.catalog).routes(),
             *EmbeddingRoutes(self.flow).routes(),
+            *TokenizerRoutes(self.flow).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

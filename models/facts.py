@@ -611,6 +611,18 @@ def context_length(path: Path) -> int:
     raise ModelInfoError(f"{path}: no such file or folder")
 
 
+def chat_template(path: Path) -> str:
+    """The model's chat template, as `describe_model` reports it ("" when the files have
+    none), from the GGUF header or the IR folder's files alone: nothing is hashed."""
+    path = path.resolve()
+    if path.is_dir():
+        return _ir_chat_template(path)
+    if path.is_file():
+        template = read_gguf_header(path).metadata.get("tokenizer.chat_template")
+        return template if isinstance(template, str) else ""
+    raise ModelInfoError(f"{path}: no such file or folder")
+
+
 def format_parameter_count(n: int) -> str:
     """Ollama-style size label: 134_515_008 -> "135M", 1_100_048_384 -> "1.1B", 7e9 -> "7B"."""
     if n >= 999_500_000:

@@ -27,6 +27,9 @@ class ErrorCode(enum.IntEnum):
     WORKER_LOST = 7
     QUEUE_FULL = 8
     NOT_READY = 9
+    # The worker's pipeline cannot do what the request asks (e.g. logprobs on the NPU's
+    # LLMPipeline); another worker may.
+    UNSUPPORTED = 10
 
 
 # NOTE: one enum for the heartbeat's state and every process state the supervisor, /health
@@ -55,6 +58,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     # Keep a matched stop string at the end of the text, so the gateway can tell which one
     # ended the generation (Anthropic's stop_sequence) and remove it itself.
     include_stop: bool = False
+    # Send each generated token's log-probability, text and bytes (Delta.logprobs).
+    logprobs: bool = False
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
@@ -107,9 +112,25 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # The id the client sees (X-Request-ID): for logs only, never a key. `id` is the gateway's
     # own, unique per request, so clients that reuse an id cannot cross-wire requests.
     log_id: str = ""
+    # Send the token ids and their vocabulary entries back (TokenCount.tokens, .pieces).
+    want_tokens: bool = False
+    # Let the tokenizer add its special tokens (e.g. BOS); generation never does (the chat
+    # template places them), so the default counts what a generation counts.
+    add_special_tokens: bool = False
+    # End the chat with the assistant's turn opening, as a generation does.
+    add_generation_prompt: bool = True
 
 
-WorkerRequest = Generate | Embed | Abort | Tokenize
+class Detokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Token ids back to text (answered with `Detokenized`)."""
+
+    id: str
+    model: str
+    tokens: list[int]
+    log_id: str = ""
+
+
+WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize
 
 
 # --- worker -> gateway -------------------------------------------------------------------
@@ -125,11 +146,27 @@ class Accepted(msgspec.Struct, tag=True, array_like=True):
     prompt_tokens: int
 
 
-class Delta(msgspec.Struct, tag=True, array_like=True):
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token: its piece of the text, its exact bytes, its log-probability.
+
+    The pieces of a generation's tokens concatenate to its text: a character split across
+    tokens is the piece of the token that completes it (the others' piece is ""). `data` is
+    the token's own bytes (empty for a special token, which is not part of the text).
+    """
+
+    text: str
+    data: bytes
+    logprob: float
+
+
+class Delta(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     id: str
     seq: int
     text: str
     tokens: int
+    # Only when the request asked (SamplingParams.logprobs): one entry per token of this
+    # frame, whose pieces concatenate to `text`.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Timings(msgspec.Struct, array_like=True):
@@ -177,10 +214,20 @@ class Embeddings(msgspec.Struct, tag=True, array_like=True):
     timings: Timings
 
 
-class TokenCount(msgspec.Struct, tag=True, array_like=True):
+class TokenCount(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     id: str
     seq: int
     count: int
+    # Only when asked (Tokenize.want_tokens): the ids, and each one's vocabulary entry as text
+    # (bytes that are no UTF-8 on their own as U+FFFD).
+    tokens: list[int] | None = None
+    pieces: list[str] | None = None
+
+
+class Detokenized(msgspec.Struct, tag=True, array_like=True):
+    id: str
+    seq: int
+    text: str
 
 
 class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -208,8 +255,9 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     blocking: bool = False
 
 
-WorkerReply = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Heartbeat
-RequestFrame = Accepted | Delta | Finished | Failed | Embeddings | TokenCount
+WorkerReply = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
+               | Heartbeat)
+RequestFrame = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
 
 def request_decoder() -> msgspec.msgpack.Decoder[WorkerRequest]:
     """One decoder per receiving socket (decoders are not shared across threads)."""

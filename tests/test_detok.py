@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import openvino_genai as ov_genai
 import pytest
 
 from models.registry import package_file
-from workers.detok import Detokenizer
+from protocol.config import WorkerSpec
+from protocol.messages import Delta, Finished, Generate, RequestFrame, SamplingParams
+from workers.detok import Detokenizer, TokenBytes
+from workers.engine import EngineBase, Prepared, Prompting
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +32,56 @@ def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str
     assert all("\ufffd" not in p for p in pieces)  # never a broken character
     if text[0].isascii():
         assert pieces[0]  # the first token's text is released at once, not held back
+
+
+SPLIT = "Emoji 🙂🚀 and 東京 split across tokens."
+
+
+def test_token_bytes_join_to_the_text(tokenizer: ov_genai.Tokenizer) -> None:
+    ids = [int(i) for i in tokenizer.encode(SPLIT, add_special_tokens=False).input_ids.data[0]]
+    end = int(tokenizer.get_eos_token_id())
+    token_bytes = TokenBytes(tokenizer)
+    assert b"".join(token_bytes(i) for i in ids) == SPLIT.encode()
+    assert token_bytes(end) == b""  # a special token is not part of the text
+
+
+def test_logprob_frames_keep_a_split_character_with_its_last_token(
+        tokenizer: ov_genai.Tokenizer) -> None:
+    """The worker's logprob path in-process: one entry per token, pieces that join to the
+    text, a frame never ending inside a character."""
+    ids = [int(i) for i in tokenizer.encode(SPLIT, add_special_tokens=False).input_ids.data[0]]
+    ids.append(int(tokenizer.get_eos_token_id()))
+    frames: list[RequestFrame] = []
+    engine = EngineBase(WorkerSpec(name="t"), "", 2048, frames.append)
+    engine.prompting = Prompting(tokenizer, 2048)
+    req = Generate(id="r", model="m", params=SamplingParams(logprobs=True), deadline=1e12)
+    ready = Prepared(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None, received=0.0)
+    active = engine._track(ready, None)
+    for n, token in enumerate(ids):  # one token per step, as the batch engine reads them
+        engine._on_tokens(active, [token], 0.0, [-0.5 - n])
+        engine._flush(active)
+    engine._finish(engine._active.pop("r"))
+    deltas = [f for f in frames if isinstance(f, Delta)]
+    entries = [e for d in deltas for e in (d.logprobs or [])]
+    assert [e.logprob for e in entries] == [-0.5 - n for n in range(len(ids))]
+    assert "".join(e.text for e in entries) == "".join(d.text for d in deltas) == SPLIT
+    assert all(d.text == "".join(e.text for e in d.logprobs or []) for d in deltas)
+    assert all("\ufffd" not in d.text for d in deltas)
+    assert b"".join(e.data for e in entries) == SPLIT.encode()
+    assert entries[-1].text == "" and entries[-1].data == b""  # the end-of-turn token
+    assert isinstance(frames[-1], Finished) and frames[-1].completion_tokens == len(ids)
+
+
+def test_logprobs_that_do_not_match_the_tokens_stop_the_request(
+        tokenizer: ov_genai.Tokenizer) -> None:
+    frames: list[RequestFrame] = []
+    engine = EngineBase(WorkerSpec(name="t"), "", 2048, frames.append)
+    engine.prompting = Prompting(tokenizer, 2048)
+    req = Generate(id="r", model="m", params=SamplingParams(logprobs=True), deadline=1e12)
+    ready = Prepared(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None, received=0.0)
+    active = engine._track(ready, None)
+    engine._on_tokens(active, [504, 3575], 0.0, [-0.5])  # no value is made up for a token
+    assert active.cancelled == "abort"
+    engine._finish(engine._active.pop("r"))
+    assert not any(isinstance(f, Delta) and f.logprobs for f in frames)
+    assert isinstance(frames[-1], Finished) and frames[-1].finish_reason == "abort"

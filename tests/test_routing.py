@@ -77,6 +77,16 @@ def test_long_prompt_is_rerouted_with_exact_count(srv: Server,
     assert r.json()["usage"]["prompt_tokens"] == exact
 
 
+def test_logprobs_go_where_the_pipeline_gives_them(srv: Server) -> None:
+    """The npu role's LLMPipeline gives no per-token logprobs: such a request goes to llm."""
+    r = chat(srv.url, SHORT, logprobs=True)
+    assert r.status_code == 200
+    assert r.headers["x-npu-proxy-worker"] == "llm"
+    assert r.headers["x-npu-proxy-route-reason"] == "unsupported"
+    body = r.json()
+    assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"]
+
+
 def test_prompt_longer_than_every_limit_is_400(srv: Server) -> None:
     huge = [{"role": "user", "content": "word " * 9000}]
     r = chat(srv.url, huge)

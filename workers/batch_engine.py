@@ -151,7 +151,10 @@ class BatchEngine(EngineBase):
                 for out in handle.read().values():
                     ids = list(out.generated_ids)
                     if ids:
-                        self._on_tokens(active, ids, now)
+                        # NOTE: read only when asked; the pipeline computes them anyway.
+                        logprobs = (list(out.generated_log_probs)
+                                    if active.logprobs is not None else None)
+                        self._on_tokens(active, ids, now, logprobs)
                     if out.finish_reason == ov_genai.GenerationFinishReason.LENGTH:
                         active.finish_reason = "length"
             if status in _DONE:

@@ -36,6 +36,8 @@ from protocol.messages import (
     Abort,
     Accepted,
     Delta,
+    Detokenize,
+    Detokenized,
     ErrorCode,
     Failed,
     Finished,
@@ -44,14 +46,17 @@ from protocol.messages import (
     Timings,
     TokenCount,
     Tokenize,
+    TokenLogprob,
 )
-from workers.detok import Detokenizer
+from workers.detok import Detokenizer, TokenBytes
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
 
 # How an engine publishes a frame (the worker process's PUB socket, or a list in tests).
 Emit = Callable[[RequestFrame], None]
+# What an LLM engine is sent.
+Request = Generate | Abort | Tokenize | Detokenize
 
 
 class Engine(Protocol):
@@ -118,6 +123,9 @@ class Active:
     finish_reason: str = "stop"
     # Why it was stopped early ("abort", "timeout"); "" while it runs to its end.
     cancelled: str = ""
+    # Tokens not sent yet with their logprobs, when the request asked (else None); the last
+    # ones wait while their character is incomplete.
+    logprobs: list[TokenLogprob] | None = None
 
     def cancel(self, reason: str) -> None:
         self.cancelled = reason
@@ -153,23 +161,33 @@ class Prompting:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.token_chars = longest_token(tokenizer)
+        self.token_bytes = TokenBytes(tokenizer)
 
     def render(self, msg: Generate | Tokenize) -> str:
         if msg.messages is None:
             return msg.prompt or ""
         history = [msgspec.to_builtins(m) for m in msg.messages]
+        opening = msg.add_generation_prompt if isinstance(msg, Tokenize) else True
         if msg.tools:
             return str(
                 self.tokenizer.apply_chat_template(
-                    history, add_generation_prompt=True, tools=msg.tools
+                    history, add_generation_prompt=opening, tools=msg.tools
                 )
             )
-        return str(self.tokenizer.apply_chat_template(history, add_generation_prompt=True))
+        return str(self.tokenizer.apply_chat_template(history, add_generation_prompt=opening))
 
-    def encode(self, text: str) -> np.ndarray[Any, Any]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray[Any, Any]:
         # NOTE: the chat template already places the special tokens.
-        ids = self.tokenizer.encode(text, add_special_tokens=False).input_ids.data
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data
         return np.asarray(ids, dtype=np.int64).reshape(1, -1)
+
+    def decode(self, tokens: list[int]) -> str:
+        """Token ids back to text, special tokens included; a 400 for an id out of range."""
+        size = self.token_bytes.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in the vocabulary (0 to {size - 1})")
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=False)) if tokens else ""
 
     def fewest_tokens(self, text: str) -> int:
         """A lower bound of the text's token count, from its length alone: no token stands
@@ -248,13 +266,16 @@ class EngineBase:
     `run` calls `_step` on the engine thread until told to stop.
     """
 
+    # Does the pipeline give each token's log-probability (SamplingParams.logprobs)?
+    gives_logprobs = True
+
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         self.spec = spec
         self.model_path = model_path
         self.context_length = context_length
         self.emit = emit
         self.faults = FaultInjector(spec)
-        self._inbox: queue.SimpleQueue[Generate | Abort | Tokenize] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._active: dict[str, Active] = {}
         # NOTE: ids, not a count: a request ends on one of several threads and paths (finish,
@@ -288,7 +309,7 @@ class EngineBase:
     def has_room(self) -> bool:
         return len(self._held) < self.capacity
 
-    def _take(self, msg: Generate | Abort | Tokenize) -> None:
+    def _take(self, msg: Request) -> None:
         if not isinstance(msg, Abort):
             with self._held_lock:
                 self._held.add(msg.id)
@@ -303,7 +324,7 @@ class EngineBase:
         self._release(failed.id)
         self.emit(failed)
 
-    def submit(self, msg: Generate | Abort | Tokenize) -> None:
+    def submit(self, msg: Request) -> None:
         self._take(msg)
         self._inbox.put(msg)
         self._wake.set()
@@ -359,12 +380,14 @@ class EngineBase:
         self.faults.hold_start(ready.req.log_id or ready.req.id)
         return ready, active
 
-    def _dispatch(self, msg: Generate | Abort | Tokenize) -> None:
+    def _dispatch(self, msg: Request) -> None:
         """Act on one message from the gateway."""
         if isinstance(msg, Abort):
             self._abort(msg.id)
         elif isinstance(msg, Tokenize):
             self._tokenize(msg)
+        elif isinstance(msg, Detokenize):
+            self._detokenize(msg)
         else:
             self.faults.hold_accept()
             ready = self._prepare(msg)
@@ -412,12 +435,27 @@ class EngineBase:
             if floor > self.context_length:
                 self._refuse(self._too_long(msg.id, text, floor, self.context_length, False))
                 return
-            n = int(self.prompting.encode(text).shape[1])
+            ids = self.prompting.encode(text, msg.add_special_tokens)
         except Exception as exc:  # a template or tokenizer error is the request's fault
             self._refuse(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return
+        count = TokenCount(id=msg.id, seq=0, count=int(ids.shape[1]))
+        if msg.want_tokens:
+            count.tokens = [int(t) for t in ids[0]]
+            entry = self.prompting.token_bytes.entry
+            count.pieces = [entry(t).decode("utf-8", "replace") for t in count.tokens]
         self._release(msg.id)
-        self.emit(TokenCount(id=msg.id, seq=0, count=n))
+        self.emit(count)
+
+    def _detokenize(self, msg: Detokenize) -> None:
+        assert self.prompting is not None
+        try:
+            text = self.prompting.decode(msg.tokens)
+        except Exception as exc:  # an id out of range is the request's fault
+            self._refuse(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
+            return
+        self._release(msg.id)
+        self.emit(Detokenized(id=msg.id, seq=0, text=text))
 
     def _too_long(self, rid: str, text: str, floor: int, limit: int, elsewhere: bool) -> Failed:
         """A prompt refused on its length in characters, without tokenizing it."""
@@ -435,6 +473,11 @@ class EngineBase:
         if received > req.deadline:
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
                                 message="request expired before it started",
+                                retry_elsewhere=True))
+            return None
+        if req.params.logprobs and not self.gives_logprobs:
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.UNSUPPORTED,
+                                message=f"worker {self.spec.name} gives no logprobs",
                                 retry_elsewhere=True))
             return None
         limit, elsewhere = self.prompt_limit()
@@ -475,34 +518,79 @@ class EngineBase:
         active = Active(req=ready.req, handle=handle,
                         streamer=Detokenizer(self.prompting.tokenizer),
                         prompt_tokens=ready.prompt_tokens, received=ready.received,
-                        added=time.time())
+                        added=time.time(),
+                        logprobs=[] if ready.req.params.logprobs else None)
         self._active[ready.req.id] = active
         return active
 
-    def _on_tokens(self, active: Active, ids: list[int], now: float) -> None:
+    def _on_tokens(self, active: Active, ids: list[int], now: float,
+                   logprobs: list[float] | None = None) -> None:
+        """Take new tokens; `logprobs` (one per token) when the request asked for them."""
         self.progress_at = time.monotonic()
         if not active.first:
             active.first = now
         active.completion_tokens += len(ids)
         self.generated_tokens += len(ids)
-        text = active.streamer.push(ids)
-        if text:
-            active.text.append(text)
+        if active.logprobs is None:
+            text = active.streamer.push(ids)
+            if text:
+                active.text.append(text)
+        else:
+            self._on_logprobs(active, ids, logprobs or [])
         self.faults.on_tokens(len(ids))
 
+    def _on_logprobs(self, active: Active, ids: list[int], logprobs: list[float]) -> None:
+        """One token at a time, so that each has its own piece of the text."""
+        assert self.prompting is not None and active.logprobs is not None
+        if len(logprobs) != len(ids):
+            # NOTE: never seen (speculative steps included); a value is never made up, and
+            # the engine thread must not raise: the request ends here instead.
+            shown = active.req.log_id or active.req.id
+            log.error("request_id=%s: %d log-probabilities for %d tokens; stopping it", shown,
+                      len(logprobs), len(ids), extra={"request_id": shown})
+            active.cancel("abort")
+            return
+        token_bytes = self.prompting.token_bytes
+        for token, logprob in zip(ids, logprobs, strict=True):
+            piece = active.streamer.push([token])
+            active.logprobs.append(TokenLogprob(text=piece, data=token_bytes(token),
+                                                logprob=float(logprob)))
+
     def _flush(self, active: Active) -> None:
+        if active.logprobs is not None:
+            self._flush_logprobs(active)
+            return
         if active.text:
             chunk = "".join(active.text)
             active.text.clear()
-            if self.faults.gap_due(active.req.id, active.completion_tokens):
-                active.seq += 1
-            self.emit(Delta(id=active.req.id, seq=active.seq, text=chunk,
-                            tokens=active.completion_tokens))
+            self._emit_delta(active, chunk, active.completion_tokens, None)
+
+    def _flush_logprobs(self, active: Active) -> None:
+        """Send the tokens whose text is out; the ones of an incomplete character wait."""
+        assert active.logprobs is not None
+        streamer = active.streamer
+        waiting = len(streamer.ids) - streamer.released
+        ready = len(active.logprobs) - waiting
+        if ready <= 0:
+            return
+        entries, active.logprobs = active.logprobs[:ready], active.logprobs[ready:]
+        self._emit_delta(active, "".join(e.text for e in entries),
+                         active.completion_tokens - waiting, entries)
+
+    def _emit_delta(self, active: Active, text: str, tokens: int,
+                    logprobs: list[TokenLogprob] | None) -> None:
+        if self.faults.gap_due(active.req.id, active.completion_tokens):
             active.seq += 1
+        self.emit(Delta(id=active.req.id, seq=active.seq, text=text, tokens=tokens,
+                        logprobs=logprobs))
+        active.seq += 1
 
     def _finish(self, active: Active) -> None:
         rest = active.streamer.flush()
-        if rest:
+        if rest and active.logprobs:
+            last = active.logprobs[-1]
+            active.logprobs[-1] = TokenLogprob(last.text + rest, last.data, last.logprob)
+        elif rest:
             active.text.append(rest)
         self._flush(active)
         end = time.time()

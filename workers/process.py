@@ -21,6 +21,7 @@ import zmq
 from protocol.config import Config, WorkerSpec
 from protocol.messages import (
     Abort,
+    Detokenize,
     Embed,
     ErrorCode,
     Failed,
@@ -127,7 +128,7 @@ class WorkerProcess:
             self._dispatch(msg)
         pull.close()
 
-    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize) -> None:
+    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize | Detokenize) -> None:
         engine = self.engine
         if isinstance(msg, Abort):
             if engine is not None:

@@ -52,6 +52,10 @@ def generation_config(
     if params.ignore_eos:
         cfg.ignore_eos = True
         cfg.stop_token_ids = set()
+    if params.logprobs:
+        # NOTE: OpenVINO GenAI gives the sampled token's log-probability only (any value > 1
+        # is taken as 1), so no alternatives exist to return.
+        cfg.logprobs = 1
     if params.json_schema is not None:
         cfg.structured_output_config = ov_genai.StructuredOutputConfig(
             json_schema=params.json_schema

@@ -18,8 +18,8 @@ from typing import Any
 import openvino as ov
 import openvino_genai as ov_genai
 
-from protocol.messages import Abort, ErrorCode, Failed, Generate, Tokenize
-from workers.engine import Active, EngineBase, Prepared, Prompting
+from protocol.messages import ErrorCode, Failed
+from workers.engine import Active, EngineBase, Prepared, Prompting, Request
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,10 @@ class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
 class SerialEngine(EngineBase):
     """One request at a time through an LLMPipeline; the others wait in a bounded queue."""
 
+    # NOTE: LLMPipeline's streamer gets token ids only, and its results a sum of log-probs per
+    # sequence: a request for logprobs goes to another worker (ErrorCode.UNSUPPORTED).
+    gives_logprobs = False
+
     def prompt_limit(self) -> tuple[int, bool]:
         return self.spec.max_prompt_len, True
 
@@ -71,7 +75,7 @@ class SerialEngine(EngineBase):
 
     # --- receiver thread -----------------------------------------------------------------
 
-    def submit(self, msg: Generate | Abort | Tokenize) -> None:
+    def submit(self, msg: Request) -> None:
         # NOTE: checked on arrival, not when its turn comes, so a prompt too long for the NPU
         # goes elsewhere at once.
         self._take(msg)

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from gateway.api.common import new_id, unless_disconnected
 from gateway.api.flow import Translator, Turn
+from gateway.api.ollama_models import require
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.tools import (
     CallParser,
@@ -46,6 +47,7 @@ from gateway.api.tools import (
 )
 from gateway.core.errors import invalid
 from gateway.core.router import Generation
+from models.capabilities import VISION, Capabilities
 from protocol.messages import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,7 @@ def system_text(system: str | list[dict[str, Any]] | None) -> str:
     return "\n\n".join(parts)
 
 
-def _result_text(block: dict[str, Any], where: str) -> str:
+def _result_text(block: dict[str, Any], where: str, caps: Capabilities, requested: str) -> str:
     content = block.get("content")
     if content is None or isinstance(content, str):
         text = content or ""
@@ -142,6 +144,8 @@ def _result_text(block: dict[str, Any], where: str) -> str:
         for sub in content:
             if sub.get("type") == "text":
                 parts.append(_block_text(sub, where))
+            elif sub.get("type") == "image":
+                require(caps, VISION, requested, "messages")
             elif sub.get("type") in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
                               "model", param="messages")
@@ -149,8 +153,9 @@ def _result_text(block: dict[str, Any], where: str) -> str:
     return f"Error: {text}" if block.get("is_error") else text
 
 
-def chat_messages(system: str | list[dict[str, Any]] | None,
-                  messages: list[InMessage]) -> list[ChatMessage]:
+def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMessage],
+                  caps: Capabilities, requested: str) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     if not messages:
         raise invalid("messages: at least one message is required", param="messages")
     out: list[ChatMessage] = []
@@ -176,8 +181,12 @@ def chat_messages(system: str | list[dict[str, Any]] | None,
                 if texts:
                     out.append(ChatMessage(role="user", content="\n\n".join(texts)))
                     texts = []
-                out.append(ChatMessage(role="tool", content=_result_text(block, where),
+                text = _result_text(block, where, caps, requested)
+                out.append(ChatMessage(role="tool", content=text,
                                        tool_call_id=str(block.get("tool_use_id", ""))))
+            elif kind == "image":
+                # NOTE: no model has vision here; one that has needs its images carried on.
+                require(caps, VISION, requested, "messages")
             elif kind in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {kind} content is not supported by this model",
                               param="messages")
@@ -386,7 +395,9 @@ class AnthropicRoutes(Translator):
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
         model = self.router.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
-        msg = await self.flow.tokenize(request, model, chat_messages(req.system, req.messages),
+        caps = await self.catalog.capabilities(model)
+        msg = await self.flow.tokenize(request, model,
+                                       chat_messages(req.system, req.messages, caps, req.model),
                                        tool_request(req))
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
@@ -397,7 +408,9 @@ class AnthropicRoutes(Translator):
                                   stop_sequences=req.stop_sequences)
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
-        msg, parser = await self.flow.chat(request, model, chat_messages(req.system, req.messages),
+        caps = await self.catalog.capabilities(model)
+        msg, parser = await self.flow.chat(request, model,
+                                           chat_messages(req.system, req.messages, caps, req.model),
                                            tool_request(req), params, requested=req.model)
         reply = MessageReply(req.model, Output(params.stop, parser))
         return Turn(model, msg, bool(req.stream), reply)

@@ -1,9 +1,10 @@
 """Which API a request speaks, decided in one place, and what is alike for all its routes.
 
 `dialect_for(scope)`: `/v1/messages*` is Anthropic's, `/v1/responses*` OpenAI's Responses API
-(OpenAI's error body, but named SSE events), every other `/v1/*` OpenAI's, and the rest
-(`/api/*`, `/`) Ollama's. `/v1/models*` belongs to both OpenAI and Anthropic; Anthropic's
-SDKs send `anthropic-version` on every request and OpenAI's never do, so that header decides.
+(OpenAI's error body, but named SSE events), every other `/v1/*` OpenAI's, as are vLLM's
+`/tokenize` and `/detokenize`, and the rest (`/api/*`, `/`) Ollama's. `/v1/models*` belongs to
+both OpenAI and Anthropic; Anthropic's SDKs send `anthropic-version` on every request and
+OpenAI's never do, so that header decides.
 The auth middleware, /v1/models and the shared request path (gateway/api/flow.py) all ask it.
 
 A `Dialect` holds what every route of its API shares: the error body (`{"error": {...}}`,
@@ -133,12 +134,18 @@ OLLAMA = Dialect("ollama", NDJSON, ndjson_line, b"", ollama_error, http_status)
 # --- the one decision --------------------------------------------------------------------
 
 
+# vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does.
+OPENAI_ROOT_PATHS = frozenset({"/tokenize", "/detokenize"})
+
+
 def dialect_for(scope: Scope) -> Dialect:
     path: str = scope.get("path", "")
     if path.startswith("/v1/messages"):
         return ANTHROPIC
     if path.startswith("/v1/responses"):
         return RESPONSES
+    if path in OPENAI_ROOT_PATHS:
+        return OPENAI
     if path.startswith("/v1/"):
         if path.startswith("/v1/models") and any(
                 key == b"anthropic-version" for key, _ in scope.get("headers", ())):

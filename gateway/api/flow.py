@@ -39,12 +39,14 @@ from gateway.api.common import (
 )
 from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.limits import Limits
+from gateway.api.ollama_models import require
 from gateway.api.profiles import with_messages, with_params
 from gateway.api.schema_check import check_schema
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation, Router
+from models.capabilities import TOOLS
 from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 B = TypeVar("B", bound=msgspec.Struct)
@@ -129,20 +131,32 @@ class Flow:
         in its output."""
         messages, params = with_messages(messages, model), with_params(params, model)
         self.limits.check_input(messages, None, tools)
+        if tools is not None and tools.tools:
+            require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
         await self.limits.check_output(request, model, params, requested)
         prep = await self.tooling.prepare(model, messages, tools, params)
         msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools)
         return msg, prep.parser()
 
-    async def tokenize(self, request: Request, model: ServedModel, messages: list[ChatMessage],
-                       tools: ToolRequest | None) -> Tokenize:
-        """A token count of a chat, within the same limits, prepared exactly like `chat` so
-        the count equals the generation's prompt tokens."""
-        messages = with_messages(messages, model)
-        self.limits.check_input(messages, None, tools)
-        prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
-        return Tokenize(id=request_key(request), model=model.name, messages=prep.messages,
-                        tools=prep.tools, log_id=request_id(request))
+    async def tokenize(self, request: Request, model: ServedModel,
+                       messages: list[ChatMessage] | None, tools: ToolRequest | None, *,
+                       prompt: str | None = None, want_tokens: bool = False,
+                       add_special_tokens: bool = False,
+                       add_generation_prompt: bool = True) -> Tokenize:
+        """A token count of a chat (or of a raw prompt), within the same limits, prepared
+        exactly like `chat` so the count equals the generation's prompt tokens."""
+        if messages is not None:
+            messages = with_messages(messages, model)
+        self.limits.check_input(messages, prompt, tools)
+        if messages is not None:
+            prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
+            messages, tool_list = prep.messages, prep.tools
+        else:
+            tool_list = None
+        return Tokenize(id=request_key(request), model=model.name, messages=messages,
+                        prompt=prompt, tools=tool_list, log_id=request_id(request),
+                        want_tokens=want_tokens, add_special_tokens=add_special_tokens,
+                        add_generation_prompt=add_generation_prompt)
 
     def _generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                   messages: list[ChatMessage] | None = None, prompt: str | None = None,
@@ -175,6 +189,7 @@ class Translator:
     def __init__(self, flow: Flow) -> None:
         self.flow = flow
         self.router = flow.router
+        self.catalog = flow.tooling.catalog
 
 
 async def _stream(dialect: Dialect, turn: Turn, gen: Generation) -> AsyncIterator[bytes]:

@@ -12,7 +12,8 @@ Decisions where Ollama's semantics do not carry over:
   (gateway/api/ollama_template.py) and the result is sent raw; other templates are a 400.
   A model made by /api/create with such a TEMPLATE has it applied the same way; its SYSTEM,
   MESSAGE and PARAMETER settings apply to every request (gateway/api/profiles.py).
-- `suffix` is a 400: chat templates of the served models have no fill-in-the-middle slot.
+- `suffix`, `images` and `think` are a 400 unless the model has the capability (insert,
+  vision, thinking: models/capabilities.py), the same facts /api/show reports.
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
@@ -35,9 +36,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gateway.api import logprobs as lp
 from gateway.api.common import dumps, request_id
 from gateway.api.flow import Flow, Translator, Turn
-from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, utc_now
+from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, require, utc_now
 from gateway.api.ollama_template import render, supported
 from gateway.api.params import json_schema_text, ollama_params
 from gateway.api.tools import (
@@ -52,6 +54,7 @@ from gateway.api.tools import (
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation
+from models.capabilities import INSERT, THINKING, VISION, Capabilities
 from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,8 @@ class _Request(msgspec.Struct):
     stream: bool | None = None
     keep_alive: float | str | None = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class GenerateRequest(_Request):
@@ -119,14 +124,17 @@ def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
                   param="format")
 
 
-def chat_messages(messages: list[Message], model: str) -> list[ChatMessage]:
+def chat_messages(messages: list[Message], caps: Capabilities,
+                  requested: str) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     out = []
     for m in messages:
         if m.role not in ROLES:
             raise invalid(f"unknown message role '{m.role}' (use system, user, assistant or "
                           "tool)", param="messages")
         if m.images:
-            raise invalid(f"model '{model}' does not support images", param="images")
+            # NOTE: no model has vision here; one that has needs its images carried on.
+            require(caps, VISION, requested, "images")
         calls = None
         if m.tool_calls:
             calls = [history_call(c.get("id"), (c.get("function") or {}).get("name", ""),
@@ -151,9 +159,10 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
             for i, c in enumerate(calls)]
 
 
-def _check_think(think: bool | str | None, model: str) -> None:
-    if think not in (None, False, ""):
-        raise invalid(f"model '{model}' does not support thinking", param="think")
+def _logprobs(req: GenerateRequest | ChatRequest) -> int | None:
+    """None without logprobs, else the number of alternatives asked for (checked)."""
+    top = lp.top_count(req.top_logprobs, "top_logprobs")
+    return top if req.logprobs else None
 
 
 def final_fields(fin: Finished) -> dict[str, Any]:
@@ -202,16 +211,24 @@ class OllamaReply:
     offered, text that may be a call is held back by the parser; calls go out whole in one
     done:false chunk before the last one."""
 
-    def __init__(self, name: str, chat: bool, parser: CallParser | None) -> None:
+    def __init__(self, name: str, chat: bool, parser: CallParser | None,
+                 logprobs: int | None = None) -> None:
         self.name = name
         self.chat = chat
         self.parser = parser
+        self.logprobs = logprobs  # None: not asked; else top_logprobs
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
-        name, chat, parser = self.name, self.chat, self.parser
+        name, chat, parser, top = self.name, self.chat, self.parser, self.logprobs
         async for delta in gen:
             text = parser.feed(delta.text) if parser is not None else delta.text
-            if text or parser is None:
+            if top is not None and delta.logprobs:
+                # NOTE: with tools, the parser may hold text back; the tokens go out as they
+                # come (they are the model's raw output).
+                body = chunk(name, text, chat)
+                body["logprobs"] = lp.ollama(delta.logprobs, top)
+                yield body
+            elif text or parser is None:
                 yield chunk(name, text, chat)
         if parser is not None:
             rest, calls = parser.finish()
@@ -227,6 +244,8 @@ class OllamaReply:
         body = chunk(self.name, text, self.chat)
         if calls:
             body["message"]["tool_calls"] = tool_calls_json(calls)
+        if self.logprobs is not None:
+            body["logprobs"] = lp.ollama(gen.logprobs, self.logprobs)
         return last(gen, body)
 
 
@@ -267,15 +286,14 @@ class OllamaRoutes(Translator):
 
     async def generate(self, request: Request, req: GenerateRequest) -> Response | Turn:
         rid = request_id(request)
-        model, keep, params = self._common(req)
+        model, keep, params, caps = await self._common(req)
         if req.images:
-            raise invalid(f"model '{req.model}' does not support images", param="images")
+            require(caps, VISION, req.model, "images")
         if req.raw and (req.template or req.system or req.context):
             raise invalid("raw mode does not support template, system, or context",
                           param="raw")
-        if req.suffix and "insert" not in await self.catalog.capabilities(model):
-            raise invalid(f"model '{req.model}' does not support insert: its template has "
-                          "no suffix slot; remove 'suffix'", param="suffix")
+        if req.suffix:
+            require(caps, INSERT, req.model, "suffix")
         if not req.prompt:
             return self._load(model, req.model, keep, chat=False)
         if req.context:
@@ -299,26 +317,33 @@ class OllamaRoutes(Translator):
                 messages.insert(0, ChatMessage(role="system", content=req.system))
         msg = await self.flow.generate(request, model, params, requested=req.model,
                                        messages=messages, prompt=prompt)
-        return self._turn(model, req, msg, keep, OllamaReply(req.model, False, None))
+        return self._turn(model, req, msg, keep,
+                          OllamaReply(req.model, False, None, _logprobs(req)))
 
     async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
-        model, keep, params = self._common(req)
+        model, keep, params, caps = await self._common(req)
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
-        msg, parser = await self.flow.chat(request, model, chat_messages(req.messages, req.model),
+        msg, parser = await self.flow.chat(request, model,
+                                           chat_messages(req.messages, caps, req.model),
                                            tool_request(req), params, requested=req.model)
-        return self._turn(model, req, msg, keep, OllamaReply(req.model, True, parser))
+        return self._turn(model, req, msg, keep,
+                          OllamaReply(req.model, True, parser, _logprobs(req)))
 
     # --- shared by generate and chat -----------------------------------------------------
 
-    def _common(self, req: GenerateRequest | ChatRequest,
-                ) -> tuple[ServedModel, float, SamplingParams]:
-        """What /api/generate and /api/chat check and map alike: model, keep_alive, options."""
+    async def _common(self, req: GenerateRequest | ChatRequest,
+                      ) -> tuple[ServedModel, float, SamplingParams, Capabilities]:
+        """What /api/generate and /api/chat check and map alike: model, keep_alive, options,
+        think; and the model's capabilities for the rest."""
         model = self.router.resolve(req.model, kind="llm")
         keep = parse_keep_alive(req.keep_alive)
         params = ollama_params(req.options, format_schema(req.format))
-        _check_think(req.think, req.model)
-        return model, keep, params
+        params.logprobs = _logprobs(req) is not None
+        caps = await self.catalog.capabilities(model)
+        if req.think not in (None, False, ""):
+            require(caps, THINKING, req.model, "think")
+        return model, keep, params, caps
 
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load

@@ -28,8 +28,15 @@ import msgspec
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Router
+from models.capabilities import WHAT, Capabilities, capabilities
 from models.created import CreatedModel, modelfile, parameter_lines
-from models.facts import ModelDetails, ModelInfoError, context_length, describe_model
+from models.facts import (
+    ModelDetails,
+    ModelInfoError,
+    chat_template,
+    context_length,
+    describe_model,
+)
 from models.locate import locate
 from models.registry import ModelSourceMissing
 from protocol.config import Config
@@ -72,6 +79,13 @@ def parse_keep_alive(value: float | str | None) -> float:
     return math.inf if seconds < 0 else seconds
 
 
+def require(caps: Capabilities, capability: str, requested: str, param: str) -> None:
+    """A 400 unless the model has the capability: the same fact /api/show, /api/tags and
+    /v1/models report (ModelCatalog.capabilities)."""
+    if capability not in caps:
+        raise invalid(f"model '{requested}' does not support {WHAT[capability]}", param=param)
+
+
 def iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
@@ -106,6 +120,11 @@ def _context_length(config: Config, model: ServedModel) -> int:
     return context_length(_locate(config, model))
 
 
+def _chat_template(config: Config, model: ServedModel) -> str:
+    """Runs in a thread: reads the GGUF header or the tokenizer files, hashes nothing."""
+    return chat_template(_locate(config, model))
+
+
 class ModelCatalog:
     """Details of every served model, described once (one catalog for the whole gateway)."""
 
@@ -114,6 +133,7 @@ class ModelCatalog:
         self._details: dict[str, ModelDetails] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._contexts: dict[str, int] = {}
+        self._templates: dict[str, str] = {}
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""
@@ -154,12 +174,30 @@ class ModelCatalog:
         self._contexts[_key(model)] = length
         return length
 
-    async def capabilities(self, model: ServedModel) -> list[str]:
+    async def chat_template(self, model: ServedModel) -> str:
+        """The model's chat template; "" when unknown. Like `context_length`, read alone (in a
+        thread) and kept, since requests ask for it: it never waits for `details()`."""
+        if (found := self._details.get(model.name)) is not None:
+            return found.chat_template
+        if (known := self._templates.get(model.name)) is not None:
+            return known
+        try:
+            template = await asyncio.to_thread(_chat_template, self.router.config, model)
+        except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
+            # NOTE: not kept, like details(): files that appear later are read then.
+            log.debug("cannot read the chat template of %s: %s", model.name, exc)
+            return ""
+        self._templates[model.name] = template
+        return template
+
+    async def capabilities(self, model: ServedModel) -> Capabilities:
+        """What the model can do here (models/capabilities.py): from its kind and its chat
+        template. The one source of `capabilities` and of the 400s that refuse what a model
+        cannot do (`require`)."""
         if model.kind == "embed":
-            return ["embedding"]
-        # NOTE: every LLM takes tools: natively when its template has them, else through the
-        # fallback prompt (gateway/api/tools.py).
-        return ["completion", "tools"]
+            return capabilities(model.kind, "")
+        return capabilities(model.kind, await self.chat_template(model))
+
 
     # --- keep_alive ----------------------------------------------------------------------
 
@@ -187,6 +225,7 @@ class ModelCatalog:
                 "size": found.size if found else 0,
                 "digest": _digest(found),
                 "details": _details(found),
+                "capabilities": (await self.capabilities(model)).names,
             }
             if model.created is not None:
                 entry.update(_created_tags(model.created, entry))
@@ -231,7 +270,7 @@ class ModelCatalog:
             "template": template,
             "details": _details(found),
             "model_info": info,
-            "capabilities": await self.capabilities(model),
+            "capabilities": (await self.capabilities(model)).names,
             "modified_at": iso(_modified(found, self.router)),
         }
         if model.created is not None:

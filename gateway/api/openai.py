@@ -17,9 +17,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api import anthropic as anthropic_api
+from gateway.api import logprobs as lp
 from gateway.api.common import new_id, now
 from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
+from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.tools import (
     CallParser,
@@ -34,6 +36,7 @@ from gateway.api.tools import (
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation
+from models.capabilities import INSERT, VISION, Capabilities
 from protocol.messages import ChatMessage, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
@@ -83,7 +86,6 @@ class SamplingFields(msgspec.Struct):
     frequency_penalty: float | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
     # Extensions some clients send (vLLM style).
     top_k: int | None = None
     min_p: float | None = None
@@ -98,6 +100,7 @@ class ChatRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
     top_logprobs: int | None = None
 
 
@@ -105,12 +108,14 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | None = None
     suffix: str | None = None
     echo: bool | None = False
+    # The number of alternatives per token (0-5); absent: no logprobs.
+    logprobs: int | None = None
 
 
 # --- translation -------------------------------------------------------------------------
 
 
-def _text(content: str | list[ContentPart] | None) -> str:
+def _text(content: str | list[ContentPart] | None, caps: Capabilities, requested: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
@@ -118,11 +123,14 @@ def _text(content: str | list[ContentPart] | None) -> str:
         if part.type == "text":
             parts.append(part.text or "")
         elif part.type in ("image_url", "input_image", "image"):
-            raise invalid("this model does not support images", param="messages")
+            # NOTE: no model has vision here; one that has needs its images carried on.
+            require(caps, VISION, requested, "messages")
     return "".join(parts)
 
 
-def chat_messages(messages: list[Message]) -> list[ChatMessage]:
+def chat_messages(messages: list[Message], caps: Capabilities,
+                  requested: str) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     if not messages:
         raise invalid("messages must be a non-empty list", param="messages")
     out = []
@@ -133,7 +141,7 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
         calls = None
         if role == "assistant" and m.tool_calls:
             calls = [_history_call(c) for c in m.tool_calls]
-        out.append(ChatMessage(role=role, content=_text(m.content), name=m.name,
+        out.append(ChatMessage(role=role, content=_text(m.content, caps, requested), name=m.name,
                                tool_call_id=m.tool_call_id, tool_calls=calls))
     return out
 
@@ -163,8 +171,26 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
 def _check_common(req: SamplingFields) -> None:
     if req.n not in (None, 1):
         raise invalid("only n=1 is supported", param="n")
-    if req.logprobs:
-        raise invalid("logprobs are not supported by this server", param="logprobs")
+
+
+def _chat_logprobs(req: ChatRequest) -> int | None:
+    """None without logprobs, else the number of alternatives asked for."""
+    top = lp.top_count(req.top_logprobs, "top_logprobs")
+    if not req.logprobs:
+        if top:
+            raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
+        return None
+    return top
+
+
+def _completion_logprobs(req: CompletionRequest) -> int | None:
+    if req.logprobs is None:
+        return None
+    top = lp.top_count(req.logprobs, "logprobs", lp.MAX_COMPLETION_TOP)
+    if req.echo:
+        raise invalid("echo with logprobs is not supported: the prompt's tokens have no "
+                      "log-probabilities here", param="echo")
+    return top
 
 
 def _response_schema(fmt: ResponseFormat | None) -> str | None:
@@ -240,25 +266,33 @@ class ChatReply(_Reply):
     deltas with only the index and argument fragments."""
 
     def __init__(self, model: str, include_usage: bool, parser: CallParser | None,
-                 named: bool) -> None:
+                 named: bool, logprobs: int | None = None) -> None:
         super().__init__("chatcmpl-", model, include_usage)
         self.parser = parser
         self.named = named
+        self.logprobs = logprobs  # None: not asked; else top_logprobs
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
         parser = self.parser
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        top = self.logprobs
+
+        def chunk(delta: dict[str, Any], finish: str | None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
             return self.chunk("chat.completion.chunk", created,
-                              {"index": 0, "delta": delta, "logprobs": None,
+                              {"index": 0, "delta": delta, "logprobs": logprobs,
                                "finish_reason": finish})
 
         yield chunk({"role": "assistant", "content": ""}, None)
         calls: list[ToolCall] = []
         async for delta in gen:
             text = parser.feed(delta.text) if parser is not None else delta.text
-            if text:
+            if top is not None and delta.logprobs:
+                # NOTE: with tools, the parser may hold text back; the tokens go out as they
+                # come (they are the model's raw output).
+                yield chunk({"content": text}, None, lp.openai_chat(delta.logprobs, top))
+            elif text:
                 yield chunk({"content": text}, None)
         if parser is not None:
             rest, calls = parser.finish()
@@ -284,35 +318,47 @@ class ChatReply(_Reply):
         return self.whole("chat.completion", gen, {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": (lp.openai_chat(gen.logprobs, self.logprobs)
+                         if self.logprobs is not None else None),
             "finish_reason": _finish_reason(gen, bool(calls), self.named),
         })
 
 
 class CompletionReply(_Reply):
-    def __init__(self, model: str, include_usage: bool, prefix: str) -> None:
+    def __init__(self, model: str, include_usage: bool, prefix: str,
+                 logprobs: int | None = None) -> None:
         super().__init__("cmpl-", model, include_usage)
         self.prefix = prefix  # the prompt, echoed
+        self.logprobs = logprobs  # None: not asked; else the alternatives asked for
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
+        top = self.logprobs
+        offset = 0
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
             return self.chunk("text_completion", created,
-                              {"index": 0, "text": text, "logprobs": None,
+                              {"index": 0, "text": text, "logprobs": logprobs,
                                "finish_reason": finish})
 
         if self.prefix:
             yield chunk(self.prefix, None)
         async for delta in gen:
-            yield chunk(delta.text, None)
+            if top is not None and delta.logprobs:
+                yield chunk(delta.text, None, lp.openai_completion(delta.logprobs, top, offset))
+                offset += len(delta.text)
+            else:
+                yield chunk(delta.text, None)
         yield chunk("", _finish_reason(gen))
         if self.include_usage:
             yield {**self.envelope("text_completion", created, []), "usage": _usage(gen)}
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
+        logprobs = (lp.openai_completion(gen.logprobs, self.logprobs, 0)
+                    if self.logprobs is not None else None)
         return self.whole("text_completion", gen, {
-            "index": 0, "text": self.prefix + "".join(parts), "logprobs": None,
+            "index": 0, "text": self.prefix + "".join(parts), "logprobs": logprobs,
             "finish_reason": _finish_reason(gen)})
 
 
@@ -328,51 +374,60 @@ class OpenAIRoutes(Translator):
             self.flow.get("/v1/models/{model_id:path}", self.get_model),
         ]
 
-    def _model_card(self, model: ServedModel) -> dict[str, Any]:
+    async def _model_card(self, model: ServedModel) -> dict[str, Any]:
+        """OpenAI's card, with vLLM's `max_model_len` (0 when unknown) and the model's
+        `capabilities` as /api/show names them (extensions clients may ignore)."""
         return {"id": model.name, "object": "model", "created": self.router.started,
-                "owned_by": "npu-proxy"}
+                "owned_by": "npu-proxy",
+                "max_model_len": await self.catalog.context_length(model),
+                "capabilities": (await self.catalog.capabilities(model)).names}
 
     async def list_models(self, request: Request) -> Response:
         if dialect_for(request.scope) is ANTHROPIC:
             return anthropic_api.models_page(list(self.router.models), self.router.started,
                                              request)
-        data = [self._model_card(m) for m in self.router.models.values()]
+        data = [await self._model_card(m) for m in self.router.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
     async def get_model(self, request: Request) -> Response:
         model = self.router.resolve(request.path_params["model_id"])
         if dialect_for(request.scope) is ANTHROPIC:
             return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
-        return JSONResponse(self._model_card(model))
+        return JSONResponse(await self._model_card(model))
 
     async def chat(self, request: Request, req: ChatRequest) -> Turn:
         if not req.messages:
             raise invalid("'messages' is a required property and must be non-empty",
                           param="messages")
         _check_common(req)
+        top = _chat_logprobs(req)
         model = self.router.resolve(req.model, kind="llm")
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = _params(req, max_tokens, _response_schema(req.response_format))
+        params.logprobs = top is not None
         tools = tool_request(req)
-        msg, parser = await self.flow.chat(request, model, chat_messages(req.messages), tools,
-                                           params, requested=req.model)
+        messages = chat_messages(req.messages, await self.catalog.capabilities(model), req.model)
+        msg, parser = await self.flow.chat(request, model, messages, tools, params,
+                                           requested=req.model)
         reply = ChatReply(req.model, _include_usage(req), parser,
-                          tools is not None and tools.named)
+                          tools is not None and tools.named, top)
         return Turn(model, msg, bool(req.stream), reply)
 
     async def completions(self, request: Request, req: CompletionRequest) -> Turn:
         _check_common(req)
+        top = _completion_logprobs(req)
         if req.prompt is None:
             raise invalid("'prompt' is a required property", param="prompt")
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) != 1:
             raise invalid("exactly one prompt per request is supported", param="prompt")
-        if req.suffix:
-            raise invalid("this model has no fill-in-the-middle support; remove 'suffix'",
-                          param="suffix")
         model = self.router.resolve(req.model, kind="llm")
+        if req.suffix:
+            require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
         params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
+        params.logprobs = top is not None
         msg = await self.flow.generate(request, model, params, requested=req.model,
                                        prompt=prompts[0])
-        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "")
+        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "",
+                                top)
         return Turn(model, msg, bool(req.stream), reply)

@@ -283,10 +283,6 @@ def history_call(call_id: str | None, name: str, arguments: Any) -> dict[str, An
 # --- prompting ---------------------------------------------------------------------------
 
 
-def template_supports_tools(chat_template: str) -> bool:
-    return "tools" in chat_template
-
-
 def _call_text(name: str, arguments: Any) -> str:
     return TAG_OPEN + "\n" + json.dumps({"name": name, "arguments": arguments},
                                         ensure_ascii=False) + "\n" + TAG_CLOSE
@@ -412,8 +408,7 @@ class Tooling:
         self.catalog = catalog
 
     async def native(self, model: ServedModel) -> bool:
-        found = await self.catalog.details(model)
-        return found is not None and template_supports_tools(found.chat_template)
+        return (await self.catalog.capabilities(model)).native_tools
 
     async def prepare(self, model: ServedModel, messages: list[ChatMessage],
                       req: ToolRequest | None, params: SamplingParams) -> Prepared:

@@ -46,7 +46,7 @@ def from_failed(frame: Failed) -> GatewayError:
     code = frame.code
     if code == ErrorCode.PROMPT_TOO_LONG:
         return GatewayError(400, "context_length_exceeded", frame.message, param="messages")
-    if code == ErrorCode.BAD_REQUEST:
+    if code in (ErrorCode.BAD_REQUEST, ErrorCode.UNSUPPORTED):
         return GatewayError(400, "invalid_request", frame.message)
     if code in (ErrorCode.QUEUE_FULL, ErrorCode.NOT_READY, ErrorCode.MODEL_NOT_LOADED):
         return unavailable(frame.message)

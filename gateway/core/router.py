@@ -29,6 +29,8 @@ from protocol.messages import (
     Abort,
     Accepted,
     Delta,
+    Detokenize,
+    Detokenized,
     Embed,
     Embeddings,
     ErrorCode,
@@ -38,6 +40,7 @@ from protocol.messages import (
     RequestFrame,
     TokenCount,
     Tokenize,
+    TokenLogprob,
 )
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,8 @@ class Generation:
         self.tokens = 0
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
+        # Every token's logprob so far, when the request asked (Delta.logprobs).
+        self.logprobs: list[TokenLogprob] = []
         self._done = False
 
     def headers(self) -> dict[str, str]:
@@ -116,6 +121,8 @@ class Generation:
                         "past the request's deadline") from None
                 if isinstance(frame, Delta):
                     self._count(frame.tokens)
+                    if frame.logprobs:
+                        self.logprobs.extend(frame.logprobs)
                     yield frame
                 elif isinstance(frame, Finished):
                     self.finished = frame
@@ -204,6 +211,10 @@ class Router:
         configured model of the first enabled llm/npu worker)."""
         if self.config.claude_model:
             return self.table.canonical(self.config.claude_model)
+        return self.default_llm()
+
+    def default_llm(self) -> str:
+        """The configured model of the first enabled llm/npu worker ("" when none)."""
         for spec in self.config.workers:
             if spec.enabled and spec.role in ("llm", "npu"):
                 return self.table.default_model(spec)
@@ -242,9 +253,12 @@ class Router:
     ) -> tuple[RequestStream, RequestFrame, str]:
         reason = "preferred"
         too_long: Failed | None = None
+        unsupported: Failed | None = None
         busy = False
+        down = False
         for link in self.candidates(model):
             if not link.serving:
+                down = True
                 reason = reason if reason != "preferred" else "worker_unavailable"
                 continue
             # NOTE: the queue bound is checked by the worker itself (QUEUE_FULL +
@@ -252,6 +266,7 @@ class Router:
             try:
                 stream = self.broker.open(link.name, request_id, msg)
             except WorkerUnavailable:
+                down = True
                 reason = reason if reason != "preferred" else "worker_unavailable"
                 continue
             frame = await self._first_frame(stream, deadline)
@@ -260,6 +275,9 @@ class Router:
                 if frame.code == ErrorCode.PROMPT_TOO_LONG:
                     too_long = frame
                     reason = reason if reason != "preferred" else "prompt_too_long"
+                elif frame.code == ErrorCode.UNSUPPORTED:
+                    unsupported = frame
+                    reason = reason if reason != "preferred" else "unsupported"
                 else:
                     busy = busy or frame.code == ErrorCode.QUEUE_FULL
                     reason = reason if reason != "preferred" else (
@@ -278,6 +296,10 @@ class Router:
                 400, "context_length_exceeded",
                 f"the prompt is {size}, longer than any worker for "
                 f"'{model.name}' takes (limit {too_long.limit})", param="messages")
+        if unsupported is not None and not busy and not down:
+            raise GatewayError(400, "invalid_request",
+                               f"no worker for '{model.name}' can serve this request: "
+                               f"{unsupported.message}")
         raise unavailable(f"no worker can take a request for '{model.name}' right now"
                           " (all busy, loading or down)")
 
@@ -309,12 +331,26 @@ class Router:
         return Embedded(frame, route_headers(device, stream.worker, reason,
                                              sum(frame.prompt_tokens)))
 
-    async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
+    async def _ask(self, model: ServedModel, msg: Tokenize | Detokenize) -> RequestFrame:
+        """One request answered with one frame (token counts, detokenizing)."""
         model = await self.switcher.ensure(model)
         stream, frame, _ = await self._dispatch(model, msg.id, msg, self.deadline())
         self.broker.close(stream)
         if isinstance(frame, Failed):
             raise from_failed(frame)
+        return frame
+
+    async def tokenize(self, model: ServedModel, msg: Tokenize) -> TokenCount:
+        frame = await self._ask(model, msg)
         if not isinstance(frame, TokenCount):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-        return frame.count
+        return frame
+
+    async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
+        return (await self.tokenize(model, msg)).count
+
+    async def detokenize(self, model: ServedModel, msg: Detokenize) -> str:
+        frame = await self._ask(model, msg)
+        if not isinstance(frame, Detokenized):
+            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        return frame.text

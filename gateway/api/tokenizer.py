@@ -1,0 +1,98 @@
+"""POST /tokenize and /detokenize (also under /v1/), as vLLM serves them.
+
+`/tokenize` takes `{model, prompt}` or a chat `{model, messages, tools,
+add_generation_prompt}` and answers `{count, max_model_len, tokens, token_strs}` with the
+worker's own tokenizer: a chat is prepared exactly like /v1/chat/completions (template,
+tools), so `count` equals that chat's `prompt_tokens`. `add_special_tokens` defaults to what a
+generation does here (no tokens added beyond the template's), so a prompt's count equals
+/v1/completions' `prompt_tokens` too. `/detokenize` takes `{model, tokens}` and answers
+`{prompt}`, special tokens included. llama.cpp's spellings are accepted as well (`content`,
+`add_special`) and `/detokenize` also answers its `content`. Errors are OpenAI's shape
+(gateway/api/dialects.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.api import openai as openai_api
+from gateway.api.common import request_id, request_key, unless_disconnected
+from gateway.api.flow import Translator
+from gateway.core.errors import invalid
+from gateway.core.model_table import ServedModel
+from protocol.messages import Detokenize
+
+# NOTE: no vocabulary comes near it; bounds ids before they cross to the worker as int64.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+class TokenizeRequest(msgspec.Struct):
+    model: str = ""
+    prompt: str | None = None
+    messages: list[openai_api.Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+    # llama.cpp's names for `prompt` and `add_special_tokens`.
+    content: str | None = None
+    add_special: bool | None = None
+
+
+class DetokenizeRequest(msgspec.Struct):
+    model: str = ""
+    tokens: list[int] = []
+
+
+class TokenizerRoutes(Translator):
+    def routes(self) -> list[Route]:
+        routes = []
+        for prefix in ("", "/v1"):
+            routes.append(self.flow.post(prefix + "/tokenize", TokenizeRequest, self.tokenize))
+            routes.append(self.flow.post(prefix + "/detokenize", DetokenizeRequest,
+                                         self.detokenize))
+        return routes
+
+    def _model(self, name: str) -> ServedModel:
+        """The model named, else (llama.cpp clients name none) the default LLM."""
+        return self.router.resolve(name or self.router.default_llm(), kind="llm")
+
+    async def tokenize(self, request: Request, req: TokenizeRequest) -> Response:
+        prompt = req.prompt if req.prompt is not None else req.content
+        if (prompt is None) == (req.messages is None):
+            raise invalid("give either 'prompt' or 'messages'", param="prompt")
+        model = self._model(req.model)
+        special = req.add_special_tokens if req.add_special_tokens is not None \
+            else bool(req.add_special)
+        messages = tools = None
+        if req.messages is not None:
+            caps = await self.catalog.capabilities(model)
+            messages = openai_api.chat_messages(req.messages, caps, req.model or model.name)
+            tools = openai_api.tool_request(openai_api.ChatRequest(
+                tools=req.tools, tool_choice=req.tool_choice))
+        msg = await self.flow.tokenize(request, model, messages, tools, prompt=prompt,
+                                       want_tokens=True, add_special_tokens=special,
+                                       add_generation_prompt=req.add_generation_prompt)
+        count = await unless_disconnected(request, self.router.tokenize(model, msg))
+        return JSONResponse({
+            "count": count.count,
+            "max_model_len": await self.catalog.context_length(model),
+            "tokens": count.tokens or [],
+            "token_strs": count.pieces if req.return_token_strs else None,
+        })
+
+    async def detokenize(self, request: Request, req: DetokenizeRequest) -> Response:
+        bad = next((t for t in req.tokens if not 0 <= t <= MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise invalid(f"token id {bad} is not in the vocabulary", param="tokens")
+        model = self._model(req.model)
+        msg = Detokenize(id=request_key(request), model=model.name, tokens=req.tokens,
+                         log_id=request_id(request))
+        text = await unless_disconnected(request, self.router.detokenize(model, msg))
+        return JSONResponse({"prompt": text, "content": text})

@@ -1,0 +1,65 @@
+"""What a served model can do, from its kind and its chat template: the one source of
+Ollama's `capabilities` (/api/show, /api/tags), the `/v1/models` cards, and every 400 that
+refuses a request the model cannot serve (tools, images, thinking, suffix, embeddings).
+
+Each capability is what this server does with the model, not what its weights might do:
+- `completion`: a text-generation model (`kind` "llm"); `embedding`: an embedding model.
+- `tools`: every text-generation model takes tools, natively when its template has a `tools`
+  slot (`native_tools`), else through the fallback prompt (gateway/api/tools.py).
+- `insert` (a `suffix`, fill-in-the-middle): off. The chat templates served here (Hugging
+  Face Jinja) have no suffix slot, and the gateway renders no fill-in-the-middle prompt; a
+  model made another way (e.g. /api/create with a template that fills `.Suffix`) may set it
+  once something renders that slot.
+- `vision`: the LLM workers run text pipelines (LLMPipeline, ContinuousBatchingPipeline),
+  never a VLMPipeline, so no model takes images here, whatever its template.
+- `thinking`: the gateway does not separate a model's reasoning from its answer, so `think`
+  is not offered, whatever the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPLETION = "completion"
+TOOLS = "tools"
+INSERT = "insert"
+VISION = "vision"
+EMBEDDING = "embedding"
+THINKING = "thinking"
+
+# How each capability is named in a refusal ("model 'x' does not support ...").
+WHAT = {COMPLETION: "text generation", TOOLS: "tools", INSERT: "insert (a suffix)",
+        VISION: "images", EMBEDDING: "embeddings", THINKING: "thinking"}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    kind: str  # "llm" or "embed"
+    native_tools: bool = False
+    insert: bool = False
+    vision: bool = False
+    thinking: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        """Ollama's `capabilities` list, in Ollama's order."""
+        if self.kind == "embed":
+            return [EMBEDDING]
+        flags = ((INSERT, self.insert), (VISION, self.vision), (THINKING, self.thinking))
+        return [COMPLETION, TOOLS] + [name for name, on in flags if on]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+
+def capabilities(kind: str, chat_template: str) -> Capabilities:
+    """The capabilities of a model of this kind ("llm" or "embed") and chat template ("" when
+    unknown). Callable for any model, also one made by /api/create from its template."""
+    if kind == "embed":
+        return Capabilities(kind="embed")
+    return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template))
+
+
+def template_supports_tools(chat_template: str) -> bool:
+    """Does the chat template place tools itself (Qwen2.5, Llama 3.x...)?"""
+    return "tools" in chat_template
