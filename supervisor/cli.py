@@ -31,18 +31,22 @@ def main() -> None:
 @main.command()
 @click.argument("worker", required=False)
 @click.option("--quiet", is_flag=True, help="Do not echo the children's logs.")
+@click.option("--worker-only", is_flag=True,
+              help="Run the workers without a gateway, for another host's gateway (tcp).")
 @config_options
-def start(worker: str | None, quiet: bool, **kw: Any) -> None:
+def start(worker: str | None, quiet: bool, worker_only: bool, **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
     if worker:
         call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
     from supervisor.devices import discover
-    from supervisor.service import AlreadyRunning, Supervisor
+    from supervisor.service import CannotStart, Supervisor
 
     found = discover()
     config = load(**kw, devices=found)
+    if worker_only:
+        config = msgspec.structs.replace(config, worker_only=True)
     setup_logging("supervisor", config.log_level, config.log_format)
     logging.getLogger("supervisor").info(
         "devices: %s", ", ".join(f"{k} ({v})" for k, v in found.items()))
@@ -55,9 +59,30 @@ def start(worker: str | None, quiet: bool, **kw: Any) -> None:
 
     try:
         code = Supervisor(config, echo=not quiet, reload=reload).run()
-    except AlreadyRunning as exc:
+    except CannotStart as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
+
+
+@main.command()
+@config_options
+def keys(**kw: Any) -> None:
+    """Make this instance's CURVE keys for ZeroMQ over tcp (if missing) and say which file
+    goes where when a gateway uses another host's workers."""
+    from protocol.keys import KeysError, ensure_keys
+    from supervisor.service import prepare_runtime_dir
+
+    config = load(**kw)
+    try:
+        prepare_runtime_dir(config.runtime_path())
+        folder = ensure_keys(config)
+    except (KeysError, PermissionError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"keys in {folder} (secret keys: *.key_secret, never copy them)")
+    click.echo(f"  {folder / 'server.key'}: copy to a gateway host using this host's "
+               "workers; its [[workers]] public_key_file names it")
+    click.echo(f"  {folder / 'client.key'}: copy to a worker host this gateway uses; its "
+               "client_key_files lists it")
 
 
 @main.command()

@@ -19,6 +19,9 @@ from protocol import control
 from protocol.config import load_config
 
 SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
+# The ZeroMQ transport of test servers that name none: `NPU_PROXY_TEST_TRANSPORT=tcp make
+# test` runs the suites over tcp (with CURVE) instead of ipc.
+TRANSPORT = os.environ.get("NPU_PROXY_TEST_TRANSPORT", "ipc")
 # Shared by every test server so the embedding model is prepared once per machine.
 MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
@@ -94,6 +97,9 @@ class Server:
         }
         if workers is not None:
             data["workers"] = workers
+        if "transport" not in settings and TRANSPORT == "tcp":
+            data["transport"] = "tcp"
+            data["tcp_base_port"] = free_port_block(2 + 2 * len(workers or [1, 2]))
         self.config_path.write_text(tomli_w.dumps(data))
         self.config = load_config(self.config_path, env={})
         self.url = f"http://127.0.0.1:{self.port}"
@@ -160,6 +166,8 @@ class Server:
                 continue
             workers = [c for c in kids.values() if c["role"] != "gateway"]
             if all(c["state"] in ("ready", "busy") for c in workers):
+                if self.config.worker_only:
+                    return
                 try:
                     if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                         return
