@@ -4,6 +4,8 @@ to start; a gateway serves requests with a worker of another (`--worker-only`) s
 
 from __future__ import annotations
 
+import contextlib
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +19,17 @@ from zmq.utils.monitor import recv_monitor_message
 
 from models.registry import package_file
 from protocol import control
-from protocol.keys import load_keys
+from protocol.config import Config, WorkerSpec
+from protocol.keys import KeysError, ensure_keys, load_keys
 from protocol.messages import ChatMessage, Generate, SamplingParams, encode
-from protocol.sockets import tcp_ports
+from protocol.sockets import (
+    bind,
+    connect,
+    request_limit,
+    tcp_ports,
+    term,
+    worker_endpoint,
+)
 
 LLM = "smollm2:135m"
 FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
@@ -65,10 +75,9 @@ class Intruder:
         self.address = address
 
     def send(self, *frames: bytes) -> None:
-        try:
+        # NOTE: zmq.Again means nothing to queue it on: just as refused.
+        with contextlib.suppress(zmq.Again):
             self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # NOTE: nothing to queue it on: just as refused
 
     def refused(self, timeout: float = 30.0) -> None:
         """Wait for the handshake to fail; it must never succeed."""
@@ -201,3 +210,56 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
     finally:
         gateway_host.stop()
         worker_host.stop()
+
+
+# --- in process: the keys folder and the size cap -----------------------------------------
+
+
+def test_keys_are_private_and_refused_otherwise(tmp_path: Path) -> None:
+    config = Config(runtime_dir=str(tmp_path / "rt"), transport="tcp")
+    folder = ensure_keys(config)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["client.key", "client.key_secret", "server.key", "server.key_secret"]
+    assert all(stat.S_IMODE((folder / n).stat().st_mode) == 0o600 for n in names)
+    keys = load_keys(config)
+    assert keys.server_secret.decode() not in repr(keys)
+    assert ensure_keys(config) == folder and load_keys(config) == keys  # kept, not remade
+    secret = folder / "server.key_secret"
+    secret.chmod(0o644)
+    with pytest.raises(KeysError, match="open to other users"):
+        load_keys(config)
+    secret.chmod(0o600)
+    moved = secret.rename(tmp_path / "elsewhere")
+    secret.symlink_to(moved)
+    with pytest.raises(KeysError, match="not a regular file"):
+        load_keys(config)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_request_over_the_size_cap_is_dropped(tmp_path: Path, transport: str) -> None:
+    config = Config(runtime_dir=str(tmp_path / "rt"), transport=transport,
+                    tcp_base_port=free_port_block(4), max_body_bytes=1000,
+                    workers=[WorkerSpec(name="llm")])
+    config.runtime_path().mkdir(mode=0o700)
+    ensure_keys(config)
+    endpoint = worker_endpoint(config, "llm", "in")
+    ctx: zmq.Context[Any] = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    try:
+        bind(pull, config, endpoint)
+        monitor = pull.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        connect(push, config, endpoint)
+        push.send(b"x" * 100)
+        assert pull.poll(30_000) and pull.recv() == b"x" * 100
+        push.send(b"x" * (request_limit(config) + 1))
+        assert monitor.poll(30_000), "the connection was not dropped"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert not pull.poll(0)
+        pull.disable_monitor()
+        monitor.close(0)
+    finally:
+        pull.close(0)
+        push.close(0)
+        term(ctx)
