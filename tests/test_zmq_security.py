@@ -4,6 +4,7 @@ to start; a gateway serves requests with a worker of another (`--worker-only`) s
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import stat
 import time
@@ -263,3 +264,26 @@ def test_a_request_over_the_size_cap_is_dropped(tmp_path: Path, transport: str) 
         pull.close(0)
         push.close(0)
         term(ctx)
+
+
+def test_security_options_are_set_in_one_place() -> None:
+    """Every ZeroMQ bind and connect, and every CURVE, ZAP and size option, is in
+    protocol/sockets.py (the supervisor's plain port probe aside)."""
+    root = Path(__file__).resolve().parent.parent
+    found: list[str] = []
+    for package in ("protocol", "models", "gateway", "workers", "supervisor"):
+        for path in sorted((root / package).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            if where == "protocol/sockets.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("bind", "connect", "bind_to_random_port") \
+                        and not (isinstance(node.func.value, ast.Name)
+                                 and node.func.value.id == "probe"):
+                    found.append(f"{where}:{node.lineno}")
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "zmq" and node.attr.startswith(
+                            ("CURVE", "ZAP", "MAXMSGSIZE", "PLAIN")):
+                    found.append(f"{where}:{node.lineno}")
+    assert found == []
