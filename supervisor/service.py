@@ -134,7 +134,7 @@ class Supervisor:
             pass  # NOTE: something answers there, even if not as this version would
         raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
 
-    def _bind_or_refuse(self, sock: zmq.Socket, endpoint: Endpoint) -> None:  # type: ignore[type-arg]
+    def _bind_or_refuse(self, sock: zmq.Socket[Any], endpoint: Endpoint) -> None:
         try:
             bind(sock, self.config, endpoint)
         except zmq.ZMQError as exc:
