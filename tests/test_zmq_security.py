@@ -8,7 +8,7 @@ import ast
 import contextlib
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,16 @@ def chat(url: str) -> httpx.Response:
 def worker_row(srv: Server, name: str) -> dict[str, Any]:
     rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
     return next(row for row in rows if row["name"] == name)
+
+
+def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
+             timeout: float = 60.0) -> dict[str, Any]:
+    """The worker's /health/devices row once `check` holds (heartbeats bring the figures)."""
+    deadline = time.monotonic() + timeout
+    while not check(row := worker_row(srv, name)):
+        assert time.monotonic() < deadline, row
+        time.sleep(0.1)
+    return row
 
 
 class Intruder:
@@ -132,7 +142,7 @@ def test_sockets_without_the_keys_get_nothing_and_change_nothing(srv: Server) ->
         r = chat(srv.url)
         assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "llm"
         assert srv.status().pid == supervisor_pid
-        after = worker_row(srv, "llm")
+        after = wait_row(srv, "llm", lambda row: row["served"] > before["served"])
         assert (after["pid"], after["restarts"], after["model"]) == (
             before["pid"], before["restarts"], before["model"])
         assert after["served"] == before["served"] + 1
@@ -198,10 +208,7 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
         assert set(worker_host.children()) == {"far"}
         gateway_host.start()
         far_pid = worker_host.children()["far"]["pid"]
-        deadline = time.monotonic() + 60
-        while worker_row(gateway_host, "far")["state"] not in ("ready", "busy"):
-            assert time.monotonic() < deadline, worker_row(gateway_host, "far")
-            time.sleep(0.2)
+        wait_row(gateway_host, "far", lambda row: row["state"] in ("ready", "busy"))
         r = chat(gateway_host.url)
         assert r.status_code == 200, r.text
         assert r.headers["x-npu-proxy-worker"] == "far"
