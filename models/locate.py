@@ -66,8 +66,12 @@ def minilm_ir_folder(config: Config) -> Path:
     return config.model_cache_path() / MINILM_IR_FOLDER
 
 
-def locate(config: Config, name: str, store: ModelStore | None = None) -> Location:
+def locate(config: Config, name: str, store: ModelStore | None = None,
+           allow_path: bool = True) -> Location:
     """The file or folder of the model `name`, by the precedence in this module's docstring.
+
+    `allow_path=False` leaves out rule 5 (a bare path): for names that come from a socket
+    (the supervisor's `Load`), which may only name models the registry knows.
 
     `store` is the caller's ModelStore of the model cache, when it keeps one (it re-reads the
     cache only when it changed). Raises NotLocated when no rule has the model, and
@@ -105,6 +109,6 @@ def locate(config: Config, name: str, store: ModelStore | None = None) -> Locati
     if entry is not None and entry.kind == "embed":
         return Location(minilm_ir_folder(config), Origin.EMBEDDED_IR)
     path = Path(wanted).expanduser()
-    if path.exists():
+    if allow_path and path.exists():
         return Location(path, Origin.LOCAL)
     raise NotLocated(f"model {name!r} is not available locally")

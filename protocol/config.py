@@ -107,8 +107,17 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Set by the supervisor while the worker serves a switched-to model: the configured model
     # it returns to when that one is unloaded (keep_alive). Not a setting.
     switched_from: str = ""
+    # A worker on another host, run by that host's `npx-supervisor start --worker-only`:
+    # "host:port" of its `in` socket there (its `out` socket is the next port). This instance
+    # spawns nothing for it; its gateway connects to it over CURVE tcp, authenticating the
+    # other host by `public_key_file`: a copy of that host's `server.key` (public).
+    address: str = ""
+    public_key_file: str = ""
 
     def __post_init__(self) -> None:
+        if self.address:
+            # NOTE: the supervisor that could reload it runs on the other host.
+            self.allow_switch = False
         if self.allow_switch is None:
             self.allow_switch = self.role != "npu"
         if self.load_timeout <= 0:
@@ -160,9 +169,28 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     port: int = 11435
     runtime_dir: str = ""
     model_cache: str = "~/.cache/npu-proxy/models"
-    # "ipc" (POSIX default) or "tcp" on 127.0.0.1 (the Windows path).
+    # "ipc" (POSIX default) or "tcp" on 127.0.0.1 (the Windows path). On tcp every socket is
+    # encrypted and authenticated with CURVE keys from `keys_dir` (protocol/keys.py).
     transport: Literal["ipc", "tcp"] = "ipc"
+    # tcp: the control socket is this port, the supervisor's events the next one, then each
+    # worker's `in` and `out` (2 + 2 * its index among this host's workers, and one more).
     tcp_base_port: int = 15600
+    # tcp: the address this instance's worker sockets bind to (control and events always
+    # stay on 127.0.0.1). A `--worker-only` host serving a gateway elsewhere sets its own
+    # network address here.
+    worker_host: str = "127.0.0.1"
+    # tcp: the folder of this instance's CURVE key pairs (server.key[_secret],
+    # client.key[_secret]); "" = <runtime_dir>/keys. Created (0700, files 0600) on start.
+    keys_dir: str = ""
+    # tcp: public client keys (other hosts' `client.key`) allowed to use this instance's
+    # workers, besides its own: the gateways of other hosts joining a `--worker-only` host.
+    client_key_files: list[str] = msgspec.field(default_factory=list)
+    # Run the supervisor and workers without a gateway (workers for another host's gateway).
+    worker_only: bool = False
+    # Largest ZeroMQ message a gateway or supervisor socket receives from a worker (token
+    # frames, embeddings of a whole request, heartbeats); a larger one drops the connection.
+    # A worker takes requests up to 2 * max_body_bytes + 1 MiB (protocol/sockets.py).
+    max_frame_bytes: int = 64 * 1024 * 1024
     inference_timeout: float = 180.0
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -245,6 +273,14 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
 
     def runtime_path(self) -> Path:
         return Path(self.runtime_dir or _default_runtime_dir())
+
+    def keys_path(self) -> Path:
+        return Path(self.keys_dir).expanduser() if self.keys_dir else \
+            self.runtime_path() / "keys"
+
+    def local_workers(self) -> list[WorkerSpec]:
+        """The workers this instance runs (not those served by another host)."""
+        return [spec for spec in self.workers if not spec.address]
 
     def model_cache_path(self) -> Path:
         return Path(self.model_cache).expanduser()

@@ -15,7 +15,8 @@ import msgspec
 import zmq
 
 from protocol.config import Config
-from protocol.sockets import control_endpoint
+from protocol.keys import KeysError
+from protocol.sockets import connect, control_endpoint
 from protocol.states import ProcessState
 
 # --- commands (CLI, gateway -> supervisor) -----------------------------------------------
@@ -149,20 +150,23 @@ class CommandRefused(ControlError):
 R = TypeVar("R", bound=msgspec.Struct)
 
 
-def call(target: Config | str, command: Command, expect: type[R],
-         timeout: float = 30.0) -> R:
-    """Send `command` to the supervisor of `target` (a configuration or a control endpoint)
-    and return its reply, which must be an `expect`.
+def call(config: Config, command: Command, expect: type[R], timeout: float = 30.0) -> R:
+    """Send `command` to the supervisor of `config` and return its reply, which must be an
+    `expect`.
 
     Blocking; the gateway runs it in a thread (asyncio.to_thread). Raises NoSupervisor when
-    nothing answers within `timeout` seconds, CommandRefused on Refused.
+    nothing answers within `timeout` seconds (on tcp also when the instance's keys are
+    missing, or the socket's owner cannot prove it holds them), CommandRefused on Refused.
     """
-    endpoint = target if isinstance(target, str) else control_endpoint(target)
+    endpoint = control_endpoint(config)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
     try:
+        try:
+            connect(sock, config, endpoint)
+        except KeysError as exc:
+            raise NoSupervisor(f"no npu-proxy instance at {endpoint}: {exc}") from exc
         sock.send(encode(command))
         if not sock.poll(int(timeout * 1000)):
             raise NoSupervisor(f"no npu-proxy instance answers at {endpoint}")

@@ -1,17 +1,35 @@
-"""ZeroMQ endpoints and socket options, in one place for every process.
+"""ZeroMQ endpoints, socket options and security, in one place for every process.
 
 Each worker binds `<name>.in` (PULL: requests, aborts) and `<name>.out` (PUB: everything it
 says). The gateway connects a PUSH to each `.in` and a SUB to each `.out`; the supervisor
-subscribes to every `.out` for heartbeats and serves the control socket.
+subscribes to every `.out` for heartbeats and serves the control socket and its events.
+
+Every socket binds through `bind` and connects through `connect`, the one code path for
+security and size limits:
+- ipc: endpoints in the private runtime folder (0700); no keys needed.
+- tcp: CURVE (protocol/keys.py). Every bound socket is a CURVE server with this instance's
+  server key, and a ZAP handler in its process accepts only known client keys; every
+  connected socket logs in with this instance's client key and checks the server's key. A
+  socket without the keys completes no handshake: it receives nothing and delivers nothing.
+- every receiving socket has a message size cap (MAXMSGSIZE; a larger message drops the
+  connection): a worker's requests by `max_body_bytes`, frames from workers by
+  `max_frame_bytes`, control commands by CONTROL_MAX_BYTES.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from protocol.config import Config
+from protocol.keys import Keys, load_keys, public_key, worker_clients
+
+log = logging.getLogger(__name__)
 
 # NOTE: PUB drops at the high-water mark. A worker emits at most a few frames per request per
 # decode step; 100k frames is far beyond any burst a single device produces.
@@ -22,31 +40,165 @@ PUB_HWM = 100_000
 TOPIC_HEARTBEAT = b"h"
 TOPIC_REQUEST = b"r"
 
+# NOTE: a control command names a worker and a model: a few hundred bytes.
+CONTROL_MAX_BYTES = 64 * 1024
+# NOTE: a request is the translation of one HTTP body (at most max_body_bytes); rendering
+# tools into the prompt and msgpack framing add to it, never doubling it.
+REQUEST_MARGIN = 1024 * 1024
+
+# ZAP domains: who may connect to a bound socket. "local": this instance's own client key
+# (control, events); "workers": also the gateways of other hosts (`client_key_files`).
+Domain = Literal["local", "workers"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a socket binds or connects, and (tcp) who is on the other side."""
+
+    address: str
+    domain: Domain = "local"
+    # tcp: the public key file of the binding side; "" = this instance's own server key.
+    server_key_file: str = ""
+
+    def __str__(self) -> str:
+        return self.address
+
+    @property
+    def tcp(self) -> bool:
+        return self.address.startswith("tcp://")
+
 
 def _tcp_port(config: Config, index: int) -> int:
     return config.tcp_base_port + index
 
 
-def worker_endpoint(config: Config, worker: str, direction: Literal["in", "out"]) -> str:
+def _remote(address: str, offset: int) -> str:
+    host, _, port = address.rpartition(":")
+    return f"tcp://{host}:{int(port) + offset}"
+
+
+def worker_endpoint(config: Config, worker: str, direction: Literal["in", "out"]) -> Endpoint:
+    spec = config.worker(worker)
+    offset = 0 if direction == "in" else 1
+    if spec.address:
+        return Endpoint(_remote(spec.address, offset), "workers", spec.public_key_file)
     if config.transport == "tcp":
-        names = [w.name for w in config.workers]
-        index = names.index(worker)
-        port = _tcp_port(config, 2 + 2 * index + (0 if direction == "in" else 1))
-        return f"tcp://127.0.0.1:{port}"
-    return f"ipc://{config.runtime_path() / f'{worker}.{direction}'}"
+        names = [w.name for w in config.local_workers()]
+        port = _tcp_port(config, 2 + 2 * names.index(worker) + offset)
+        return Endpoint(f"tcp://{config.worker_host}:{port}", "workers")
+    return Endpoint(f"ipc://{config.runtime_path() / f'{worker}.{direction}'}", "workers")
 
 
-def control_endpoint(config: Config) -> str:
+def control_endpoint(config: Config) -> Endpoint:
     if config.transport == "tcp":
-        return f"tcp://127.0.0.1:{_tcp_port(config, 0)}"
-    return f"ipc://{config.runtime_path() / 'control'}"
+        return Endpoint(f"tcp://127.0.0.1:{_tcp_port(config, 0)}")
+    return Endpoint(f"ipc://{config.runtime_path() / 'control'}")
 
 
-def events_endpoint(config: Config) -> str:
+def events_endpoint(config: Config) -> Endpoint:
     """The supervisor's PUB socket: worker exits and state changes, for the gateway."""
     if config.transport == "tcp":
-        return f"tcp://127.0.0.1:{_tcp_port(config, 1)}"
-    return f"ipc://{config.runtime_path() / 'events'}"
+        return Endpoint(f"tcp://127.0.0.1:{_tcp_port(config, 1)}")
+    return Endpoint(f"ipc://{config.runtime_path() / 'events'}")
+
+
+def tcp_ports(config: Config) -> list[tuple[str, int, str]]:
+    """Every tcp (host, port, what for) this instance binds; none on ipc."""
+    if config.transport != "tcp":
+        return []
+    ports = [("127.0.0.1", _tcp_port(config, 0), "control"),
+             ("127.0.0.1", _tcp_port(config, 1), "events")]
+    for index, spec in enumerate(config.local_workers()):
+        for offset, direction in ((0, "in"), (1, "out")):
+            ports.append((config.worker_host, _tcp_port(config, 2 + 2 * index + offset),
+                          f"worker {spec.name} {direction}"))
+    return ports
+
+
+def request_limit(config: Config) -> int:
+    """The largest request a worker takes off its socket."""
+    return 2 * config.max_body_bytes + REQUEST_MARGIN
+
+
+def _limit(sock: zmq.Socket[Any], config: Config) -> None:
+    kind = sock.getsockopt(zmq.TYPE)
+    if kind == zmq.PULL:
+        sock.setsockopt(zmq.MAXMSGSIZE, request_limit(config))
+    elif kind == zmq.REP:
+        sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
+    elif kind in (zmq.SUB, zmq.REQ, zmq.DEALER):
+        sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+
+
+class _Allowed:
+    """A ZAP credentials provider: the client keys one domain accepts."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self.keys = keys
+        self.refused: set[bytes] = set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        # NOTE: once per key: a refused peer retries its connection every 100 ms.
+        if key not in self.refused:
+            self.refused.add(key)
+            log.warning("refused a ZeroMQ client with an unknown key %s on %s sockets",
+                        key.decode(errors="replace"), domain)
+        return False
+
+
+# One ZAP handler per context that binds a tcp socket (ZeroMQ asks the handler of the
+# socket's own context); stopped by `term`.
+_guards: dict[int, ThreadAuthenticator] = {}
+_guards_lock = threading.Lock()
+
+
+def _guard(ctx: zmq.Context[Any], config: Config, keys: Keys) -> None:
+    with _guards_lock:
+        if id(ctx) in _guards:
+            return
+        # NOTE: the handler is a Python thread: while native code holds the GIL (a long
+        # compile) new connections wait for it; connections already made are not affected.
+        auth = ThreadAuthenticator(ctx, log=logging.getLogger("protocol.sockets.zap"))
+        auth.start()
+        auth.configure_curve_callback("local", _Allowed(frozenset([keys.client_public])))
+        auth.configure_curve_callback("workers", _Allowed(worker_clients(config, keys)))
+        _guards[id(ctx)] = auth
+
+
+def bind(sock: zmq.Socket[Any], config: Config, endpoint: Endpoint) -> None:
+    """Bind `sock` with this instance's security and size limit."""
+    _limit(sock, config)
+    if endpoint.tcp:
+        keys = load_keys(config)
+        _guard(sock.context, config, keys)
+        sock.setsockopt(zmq.ZAP_DOMAIN, endpoint.domain.encode())
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.server_secret)
+    sock.bind(endpoint.address)
+
+
+def connect(sock: zmq.Socket[Any], config: Config, endpoint: Endpoint) -> None:
+    """Connect `sock` with this instance's security and size limit."""
+    _limit(sock, config)
+    if endpoint.tcp:
+        keys = load_keys(config)
+        server = (public_key(endpoint.server_key_file) if endpoint.server_key_file
+                  else keys.server_public)
+        sock.setsockopt(zmq.CURVE_SERVERKEY, server)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.client_public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.client_secret)
+    sock.connect(endpoint.address)
+
+
+def term(ctx: zmq.Context[Any]) -> None:
+    """Stop the context's ZAP handler (if it has one), then terminate the context."""
+    with _guards_lock:
+        auth = _guards.pop(id(ctx), None)
+    if auth is not None:
+        auth.stop()
+    ctx.term()
 
 
 def configure_push(sock: zmq.Socket) -> None:  # type: ignore[type-arg]

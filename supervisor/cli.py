@@ -36,8 +36,11 @@ def main() -> None:
 @click.option("--allow-unauthenticated-remote", "allow_remote", is_flag=True,
               help="Serve a non-loopback --host without an API key (anyone who reaches the "
                    "port can use it).")
+@click.option("--worker-only", is_flag=True,
+              help="Run the workers without a gateway, for another host's gateway (tcp).")
 @config_options
-def start(worker: str | None, quiet: bool, allow_remote: bool, **kw: Any) -> None:
+def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool,
+          **kw: Any) -> None:
     """Start the server (foreground; Ctrl-C stops it), or start one WORKER of a running one."""
     if worker:
         call(load(**kw), Start(worker=worker), Ok)
@@ -45,13 +48,14 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, **kw: Any) -> Non
         return
     from supervisor.devices import discover
     from supervisor.runtime_dir import RuntimeDirError
-    from supervisor.service import AlreadyRunning, Supervisor
+    from supervisor.service import CannotStart, Supervisor
 
     # NOTE: None, not False, without the flag: the file or environment may allow it.
     opt_out = True if allow_remote else None
 
     def reload() -> Config:
-        return load(**kw, devices=found, allow_unauthenticated_remote=opt_out)
+        config = load(**kw, devices=found, allow_unauthenticated_remote=opt_out)
+        return msgspec.structs.replace(config, worker_only=True) if worker_only else config
 
     # NOTE: the bind is checked before device discovery, so a refusal comes at once.
     refusal = load(**kw, allow_unauthenticated_remote=opt_out).remote_bind_refusal()
@@ -68,9 +72,30 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, **kw: Any) -> Non
             "can reach port %d can run models, pull and delete them", config.host, config.port)
     try:
         code = Supervisor(config, echo=not quiet, reload=reload).run()
-    except (AlreadyRunning, RuntimeDirError) as exc:
+    except (CannotStart, RuntimeDirError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
+
+
+@main.command()
+@config_options
+def keys(**kw: Any) -> None:
+    """Make this instance's CURVE keys for ZeroMQ over tcp (if missing) and say which file
+    goes where when a gateway uses another host's workers."""
+    from protocol.keys import KeysError, ensure_keys
+    from supervisor.runtime_dir import RuntimeDirError, prepare_runtime_dir
+
+    config = load(**kw)
+    try:
+        prepare_runtime_dir(config.runtime_path())
+        folder = ensure_keys(config)
+    except (KeysError, PermissionError, RuntimeDirError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"keys in {folder} (secret keys: *.key_secret, never copy them)")
+    click.echo(f"  {folder / 'server.key'}: copy to a gateway host using this host's "
+               "workers; its [[workers]] public_key_file names it")
+    click.echo(f"  {folder / 'client.key'}: copy to a worker host this gateway uses; its "
+               "client_key_files lists it")
 
 
 @main.command()

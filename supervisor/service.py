@@ -6,9 +6,11 @@ every control command (protocol/control.py) has one handler method here.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +19,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from models.locate import locate
+from models.registry import ModelSourceMissing
 from protocol import control
 from protocol.config import Config, ConfigError, WorkerSpec, dump_config
 from protocol.control import (
@@ -36,6 +40,7 @@ from protocol.control import (
     StatusReply,
     Stop,
 )
+from protocol.keys import KeysError, ensure_keys, load_keys, public_key, worker_clients
 from protocol.messages import (
     Heartbeat,
     WorkerExited,
@@ -46,9 +51,14 @@ from protocol.messages import (
 )
 from protocol.sockets import (
     TOPIC_HEARTBEAT,
+    Endpoint,
+    bind,
     configure_sub,
+    connect,
     control_endpoint,
     events_endpoint,
+    tcp_ports,
+    term,
     worker_endpoint,
 )
 from protocol.states import Event, ProcessState, reported, silence_allowed
@@ -59,12 +69,22 @@ from supervisor.runtime_dir import prepare_runtime_dir
 log = logging.getLogger(__name__)
 
 
-class AlreadyRunning(Exception):
+class CannotStart(Exception):
+    """The instance cannot start as configured; the message says why."""
+
+
+class AlreadyRunning(CannotStart):
     pass
 
 
 class Refusal(Exception):
     """A control command that cannot be carried out; its message goes back as Refused."""
+
+
+def _taken(what: str) -> str:
+    return (f"{what} is already in use: another npu-proxy instance (another runtime folder "
+            "or user) or another program holds it. Stop it, or give this instance other "
+            "ports (tcp_base_port) or another runtime_dir")
 
 
 class Supervisor:
@@ -104,22 +124,64 @@ class Supervisor:
             pass  # NOTE: something answers there, even if not as this version would
         raise AlreadyRunning(f"an npu-proxy instance already runs in {self.runtime}")
 
+    def _bind_or_refuse(self, sock: zmq.Socket[Any], endpoint: Endpoint) -> None:
+        try:
+            bind(sock, self.config, endpoint)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise AlreadyRunning(_taken(str(endpoint))) from exc
+
+    def _check_worker_ports(self) -> None:
+        """tcp: each worker port must be free before any worker starts (the control port,
+        bound first and held, is what keeps a second instance out)."""
+        for host, port, what in tcp_ports(self.config)[2:]:
+            with socket.socket() as probe:
+                if os.name == "posix":
+                    # NOTE: as ZeroMQ binds: a port with only closed connections is free.
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((host, port))
+                except OSError as exc:
+                    raise AlreadyRunning(_taken(f"tcp://{host}:{port} ({what})")) from exc
+
     def _log(self, name: str) -> RotatingLog:
         return RotatingLog(self.runtime / "logs" / f"{name}.log", self.config.log_max_bytes,
                            self.config.log_backups)
 
     def setup(self) -> None:
         prepare_runtime_dir(self.runtime)
-        if self.config.transport == "ipc":
-            self._check_not_running()
+        if self.config.worker_only and self.config.transport != "tcp":
+            raise CannotStart("--worker-only serves other hosts over tcp: set transport = "
+                              "\"tcp\" and worker_host to this host's address")
+        if self.config.transport == "tcp" or any(w.address for w in self.config.workers):
+            try:
+                ensure_keys(self.config)
+                for spec in self.config.workers:
+                    if spec.address:
+                        public_key(spec.public_key_file)
+                worker_clients(self.config, load_keys(self.config))
+            except KeysError as exc:
+                raise CannotStart(str(exc)) from exc
+        self._check_not_running()
+        # NOTE: the control socket first: while it is bound no second instance can start
+        # on these ports (tcp) or in this folder (ipc).
+        self.control = self.ctx.socket(zmq.REP)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.events = self.ctx.socket(zmq.PUB)
+        self.events.setsockopt(zmq.LINGER, 0)
+        self._bind_or_refuse(self.control, control_endpoint(self.config))
+        self._bind_or_refuse(self.events, events_endpoint(self.config))
+        self._check_worker_ports()
         config_path = self.config_path = self.runtime / "config.json"
         config_path.write_bytes(dump_config(self.config))
         os.chmod(config_path, 0o600)
         python = sys.executable
-        self.children["gateway"] = Child(
-            "gateway", "gateway", [python, "-m", "gateway", "--config", str(config_path)],
-            self._log("gateway"), self.echo)
-        for spec in self.config.workers:
+        if not self.config.worker_only:
+            self.children["gateway"] = Child(
+                "gateway", "gateway", [python, "-m", "gateway", "--config", str(config_path)],
+                self._log("gateway"), self.echo)
+        for spec in self.config.local_workers():
             child = Child(spec.name, spec.role,
                           [python, "-m", "workers", "--config", str(config_path),
                            "--worker", spec.name],
@@ -129,14 +191,12 @@ class Supervisor:
             self.children[spec.name] = child
             sub = self.ctx.socket(zmq.SUB)
             configure_sub(sub, TOPIC_HEARTBEAT)
-            sub.connect(worker_endpoint(self.config, spec.name, "out"))
+            connect(sub, self.config, worker_endpoint(self.config, spec.name, "out"))
             self.worker_subs[sub] = spec.name
-        self.control = self.ctx.socket(zmq.REP)
-        self.control.setsockopt(zmq.LINGER, 0)
-        self.control.bind(control_endpoint(self.config))
-        self.events = self.ctx.socket(zmq.PUB)
-        self.events.setsockopt(zmq.LINGER, 0)
-        self.events.bind(events_endpoint(self.config))
+            if self.config.worker_only:
+                log.info("worker %s serves at %s (in) and %s (out)", spec.name,
+                         worker_endpoint(self.config, spec.name, "in"),
+                         worker_endpoint(self.config, spec.name, "out"))
 
     # --- loop ----------------------------------------------------------------------------
 
@@ -144,10 +204,11 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.setup()
-        for spec in self.config.workers:
+        for spec in self.config.local_workers():
             if spec.enabled:
                 self.children[spec.name].spawn()
-        self.children["gateway"].spawn()
+        if "gateway" in self.children:
+            self.children["gateway"].spawn()
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         for sub in self.worker_subs:
@@ -216,9 +277,11 @@ class Supervisor:
         workers = [c for c in self.children.values() if c.kind != "gateway" and c.pid]
         if workers and all(c.state.serving for c in workers):
             self.announced = True
-            print(f"npu-proxy listening on http://{self.config.host}:{self.config.port}"
-                  f" (workers: {', '.join(c.name for c in workers)})", file=sys.stderr,
-                  flush=True)
+            names = ", ".join(c.name for c in workers)
+            where = ("serving workers for other hosts' gateways (worker-only)"
+                     if self.config.worker_only
+                     else f"listening on http://{self.config.host}:{self.config.port}")
+            print(f"npu-proxy {where} (workers: {names})", file=sys.stderr, flush=True)
 
     def _check_children(self) -> None:
         now = time.monotonic()
@@ -420,6 +483,7 @@ class Supervisor:
             raise Refusal(f"worker {child.name} does not switch models (allow_switch = false)")
         home = spec.switched_from or spec.model_name
         target = command.model or home
+        self._check_model(target)
         changed = target != spec.model_name
         if changed:
             log.info("worker %s: switching model %s -> %s", child.name, spec.model_name, target)
@@ -433,6 +497,16 @@ class Supervisor:
         elif changed:
             self._terminate(child)  # NOTE: drains; the exit handler restarts it at once
         return Loaded(model=target, changed=changed)
+
+    def _check_model(self, name: str) -> None:
+        """A model named over the control socket: one of the configuration's own, or a name
+        the registry resolves to files (pulled, configured, embedded), never a path."""
+        if name in {w.model_name for w in self.config.workers}:
+            return
+        try:
+            locate(self.config, name, allow_path=False)
+        except ModelSourceMissing as exc:
+            raise Refusal(f"cannot load {name!r}: {exc}") from exc
 
     def _terminate(self, child: Child) -> None:
         """SIGTERM now (the worker drains), SIGKILL once the grace period has passed."""
@@ -459,5 +533,5 @@ class Supervisor:
                 child.proc.wait(5)
         for sock in [self.control, self.events, *self.worker_subs]:
             sock.close(0)
-        self.ctx.term()
+        term(self.ctx)
         log.info("stopped")

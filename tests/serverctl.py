@@ -19,6 +19,9 @@ from protocol import control
 from protocol.config import load_config
 
 SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
+# The ZeroMQ transport of test servers that name none: `NPU_PROXY_TEST_TRANSPORT=tcp make
+# test` runs the suites over tcp (with CURVE) instead of ipc.
+TRANSPORT = os.environ.get("NPU_PROXY_TEST_TRANSPORT", "ipc")
 # Shared by every test server so the embedding model is prepared once per machine.
 MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
@@ -83,31 +86,42 @@ class Server:
     def __init__(self, tmp: Path, workers: list[dict[str, Any]] | None = None,
                  **settings: Any) -> None:
         self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.config_path = tmp / "npu-proxy.toml"
-        data: dict[str, Any] = {
+        self.data: dict[str, Any] = {
             "port": self.port,
             "runtime_dir": str(tmp / "rt"),
             "model_cache": str(MODEL_CACHE),
             "grace_period": 5.0,
             **settings,
         }
-        if workers is not None:
-            data["workers"] = workers
-        self.config_path.write_text(tomli_w.dumps(data))
-        self.config = load_config(self.config_path, env={})
+        if "transport" not in settings and TRANSPORT == "tcp":
+            self.data["transport"] = "tcp"
+            self.data["tcp_base_port"] = free_port_block(2 + 2 * len(workers or [1, 2]))
+        self.write_config(**({} if workers is None else {"workers": workers}))
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "supervisor.log"
+        self.worker_only = False
+
+    def write_config(self, **settings: Any) -> None:
+        """Change settings of the config file (before start, or for a restart to read)."""
+        self.data.update(settings)
+        self.config_path.write_text(tomli_w.dumps(self.data))
+        self.config = load_config(self.config_path, env={})
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run([SUPERVISOR, *args, "--config", str(self.config_path)],
                               capture_output=True, text=True, check=check, timeout=60)
 
-    def start(self, wait: bool = True, timeout: float = 240.0, *flags: str) -> Server:
+    def start(self, wait: bool = True, timeout: float = 240.0,
+              args: list[str] | None = None) -> Server:
+        """`npx-supervisor start` with `args`; `--worker-only` is ready without HTTP."""
         log = open(self.log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
+        self.worker_only = "--worker-only" in (args or [])
         self.proc = subprocess.Popen(
-            [SUPERVISOR, "start", "--config", str(self.config_path), *flags],
+            [SUPERVISOR, "start", "--config", str(self.config_path), *(args or [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         if wait:
@@ -160,6 +174,8 @@ class Server:
                 continue
             workers = [c for c in kids.values() if c["role"] != "gateway"]
             if all(c["state"] in ("ready", "busy") for c in workers):
+                if self.worker_only or self.config.worker_only:
+                    return
                 try:
                     if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                         return

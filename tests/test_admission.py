@@ -37,7 +37,7 @@ from protocol.messages import (
     encode,
     reply_decoder,
 )
-from protocol.sockets import configure_sub, worker_endpoint
+from protocol.sockets import configure_sub, connect, worker_endpoint
 
 LLM = "smollm2:135m"
 RUNNING = 2
@@ -221,12 +221,12 @@ class WorkerWire:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         configure_sub(self.sub)
-        self.sub.connect(worker_endpoint(srv.config, "llm", "out"))
+        connect(self.sub, srv.config, worker_endpoint(srv.config, "llm", "out"))
         # NOTE: not the gateway's IMMEDIATE option: a send waits for the connection instead
         # of failing while it is still being made.
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(worker_endpoint(srv.config, "llm", "in"))
+        connect(self.push, srv.config, worker_endpoint(srv.config, "llm", "in"))
         self.decoder = reply_decoder()
         # NOTE: a SUB hears nothing sent before its subscription reached the worker; a first
         # heartbeat proves it has.

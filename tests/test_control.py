@@ -12,6 +12,7 @@ import zmq
 
 from protocol import control
 from protocol.config import Config, WorkerSpec
+from protocol.sockets import bind, control_endpoint
 from protocol.states import ProcessState
 from supervisor.service import Refusal, Supervisor
 
@@ -35,11 +36,11 @@ def test_every_command_round_trips() -> None:
     assert row.as_json()["state"] == "backoff"
 
 
-def _answer_once(endpoint: str, reply: control.Reply) -> threading.Thread:
+def _answer_once(config: Config, reply: control.Reply) -> threading.Thread:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(endpoint)
+    bind(sock, config, control_endpoint(config))
 
     def serve() -> None:
         try:
@@ -54,14 +55,14 @@ def _answer_once(endpoint: str, reply: control.Reply) -> threading.Thread:
 
 
 def test_the_client_tells_its_failures_apart(tmp_path: Path) -> None:
-    endpoint = f"ipc://{tmp_path / 'control'}"
+    config = Config(runtime_dir=str(tmp_path))
     with pytest.raises(control.NoSupervisor, match="no npu-proxy instance answers"):
-        control.call(endpoint, control.Ping(), control.Pong, timeout=0.2)
-    _answer_once(endpoint, control.Refused(error="no worker named 'x'"))
+        control.call(config, control.Ping(), control.Pong, timeout=0.2)
+    _answer_once(config, control.Refused(error="no worker named 'x'"))
     with pytest.raises(control.CommandRefused, match="no worker named 'x'"):
-        control.call(endpoint, control.Stop(worker="x"), control.Ok, timeout=30)
-    _answer_once(endpoint, control.Pong(pid=42))
-    assert control.call(endpoint, control.Ping(), control.Pong, timeout=30).pid == 42
+        control.call(config, control.Stop(worker="x"), control.Ok, timeout=30)
+    _answer_once(config, control.Pong(pid=42))
+    assert control.call(config, control.Ping(), control.Pong, timeout=30).pid == 42
 
 
 def test_the_supervisor_handles_every_command(tmp_path: Path) -> None:

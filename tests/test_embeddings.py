@@ -29,7 +29,7 @@ from serverctl import Server
 from models.locate import minilm_ir_folder
 from protocol.config import Config, WorkerSpec
 from protocol.messages import Embed, Embeddings, Failed, Heartbeat, reply_decoder
-from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, worker_endpoint
+from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
 from workers.embed_engine import EmbedEngine, _fast_counter
 from workers.embed_model import count_tokens, embedding_config
 
@@ -378,7 +378,7 @@ class HeartbeatReader:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         configure_sub(self.sub, TOPIC_HEARTBEAT)
-        self.sub.connect(worker_endpoint(config, worker, "out"))
+        connect(self.sub, config, worker_endpoint(config, worker, "out"))
         self.decoder = reply_decoder()
 
     def after(self, since: float, timeout: float = 10.0) -> Heartbeat:

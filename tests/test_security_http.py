@@ -287,7 +287,7 @@ def test_a_remote_bind_without_a_key_is_refused_naming_the_options(tmp_path: Pat
 
 def test_the_loud_opt_out_starts_a_remote_bind(tmp_path: Path) -> None:
     srv = Server(tmp_path, workers=[], host="0.0.0.0")
-    srv.start(True, 240.0, "--allow-unauthenticated-remote")
+    srv.start(True, 240.0, ["--allow-unauthenticated-remote"])
     try:
         assert httpx.get(srv.url + "/api/tags").status_code == 200
         assert "ALLOW_UNAUTHENTICATED_REMOTE" in srv.logs()

@@ -33,7 +33,14 @@ from protocol.messages import (
     encode,
     request_decoder,
 )
-from protocol.sockets import TOPIC_HEARTBEAT, TOPIC_REQUEST, configure_pub, worker_endpoint
+from protocol.sockets import (
+    TOPIC_HEARTBEAT,
+    TOPIC_REQUEST,
+    bind,
+    configure_pub,
+    term,
+    worker_endpoint,
+)
 
 if TYPE_CHECKING:
     # NOTE: for types only: the engine modules import OpenVINO (about 0.5 s here), which
@@ -112,7 +119,7 @@ class WorkerProcess:
     def _receive_loop(self) -> None:
         pull = self._ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.LINGER, 0)
-        pull.bind(worker_endpoint(self.config, self.spec.name, "in"))
+        bind(pull, self.config, worker_endpoint(self.config, self.spec.name, "in"))
         decoder = request_decoder()
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
@@ -175,7 +182,7 @@ class WorkerProcess:
     def run(self, build_engine: Any) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigterm)
-        self._pub.bind(worker_endpoint(self.config, self.spec.name, "out"))
+        bind(self._pub, self.config, worker_endpoint(self.config, self.spec.name, "out"))
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._drain_watch, name="drain", daemon=True).start()
         receiver = threading.Thread(target=self._receive_loop, name="receiver", daemon=True)
@@ -219,7 +226,7 @@ class WorkerProcess:
         receiver.join(1.0)
         time.sleep(0.05)
         self._pub.close(linger=200)
-        self._ctx.term()
+        term(self._ctx)
         return 0
 
     def _compile_properties(self) -> dict[str, Any]:

