@@ -18,6 +18,7 @@ import pytest
 from serverctl import Server
 
 from gateway.api.ollama_template import render
+from gateway.api.reasoning import ReasoningFormat, ReasoningSplitter, Style, split_text
 from gateway.api.tools import CallParser, Tool, parse_calls
 from gateway.core.errors import GatewayError
 
@@ -64,6 +65,29 @@ def test_pathological_model_output_is_parsed(output: str) -> None:
     streamed = "".join(parser.feed(output[i:i + 64]) for i in range(0, len(output), 64))
     rest, calls = parser.finish()
     assert calls == [] and streamed + rest == output
+
+
+@pytest.mark.parametrize("output", [
+    "<think>" + " " * SIZE,
+    " " * SIZE + "<thin",
+    "<think>" + "</thin" * (SIZE // 6),
+    "<think>" * (SIZE // 7),
+    "<|channel|>" + "x" * SIZE,
+    "<|channel|>" * (SIZE // 11),
+    "<|start|>" + "<|" * (SIZE // 2),
+])
+@pytest.mark.parametrize("style", list(Style))
+def test_pathological_reasoning_is_split(output: str, style: Style) -> None:
+    fmt = ReasoningFormat(style)
+    whole = split_text(output, fmt)
+    splitter = ReasoningSplitter(fmt)
+    pieces = [splitter.feed(output[i:i + 64]) for i in range(0, len(output), 64)]
+    pieces.append(splitter.finish())
+    assert ("".join(p[0] for p in pieces), "".join(p[1] for p in pieces)) == whole
+    splitter = ReasoningSplitter(fmt)
+    for c in output[:20_000]:  # one character at a time
+        splitter.feed(c)
+    splitter.finish()
 
 
 def test_fenced_call_is_still_found() -> None:

@@ -1,0 +1,226 @@
+"""A thinking model's reasoning told apart from its answer: the one splitter every API uses.
+
+Two output shapes are known, named by the model's chat template (`reasoning_format`):
+- `<think>…</think>` then the answer (Qwen3, QwQ, DeepSeek-R1 and their distills). A template
+  whose generation prompt opens `<think>` itself (DeepSeek-R1) makes the output start inside
+  the thinking, with only `</think>` in it.
+- gpt-oss's harmony channels: `<|channel|>analysis<|message|>…<|end|>` is reasoning,
+  `<|start|>assistant<|channel|>final<|message|>…<|return|>` the answer.
+
+`ReasoningSplitter.feed` takes the output as it streams, in any pieces, and returns what is
+certain so far as (thinking, answer); `finish` returns the rest. Every split of one output gives
+the same result. Only a possible marker's prefix (a few characters) or a harmony header is held
+back, and each character is looked at a bounded number of times: linear in the output.
+
+NOTE: the splitting is done here, in the gateway, not with OpenVINO GenAI's ReasoningParser in
+the worker: the gateway already parses streamed deltas (tool calls, gateway/api/tools.py), a
+reasoning parser must run before that one, and the same code then serves every worker and
+every API while the gateway stays free of OpenVINO.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<think>", "</think>"
+CHANNEL, MESSAGE, START = "<|channel|>", "<|message|>", "<|start|>"
+ENDS = ("<|end|>", "<|return|>", "<|call|>")
+# A harmony header (role, channel, recipient, constraint) longer than this is not one.
+MAX_HEADER = 256
+# How far after `add_generation_prompt` a template's opening `<think>` is looked for.
+OPENING_WINDOW = 160
+
+
+class Style(enum.Enum):
+    THINK = "think"
+    HARMONY = "harmony"
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    style: Style
+    # The generation prompt already opened `<think>`: the output starts inside the thinking.
+    opened: bool = False
+
+
+def reasoning_format(chat_template: str) -> ReasoningFormat | None:
+    """How a model with this chat template thinks, or None if it does not."""
+    if CHANNEL in chat_template and "analysis" in chat_template:
+        return ReasoningFormat(Style.HARMONY)
+    if OPEN not in chat_template and "enable_thinking" not in chat_template:
+        return None
+    opened = False
+    at = chat_template.find("add_generation_prompt")
+    while at >= 0 and not opened:
+        window = chat_template[at:at + OPENING_WINDOW]
+        opened = OPEN in window.split("endif", 1)[0] and "enable_thinking" not in window
+        at = chat_template.find("add_generation_prompt", at + 1)
+    return ReasoningFormat(Style.THINK, opened)
+
+
+def _held(buf: str, markers: tuple[str, ...]) -> int:
+    """How many characters at the end of `buf` could begin one of the markers."""
+    longest = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(buf)), longest, -1):
+            if buf.endswith(marker[:n]):
+                longest = n
+                break
+    return longest
+
+
+def _first(buf: str, markers: tuple[str, ...]) -> tuple[int, str]:
+    """The earliest marker in `buf` and where it is; (-1, "") if none."""
+    best, found = -1, ""
+    for marker in markers:
+        i = buf.find(marker)
+        if i >= 0 and (best < 0 or i < best):
+            best, found = i, marker
+    return best, found
+
+
+class ReasoningSplitter:
+    """Streams one output into (thinking, answer) pieces; see the module's docstring."""
+
+    def __init__(self, fmt: ReasoningFormat) -> None:
+        self.fmt = fmt
+        self.buf = ""
+        self.thinking: list[str] = []
+        self.answer: list[str] = []
+        # THINK: "lead" (before the output's first character), "think_lead", "think",
+        # "answer_lead", "answer"; HARMONY: "out", "header", "body".
+        self.state = "lead" if fmt.style is Style.THINK else "out"
+        self.lead: list[str] = []  # whitespace seen in "lead"
+        # Whitespace at the end of the thinking so far: dropped if the thinking ends there.
+        self.pending: list[str] = []
+        self.channel = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.buf += text
+        if self.fmt.style is Style.THINK:
+            self._think()
+        else:
+            self._harmony()
+        return self._take()
+
+    def finish(self) -> tuple[str, str]:
+        buf, self.buf = self.buf, ""
+        if self.fmt.style is Style.THINK:
+            if self.state == "lead":
+                (self.thinking if self.fmt.opened else self.answer).append(
+                    buf if self.fmt.opened else "".join(self.lead) + buf)
+            elif self.state in ("think_lead", "think") and buf.strip():
+                self.thinking.extend((*self.pending, buf))
+            elif self.state == "answer":
+                self.answer.append(buf)
+        elif self.state == "body" and self.channel == "analysis":
+            self.thinking.append(buf)
+        elif self.state in ("body", "out"):
+            self.answer.append(buf)
+        return self._take()
+
+    def _take(self) -> tuple[str, str]:
+        out = "".join(self.thinking), "".join(self.answer)
+        self.thinking.clear()
+        self.answer.clear()
+        return out
+
+    def _think(self) -> None:
+        while self.buf:
+            if self.state in ("lead", "think_lead", "answer_lead"):
+                rest = self.buf.lstrip()
+                if self.state == "lead":
+                    self.lead.append(self.buf[:len(self.buf) - len(rest)])
+                self.buf = rest
+                if not rest:
+                    return
+                if self.state == "answer_lead":
+                    self.state = "answer"
+                elif rest.startswith(OPEN):
+                    self.buf, self.state = rest[len(OPEN):], "think_lead"
+                elif OPEN.startswith(rest):
+                    return  # perhaps `<think>`: wait for more
+                elif self.state == "think_lead" or self.fmt.opened:
+                    self.state = "think"
+                else:
+                    self.buf, self.state = "".join(self.lead) + rest, "answer"
+            elif self.state == "think":
+                at = self.buf.find(CLOSE)
+                if at >= 0:
+                    if body := self.buf[:at].rstrip():
+                        self.thinking.extend((*self.pending, body))
+                    self.pending.clear()
+                    self.buf, self.state = self.buf[at + len(CLOSE):], "answer_lead"
+                    continue
+                keep = _held(self.buf, (CLOSE,))
+                sure = self.buf[:len(self.buf) - keep]
+                body = sure.rstrip()
+                if body:
+                    self.thinking.extend((*self.pending, body))
+                    self.pending.clear()
+                self.pending.append(sure[len(body):])
+                self.buf = self.buf[len(sure):]
+                return
+            else:
+                self.answer.append(self.buf)
+                self.buf = ""
+
+    def _harmony(self) -> None:
+        while self.buf:
+            if self.state == "header":
+                # NOTE: looked for within MAX_HEADER only, so every split decides alike.
+                at = self.buf.find(MESSAGE, 0, MAX_HEADER + len(MESSAGE))
+                if at < 0:
+                    if len(self.buf) >= MAX_HEADER + len(MESSAGE):  # no header: plain text
+                        self.state = "out"
+                        continue
+                    return
+                header = self.buf[:at]
+                self.channel = "analysis" if "analysis" in header else "final"
+                self.buf, self.state = self.buf[at + len(MESSAGE):], "body"
+                continue
+            markers = (CHANNEL, START, *ENDS)
+            at, marker = _first(self.buf, markers)
+            end = at if at >= 0 else len(self.buf) - _held(self.buf, markers)
+            text = self.buf[:end]
+            if text:
+                thinking = self.state == "body" and self.channel == "analysis"
+                (self.thinking if thinking else self.answer).append(text)
+            if at < 0:
+                self.buf = self.buf[end:]
+                return
+            self.buf = self.buf[at + len(marker):]
+            self.state = "header" if marker in (CHANNEL, START) else "out"
+
+
+def split_text(text: str, fmt: ReasoningFormat) -> tuple[str, str]:
+    """A whole output as (thinking, answer)."""
+    splitter = ReasoningSplitter(fmt)
+    thinking, answer = splitter.feed(text)
+    more_thinking, more_answer = splitter.finish()
+    return thinking + more_thinking, answer + more_answer
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """What one request does with a thinking model's reasoning."""
+
+    fmt: ReasoningFormat
+    show: bool  # give the reasoning to the client (else it is dropped)
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.fmt)
+
+
+def template_vars(think: bool | None, effort: str | None = None,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The chat template's extra variables: the client's own (`chat_template_kwargs`), then
+    `enable_thinking` (Qwen3's switch) and `reasoning_effort` (gpt-oss) when asked for."""
+    out = dict(extra or {})
+    if think is not None:
+        out["enable_thinking"] = think
+    if effort:
+        out["reasoning_effort"] = effort
+    return out or None
