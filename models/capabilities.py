@@ -12,12 +12,15 @@ Each capability is what this server does with the model, not what its weights mi
   once something renders that slot.
 - `vision`: the LLM workers run text pipelines (LLMPipeline, ContinuousBatchingPipeline),
   never a VLMPipeline, so no model takes images here, whatever its template.
-- `thinking`: the gateway does not separate a model's reasoning from its answer, so `think`
-  is not offered, whatever the template.
+- `thinking`: the chat template shows how the model thinks (`reasoning_format`): it writes
+  `<think>` or switches `enable_thinking` (Qwen3, DeepSeek-R1, QwQ...), or it has harmony's
+  analysis channel (gpt-oss). The gateway then splits the reasoning from the answer
+  (gateway/api/reasoning.py).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 COMPLETION = "completion"
@@ -32,13 +35,50 @@ WHAT = {COMPLETION: "text generation", TOOLS: "tools", INSERT: "insert (a suffix
         VISION: "images", EMBEDDING: "embeddings", THINKING: "thinking"}
 
 
+OPEN, CLOSE, CHANNEL = "<think>", "</think>", "<|channel|>"
+# How far after `add_generation_prompt` a template's opening `<think>` is looked for.
+OPENING_WINDOW = 160
+
+
+class Style(enum.Enum):
+    THINK = "think"
+    HARMONY = "harmony"
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    style: Style
+    # The generation prompt already opened `<think>`: the output starts inside the thinking.
+    opened: bool = False
+
+
+def reasoning_format(chat_template: str) -> ReasoningFormat | None:
+    """How a model with this chat template thinks, or None if it does not. NOTE: read from
+    the template's text, in time linear in it (a created model's template is client text)."""
+    if CHANNEL in chat_template and "analysis" in chat_template:
+        return ReasoningFormat(Style.HARMONY)
+    if OPEN not in chat_template and "enable_thinking" not in chat_template:
+        return None
+    opened = False
+    at = chat_template.find("add_generation_prompt")
+    while at >= 0 and not opened:
+        window = chat_template[at:at + OPENING_WINDOW]
+        opened = OPEN in window.split("endif", 1)[0] and "enable_thinking" not in window
+        at = chat_template.find("add_generation_prompt", at + 1)
+    return ReasoningFormat(Style.THINK, opened)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     kind: str  # "llm" or "embed"
     native_tools: bool = False
     insert: bool = False
     vision: bool = False
-    thinking: bool = False
+    reasoning: ReasoningFormat | None = None
+
+    @property
+    def thinking(self) -> bool:
+        return self.reasoning is not None
 
     @property
     def names(self) -> list[str]:
@@ -57,7 +97,8 @@ def capabilities(kind: str, chat_template: str) -> Capabilities:
     unknown). Callable for any model, also one made by /api/create from its template."""
     if kind == "embed":
         return Capabilities(kind="embed")
-    return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template))
+    return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
+                        reasoning=reasoning_format(chat_template))
 
 
 def template_supports_tools(chat_template: str) -> bool:

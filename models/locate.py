@@ -112,3 +112,14 @@ def locate(config: Config, name: str, store: ModelStore | None = None,
     if allow_path and path.exists():
         return Location(path, Origin.LOCAL)
     raise NotLocated(f"model {name!r} is not available locally")
+
+
+def configured_template(config: Config, name: str) -> str:
+    """The chat template a `[models."name"]` entry of the config sets in place of the model's
+    own (`chat_template`), or "": the worker renders prompts with it and the gateway reads the
+    model's capabilities from it."""
+    key = normalize(alias_table(config.model_aliases).get(normalize(name), name))
+    for user_name, source in config.models.items():
+        if source.chat_template and normalize(user_name) == key:
+            return source.chat_template
+    return ""

@@ -37,6 +37,8 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
     description: str = ""
+    # A Jinja chat template used instead of the model's own (e.g. one that thinks).
+    chat_template: str = ""
 
 
 class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -58,6 +60,10 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Hold each request after the engine dequeued it (tracked as active) and before it starts
     # generating, until this file exists: an abort can then arrive in exactly that window.
     hold_start_until: str = ""
+    # Constrain every generation that has no other constraint (JSON schema, regex) to this
+    # regular expression: a test hook that makes a tiny model answer in a given shape (e.g.
+    # `<think>…</think>answer`) through any API.
+    force_regex: str = ""
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

@@ -60,6 +60,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     include_stop: bool = False
     # Send each generated token's log-probability, text and bytes (Delta.logprobs).
     logprobs: bool = False
+    # A regular expression the output must match (vLLM's structured_outputs.regex).
+    regex: str | None = None
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
@@ -86,6 +88,8 @@ class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # The id the client sees (X-Request-ID): for logs only, never a key. `id` is the gateway's
     # own, unique per request, so clients that reuse an id cannot cross-wire requests.
     log_id: str = ""
+    # Extra variables for the chat template (e.g. enable_thinking; vLLM's chat_template_kwargs).
+    template_vars: dict[str, Any] | None = None
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -119,6 +123,8 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     add_special_tokens: bool = False
     # End the chat with the assistant's turn opening, as a generation does.
     add_generation_prompt: bool = True
+    # Extra variables for the chat template, as in Generate.
+    template_vars: dict[str, Any] | None = None
 
 
 class Detokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

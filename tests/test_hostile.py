@@ -18,9 +18,10 @@ import pytest
 from serverctl import Server
 
 from gateway.api.ollama_template import render
-from gateway.api.reasoning import ReasoningFormat, ReasoningSplitter, Style, split_text
+from gateway.api.reasoning import ReasoningSplitter, split_text
 from gateway.api.tools import CallParser, Tool, parse_calls
 from gateway.core.errors import GatewayError
+from models.capabilities import ReasoningFormat, Style
 
 SIZE = 100_000
 TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})]

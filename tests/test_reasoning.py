@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.api.reasoning import (
-    ReasoningFormat,
-    ReasoningSplitter,
-    Style,
-    reasoning_format,
-    split_text,
-)
+from gateway.api.reasoning import ReasoningSplitter, split_text
+from models.capabilities import ReasoningFormat, Style, reasoning_format
 
 THINK = ReasoningFormat(Style.THINK)
 OPENED = ReasoningFormat(Style.THINK, opened=True)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.locate import Origin, locate
+from models.locate import Origin, configured_template, locate
 from models.registry import sampling_defaults
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
@@ -40,6 +40,7 @@ def _build_engine(proc: WorkerProcess) -> Engine:
     engine = kind(spec, loadable(str(path), proc.config.model_cache_path()), context or 2048,
                   proc.emit)
     engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)
+    engine.chat_template = configured_template(proc.config, spec.model_name)
     return engine
 
 

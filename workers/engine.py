@@ -157,8 +157,11 @@ def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
 class Prompting:
     """Chat template and tokenizer of one model: the exact token counts used for routing."""
 
-    def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int) -> None:
+    def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int,
+                 chat_template: str = "") -> None:
         self.tokenizer = tokenizer
+        if chat_template:  # the configured one, in place of the model's own
+            tokenizer.set_chat_template(chat_template)
         self.context_length = context_length
         self.token_chars = longest_token(tokenizer)
         self.token_bytes = TokenBytes(tokenizer)
@@ -168,13 +171,9 @@ class Prompting:
             return msg.prompt or ""
         history = [msgspec.to_builtins(m) for m in msg.messages]
         opening = msg.add_generation_prompt if isinstance(msg, Tokenize) else True
-        if msg.tools:
-            return str(
-                self.tokenizer.apply_chat_template(
-                    history, add_generation_prompt=opening, tools=msg.tools
-                )
-            )
-        return str(self.tokenizer.apply_chat_template(history, add_generation_prompt=opening))
+        return str(self.tokenizer.apply_chat_template(
+            history, add_generation_prompt=opening, tools=msg.tools or None,
+            extra_context=msg.template_vars or None))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray[Any, Any]:
         # NOTE: the chat template already places the special tokens.
@@ -293,6 +292,8 @@ class EngineBase:
         self.prompting: Prompting | None = None
         self.base_config: Any = None
         self.defaults: dict[str, float] = {}
+        # A chat template configured for the model ([models."name"] chat_template), or "".
+        self.chat_template = ""
         self.progress_at = time.monotonic()
         self.announce: Callable[[], None] = lambda: None
 
@@ -498,6 +499,10 @@ class EngineBase:
                                 retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
             return None
         params = req.params
+        forced = self.spec.faults.force_regex
+        if forced and params.json_schema is None and params.regex is None:
+            log.warning("fault hook: request_id=%s constrained to %r", req.log_id, forced)
+            params = msgspec.structs.replace(params, regex=forced)
         unset = {k: v for k, v in self.defaults.items() if getattr(params, k, 0) is None}
         if unset:
             params = msgspec.structs.replace(params, **unset)

@@ -60,4 +60,6 @@ def generation_config(
         cfg.structured_output_config = ov_genai.StructuredOutputConfig(
             json_schema=params.json_schema
         )
+    elif params.regex is not None:
+        cfg.structured_output_config = ov_genai.StructuredOutputConfig(regex=params.regex)
     return cfg

@@ -41,12 +41,13 @@ from gateway.api.dialects import Dialect, dialect_for
 from gateway.api.limits import Limits
 from gateway.api.ollama_models import require
 from gateway.api.profiles import with_messages, with_params
+from gateway.api.reasoning import Thinking
 from gateway.api.schema_check import check_schema
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation, Router
-from models.capabilities import TOOLS
+from models.capabilities import THINKING, TOOLS
 from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 B = TypeVar("B", bound=msgspec.Struct)
@@ -115,17 +116,20 @@ class Flow:
 
     async def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                        requested: str, messages: list[ChatMessage] | None = None,
-                       prompt: str | None = None) -> Generate:
+                       prompt: str | None = None,
+                       template_vars: dict[str, Any] | None = None) -> Generate:
         """A Generate request without tools (a prompt, or messages made from one), within the
         limits; `requested` is the model name the client sent."""
         messages = with_messages(messages, model) if messages is not None else None
         params = with_params(params, model)
         self.limits.check_input(messages, prompt, None)
         await self.limits.check_output(request, model, params, requested)
-        return self._generate(request, model, params, messages=messages, prompt=prompt)
+        return self._generate(request, model, params, messages=messages, prompt=prompt,
+                              template_vars=template_vars)
 
     async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
                    tools: ToolRequest | None, params: SamplingParams, *, requested: str,
+                   template_vars: dict[str, Any] | None = None,
                    ) -> tuple[Generate, CallParser | None]:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
@@ -135,14 +139,29 @@ class Flow:
             require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
         await self.limits.check_output(request, model, params, requested)
         prep = await self.tooling.prepare(model, messages, tools, params)
-        msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools)
+        msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools,
+                             template_vars=template_vars)
         return msg, prep.parser()
+
+    async def thinking(self, model: ServedModel, want: bool | None, requested: str,
+                       param: str | None) -> Thinking | None:
+        """What the request does with the model's reasoning (gateway/api/reasoning.py): None
+        for a model that does not think. `want` is the client's choice (None: the model's
+        default, which shows it); asked for on a model that does not think, it is the
+        capability's 400, unless `param` is None (an API whose clients ask for it anyway)."""
+        caps = await self.tooling.catalog.capabilities(model)
+        if want and param is not None:
+            require(caps, THINKING, requested, param)
+        if caps.reasoning is None:
+            return None
+        return Thinking(caps.reasoning, show=want is not False)
 
     async def tokenize(self, request: Request, model: ServedModel,
                        messages: list[ChatMessage] | None, tools: ToolRequest | None, *,
                        prompt: str | None = None, want_tokens: bool = False,
                        add_special_tokens: bool = False,
-                       add_generation_prompt: bool = True) -> Tokenize:
+                       add_generation_prompt: bool = True,
+                       template_vars: dict[str, Any] | None = None) -> Tokenize:
         """A token count of a chat (or of a raw prompt), within the same limits, prepared
         exactly like `chat` so the count equals the generation's prompt tokens."""
         if messages is not None:
@@ -156,17 +175,19 @@ class Flow:
         return Tokenize(id=request_key(request), model=model.name, messages=messages,
                         prompt=prompt, tools=tool_list, log_id=request_id(request),
                         want_tokens=want_tokens, add_special_tokens=add_special_tokens,
-                        add_generation_prompt=add_generation_prompt)
+                        add_generation_prompt=add_generation_prompt,
+                        template_vars=template_vars)
 
     def _generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                   messages: list[ChatMessage] | None = None, prompt: str | None = None,
-                  tools: list[dict[str, Any]] | None = None) -> Generate:
+                  tools: list[dict[str, Any]] | None = None,
+                  template_vars: dict[str, Any] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
         if params.json_schema is not None:
             check_schema(params.json_schema)
         return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
-                        tools=tools, log_id=request_id(request))
+                        tools=tools, log_id=request_id(request), template_vars=template_vars)
 
     async def serve(self, request: Request, body: type[B], translate: Translate[B]) -> Response:
         dialect = dialect_for(request.scope)

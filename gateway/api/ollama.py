@@ -14,6 +14,9 @@ Decisions where Ollama's semantics do not carry over:
   MESSAGE and PARAMETER settings apply to every request (gateway/api/profiles.py).
 - `suffix`, `images` and `think` are a 400 unless the model has the capability (insert,
   vision, thinking: models/capabilities.py), the same facts /api/show reports.
+- A thinking model's reasoning is `message.thinking` (/api/chat) or `thinking`
+  (/api/generate), split from the answer by gateway/api/reasoning.py; `think: false` leaves
+  it out and sets the template's `enable_thinking` to false; absent, the model thinks.
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
@@ -42,6 +45,7 @@ from gateway.api.flow import Flow, Translator, Turn
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, require, utc_now
 from gateway.api.ollama_template import render, supported
 from gateway.api.params import json_schema_text, ollama_params
+from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
 from gateway.api.tools import (
     CallParser,
     ToolCall,
@@ -54,7 +58,7 @@ from gateway.api.tools import (
 from gateway.core.errors import invalid
 from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation
-from models.capabilities import INSERT, THINKING, VISION, Capabilities
+from models.capabilities import INSERT, VISION, Capabilities
 from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,7 @@ log = logging.getLogger(__name__)
 OLLAMA_VERSION = "0.12.0"
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}
 ROLES = ("system", "user", "assistant", "tool")
+EFFORTS = ("low", "medium", "high")
 
 
 # --- request shapes ----------------------------------------------------------------------
@@ -185,12 +190,16 @@ def final_fields(fin: Finished) -> dict[str, Any]:
     }
 
 
-def chunk(model: str, text: str, chat: bool) -> dict[str, Any]:
+def chunk(model: str, text: str, chat: bool, thinking: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "created_at": utc_now()}
     if chat:
         body["message"] = {"role": "assistant", "content": text}
+        if thinking:
+            body["message"]["thinking"] = thinking
     else:
         body["response"] = text
+        if thinking:
+            body["thinking"] = thinking
     body["done"] = False
     return body
 
@@ -212,24 +221,26 @@ class OllamaReply:
     done:false chunk before the last one."""
 
     def __init__(self, name: str, chat: bool, parser: CallParser | None,
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, thinking: Thinking | None = None) -> None:
         self.name = name
         self.chat = chat
         self.parser = parser
         self.logprobs = logprobs  # None: not asked; else top_logprobs
+        self.thinking = thinking
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         name, chat, parser, top = self.name, self.chat, self.parser, self.logprobs
-        async for delta in gen:
-            text = parser.feed(delta.text) if parser is not None else delta.text
-            if top is not None and delta.logprobs:
+        every = parser is None and self.thinking is None  # a chunk per delta, even empty
+        async for delta, thought, answer in pieces(gen, self.thinking):
+            text = parser.feed(answer) if parser is not None else answer
+            if top is not None and delta is not None and delta.logprobs:
                 # NOTE: with tools, the parser may hold text back; the tokens go out as they
                 # come (they are the model's raw output).
-                body = chunk(name, text, chat)
+                body = chunk(name, text, chat, thought)
                 body["logprobs"] = lp.ollama(delta.logprobs, top)
                 yield body
-            elif text or parser is None:
-                yield chunk(name, text, chat)
+            elif text or thought or every:
+                yield chunk(name, text, chat, thought)
         if parser is not None:
             rest, calls = parser.finish()
             if calls or rest:
@@ -240,8 +251,9 @@ class OllamaReply:
         yield last(gen, chunk(name, "", chat))
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        text, calls = split_calls("".join(parts), self.parser)
-        body = chunk(self.name, text, self.chat)
+        thought, answer = split_parts(parts, self.thinking)
+        text, calls = split_calls(answer, self.parser)
+        body = chunk(self.name, text, self.chat, thought)
         if calls:
             body["message"]["tool_calls"] = tool_calls_json(calls)
         if self.logprobs is not None:
@@ -294,6 +306,7 @@ class OllamaRoutes(Translator):
                           param="raw")
         if req.suffix:
             require(caps, INSERT, req.model, "suffix")
+        thinking, variables = await self._thinking(model, req)
         if not req.prompt:
             return self._load(model, req.model, keep, chat=False)
         if req.context:
@@ -316,19 +329,22 @@ class OllamaRoutes(Translator):
             if req.system:
                 messages.insert(0, ChatMessage(role="system", content=req.system))
         msg = await self.flow.generate(request, model, params, requested=req.model,
-                                       messages=messages, prompt=prompt)
+                                       messages=messages, prompt=prompt,
+                                       template_vars=variables)
         return self._turn(model, req, msg, keep,
-                          OllamaReply(req.model, False, None, _logprobs(req)))
+                          OllamaReply(req.model, False, None, _logprobs(req), thinking))
 
     async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
         model, keep, params, caps = await self._common(req)
+        thinking, variables = await self._thinking(model, req)
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
         msg, parser = await self.flow.chat(request, model,
                                            chat_messages(req.messages, caps, req.model),
-                                           tool_request(req), params, requested=req.model)
+                                           tool_request(req), params, requested=req.model,
+                                           template_vars=variables)
         return self._turn(model, req, msg, keep,
-                          OllamaReply(req.model, True, parser, _logprobs(req)))
+                          OllamaReply(req.model, True, parser, _logprobs(req), thinking))
 
     # --- shared by generate and chat -----------------------------------------------------
 
@@ -341,9 +357,23 @@ class OllamaRoutes(Translator):
         params = ollama_params(req.options, format_schema(req.format))
         params.logprobs = _logprobs(req) is not None
         caps = await self.catalog.capabilities(model)
-        if req.think not in (None, False, ""):
-            require(caps, THINKING, req.model, "think")
         return model, keep, params, caps
+
+    async def _thinking(self, model: ServedModel, req: GenerateRequest | ChatRequest,
+                        ) -> tuple[Thinking | None, dict[str, Any] | None]:
+        """`think`: true, false or an effort (low, medium, high: gpt-oss's reasoning_effort);
+        absent, the model's default (a thinking model thinks). Asked of a model that does not
+        think, a 400; false also switches it off in a template that can (enable_thinking)."""
+        think = req.think
+        if isinstance(think, str) and think not in ("", *EFFORTS):
+            raise invalid(f"think must be true, false or one of {', '.join(EFFORTS)}, not "
+                          f"{think!r}", param="think")
+        want = None if think in (None, "") else think is not False
+        thinking = await self.flow.thinking(model, want, req.model, "think")
+        if thinking is None:
+            return None, None
+        effort = think if isinstance(think, str) and think else None
+        return thinking, template_vars(want, effort)
 
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load

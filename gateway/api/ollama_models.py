@@ -37,7 +37,7 @@ from models.facts import (
     context_length,
     describe_model,
 )
-from models.locate import locate
+from models.locate import configured_template, locate
 from models.registry import ModelSourceMissing
 from protocol.config import Config
 
@@ -176,7 +176,11 @@ class ModelCatalog:
 
     async def chat_template(self, model: ServedModel) -> str:
         """The model's chat template; "" when unknown. Like `context_length`, read alone (in a
-        thread) and kept, since requests ask for it: it never waits for `details()`."""
+        thread) and kept, since requests ask for it: it never waits for `details()`. A
+        template set in the config (`[models."name"] chat_template`) comes first: the worker
+        renders with it."""
+        if configured := configured_template(self.router.config, model.name):
+            return configured
         if (found := self._details.get(model.name)) is not None:
             return found.chat_template
         if (known := self._templates.get(model.name)) is not None:
@@ -258,7 +262,7 @@ class ModelCatalog:
         params: dict[str, object] = {}
         if found is not None and found.context_length and model.kind == "llm":
             params["num_ctx"] = found.context_length
-        template = found.chat_template if found else ""
+        template = await self.chat_template(model) if found else ""
         modelfile = f"# Modelfile of {display_name(model)} (served by npu-proxy)\n" + "".join(
             f"PARAMETER {key} {value}\n" for key, value in params.items())
         license_ = info.get("general.license")

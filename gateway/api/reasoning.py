@@ -1,6 +1,7 @@
 """A thinking model's reasoning told apart from its answer: the one splitter every API uses.
 
-Two output shapes are known, named by the model's chat template (`reasoning_format`):
+Two output shapes are known, named by the model's chat template (`reasoning_format` in
+models/capabilities.py, which also makes the `thinking` capability):
 - `<think>…</think>` then the answer (Qwen3, QwQ, DeepSeek-R1 and their distills). A template
   whose generation prompt opens `<think>` itself (DeepSeek-R1) makes the output start inside
   the thinking, with only `</think>` in it.
@@ -20,44 +21,17 @@ every API while the gateway stays free of OpenVINO.
 
 from __future__ import annotations
 
-import enum
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-OPEN, CLOSE = "<think>", "</think>"
-CHANNEL, MESSAGE, START = "<|channel|>", "<|message|>", "<|start|>"
+from models.capabilities import CHANNEL, CLOSE, OPEN, ReasoningFormat, Style
+from protocol.messages import Delta
+
+MESSAGE, START = "<|message|>", "<|start|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
 # A harmony header (role, channel, recipient, constraint) longer than this is not one.
 MAX_HEADER = 256
-# How far after `add_generation_prompt` a template's opening `<think>` is looked for.
-OPENING_WINDOW = 160
-
-
-class Style(enum.Enum):
-    THINK = "think"
-    HARMONY = "harmony"
-
-
-@dataclass(frozen=True)
-class ReasoningFormat:
-    style: Style
-    # The generation prompt already opened `<think>`: the output starts inside the thinking.
-    opened: bool = False
-
-
-def reasoning_format(chat_template: str) -> ReasoningFormat | None:
-    """How a model with this chat template thinks, or None if it does not."""
-    if CHANNEL in chat_template and "analysis" in chat_template:
-        return ReasoningFormat(Style.HARMONY)
-    if OPEN not in chat_template and "enable_thinking" not in chat_template:
-        return None
-    opened = False
-    at = chat_template.find("add_generation_prompt")
-    while at >= 0 and not opened:
-        window = chat_template[at:at + OPENING_WINDOW]
-        opened = OPEN in window.split("endif", 1)[0] and "enable_thinking" not in window
-        at = chat_template.find("add_generation_prompt", at + 1)
-    return ReasoningFormat(Style.THINK, opened)
 
 
 def _held(buf: str, markers: tuple[str, ...]) -> int:
@@ -224,3 +198,29 @@ def template_vars(think: bool | None, effort: str | None = None,
     if effort:
         out["reasoning_effort"] = effort
     return out or None
+
+
+async def pieces(deltas: AsyncIterable[Delta], thinking: Thinking | None,
+                 ) -> AsyncIterator[tuple[Delta | None, str, str]]:
+    """The worker's deltas as (delta, thinking, answer), the reasoning taken out first (and
+    dropped unless shown); after the last delta, (None, thinking, answer) with what the
+    splitter held back. Without thinking, each delta's text is all answer."""
+    if thinking is None:
+        async for delta in deltas:
+            yield delta, "", delta.text
+        return
+    splitter = thinking.splitter()
+    async for delta in deltas:
+        thought, text = splitter.feed(delta.text)
+        yield delta, thought if thinking.show else "", text
+    thought, text = splitter.finish()
+    yield None, thought if thinking.show else "", text
+
+
+def split_parts(parts: list[str], thinking: Thinking | None) -> tuple[str, str]:
+    """A collected output as (thinking, answer), like `pieces`."""
+    text = "".join(parts)
+    if thinking is None:
+        return "", text
+    thought, answer = split_text(text, thinking.fmt)
+    return thought if thinking.show else "", answer

@@ -6,7 +6,8 @@ worker's own tokenizer: a chat is prepared exactly like /v1/chat/completions (te
 tools), so `count` equals that chat's `prompt_tokens`. `add_special_tokens` defaults to what a
 generation does here (no tokens added beyond the template's), so a prompt's count equals
 /v1/completions' `prompt_tokens` too. `/detokenize` takes `{model, tokens}` and answers
-`{prompt}`, special tokens included. llama.cpp's spellings are accepted as well (`content`,
+`{prompt}`, special tokens included. `chat_template_kwargs` (vLLM's) are the chat template's
+extra variables, as on /v1/chat/completions. llama.cpp's spellings are accepted as well (`content`,
 `add_special`) and `/detokenize` also answers its `content`. Errors are OpenAI's shape
 (gateway/api/dialects.py).
 """
@@ -38,6 +39,8 @@ class TokenizeRequest(msgspec.Struct):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
+    # Extra variables for the chat template (vLLM's), e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = False
     # llama.cpp's names for `prompt` and `add_special_tokens`.
@@ -78,7 +81,8 @@ class TokenizerRoutes(Translator):
                 tools=req.tools, tool_choice=req.tool_choice))
         msg = await self.flow.tokenize(request, model, messages, tools, prompt=prompt,
                                        want_tokens=True, add_special_tokens=special,
-                                       add_generation_prompt=req.add_generation_prompt)
+                                       add_generation_prompt=req.add_generation_prompt,
+                                       template_vars=req.chat_template_kwargs or None)
         count = await unless_disconnected(request, self.router.tokenize(model, msg))
         return JSONResponse({
             "count": count.count,

@@ -1,0 +1,96 @@
+"""Thinking on all four APIs, streaming and not, with the official SDKs.
+
+The thinking model is the embedded SmolLM2 served as `thinker:test` with a Qwen3-style chat
+template (`[models."thinker:test"] chat_template`), so its capabilities say `thinking`; its
+worker's test hook `force_regex` constrains every generation to `<think>…</think>answer`, which
+a 135M model would not write by itself. The splitter alone is tested in test_reasoning.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import ollama
+import pytest
+from serverctl import Server
+
+from models.locate import locate
+
+MODEL = "thinker:test"
+LLM = "smollm2:135m"
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+    "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+REGEX = r"<think>\n[a-z]+( [a-z]+){2,5}\n</think>\n\n[A-Z][a-z]+( [a-z]+){2,5}\."
+WORD = r"[A-Za-z]+( [a-z]+){2,5}"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("thinker")
+    probe = Server(tmp / "probe")
+    gguf = locate(probe.config, LLM).path
+    srv = Server(tmp, workers=[{"name": "think", "role": "llm", "model": MODEL,
+                                "faults": {"force_regex": REGEX}}],
+                 models={MODEL: {"path": str(gguf), "chat_template": TEMPLATE}}).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def url(thinker: Server) -> str:
+    return thinker.url
+
+
+def _words(text: str) -> bool:
+    return re.fullmatch(WORD + r"\.?", text) is not None
+
+
+# --- Ollama --------------------------------------------------------------------------------
+
+
+def test_ollama_chat_thinking(url: str) -> None:
+    client = ollama.Client(host=url)
+    r = client.chat(model=MODEL, messages=QUESTION, think=True, options={"num_predict": 48})
+    assert _words(r.message.thinking or "") and _words(r.message.content)
+    assert "<think>" not in r.message.content
+    thinking, content = "", ""
+    for part in client.chat(model=MODEL, messages=QUESTION, think=True, stream=True,
+                            options={"num_predict": 48}):
+        thinking += part.message.thinking or ""
+        content += part.message.content
+    assert _words(thinking) and _words(content)
+
+
+def test_ollama_generate_thinking(url: str) -> None:
+    client = ollama.Client(host=url)
+    r = client.generate(model=MODEL, prompt="Why is the sky blue?", options={"num_predict": 48})
+    assert _words(r.thinking or "") and _words(r.response)
+    parts = list(client.generate(model=MODEL, prompt="Why is the sky blue?", stream=True,
+                                 think="high", options={"num_predict": 48}))
+    assert _words("".join(p.thinking or "" for p in parts))
+    assert _words("".join(p.response for p in parts))
+
+
+def test_ollama_think_false_leaves_thinking_out_and_tells_the_template(url: str) -> None:
+    client = ollama.Client(host=url)
+    r = client.chat(model=MODEL, messages=QUESTION, think=False, options={"num_predict": 48})
+    assert r.message.thinking is None and _words(r.message.content)
+    parts = list(client.generate(model=MODEL, prompt="Hi", think=False, stream=True,
+                                 options={"num_predict": 48}))
+    assert all(p.thinking is None for p in parts) and _words("".join(p.response for p in parts))
+    on = httpx.post(url + "/tokenize", json={"model": MODEL, "messages": QUESTION}).json()
+    off = httpx.post(url + "/tokenize", json={
+        "model": MODEL, "messages": QUESTION,
+        "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off["count"] > on["count"]
+
+
+def test_capabilities_of_the_thinking_model(url: str) -> None:
+    show = httpx.post(url + "/api/show", json={"model": MODEL}).json()
+    assert show["capabilities"] == ["completion", "tools", "thinking"]
+    assert "enable_thinking" in show["template"]
