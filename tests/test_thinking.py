@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import ollama
+import openai
 import pytest
 from serverctl import Server
 
@@ -94,3 +95,58 @@ def test_capabilities_of_the_thinking_model(url: str) -> None:
     show = httpx.post(url + "/api/show", json={"model": MODEL}).json()
     assert show["capabilities"] == ["completion", "tools", "thinking"]
     assert "enable_thinking" in show["template"]
+
+
+# --- OpenAI chat ---------------------------------------------------------------------------
+
+
+def _reasoning(obj: object) -> str | None:
+    extra = getattr(obj, "model_extra", None) or {}
+    assert extra.get("reasoning_content") == extra.get("reasoning")
+    return extra.get("reasoning_content")
+
+
+def test_openai_chat_reasoning_content(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48)
+    message = r.choices[0].message
+    assert _words(_reasoning(message) or "") and _words(message.content or "")
+    reasoning, content = "", ""
+    for c in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48,
+                                            stream=True):
+        if c.choices:
+            reasoning += _reasoning(c.choices[0].delta) or ""
+            content += c.choices[0].delta.content or ""
+    assert _words(reasoning) and _words(content)
+    off = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=48,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert _reasoning(off.choices[0].message) is None and _words(off.choices[0].message.content
+                                                                 or "")
+
+
+def test_openai_regex_structured_output(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=48,
+        extra_body={"structured_outputs": {"regex": "<think>\nhmm\n</think>\n\nParis\\."}})
+    assert (_reasoning(r.choices[0].message), r.choices[0].message.content) == ("hmm", "Paris.")
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                       extra_body={"guided_regex": "(yes|no)"})
+    assert r.choices[0].message.content in ("yes", "no")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                       extra_body={"guided_regex": "(?=a)b"})
+    assert "regex" in str(err.value)
+
+
+def test_thinking_asked_of_a_model_that_does_not_think_is_a_400(base_url: str) -> None:
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(host=base_url).chat(model=LLM, messages=QUESTION, think=True)
+    assert err.value.status_code == 400 and "does not support thinking" in str(err.value)
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as oerr:
+        client.chat.completions.create(
+            model=LLM, messages=QUESTION, max_tokens=1,
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert "does not support thinking" in str(oerr.value)

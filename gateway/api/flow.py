@@ -42,7 +42,7 @@ from gateway.api.limits import Limits
 from gateway.api.ollama_models import require
 from gateway.api.profiles import with_messages, with_params
 from gateway.api.reasoning import Thinking
-from gateway.api.schema_check import check_schema
+from gateway.api.schema_check import check_regex, check_schema
 from gateway.api.tools import CallParser, Tooling, ToolRequest
 from gateway.core.errors import GatewayError
 from gateway.core.model_table import ServedModel
@@ -185,6 +185,8 @@ class Flow:
         """The Generate request, with the request's id and deadline."""
         if params.json_schema is not None:
             check_schema(params.json_schema)
+        if params.regex is not None:
+            check_regex(params.regex)
         return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
                         tools=tools, log_id=request_id(request), template_vars=template_vars)

@@ -4,6 +4,11 @@ Translates the wire format to a Generate request and the worker's output back to
 JSON bodies and SSE chunks. Decoding, dispatch, streaming and errors are the shared request
 path (gateway/api/flow.py); the error shape and SSE framing are OPENAI in gateway/api/dialects.py.
 /v1/models answers in Anthropic's shape when Anthropic's SDK asks (dialect_for).
+
+A thinking model's reasoning (gateway/api/reasoning.py) is the message's and the deltas'
+`reasoning_content` and `reasoning` (vLLM's fields); vLLM's `chat_template_kwargs` reach the
+chat template (`enable_thinking: false` switches thinking off, and leaves the reasoning out),
+and its `structured_outputs.regex` (or `guided_regex`) constrains the output to a regex.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
 from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
+from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
 from gateway.api.tools import (
     CallParser,
     ToolCall,
@@ -74,6 +80,10 @@ class ResponseFormat(msgspec.Struct):
     json_schema: JsonSchemaSpec | None = None
 
 
+class StructuredOutputs(msgspec.Struct):
+    regex: str | None = None
+
+
 class SamplingFields(msgspec.Struct):
     model: str = ""
     max_tokens: int | None = None
@@ -102,6 +112,12 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # vLLM's extensions: the chat template's extra variables (enable_thinking...), and
+    # structured output by a regex (`structured_outputs.regex`, formerly `guided_regex`).
+    chat_template_kwargs: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_regex: str | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -215,6 +231,21 @@ def _params(req: SamplingFields, max_tokens: int | None, schema: str | None) -> 
         ignore_eos=req.ignore_eos)
 
 
+def _regex(req: ChatRequest) -> str | None:
+    regex = req.structured_outputs.regex if req.structured_outputs is not None else None
+    regex = regex if regex is not None else req.guided_regex
+    if regex is not None and req.response_format is not None and \
+            req.response_format.type != "text":
+        raise invalid("give either a regex or a response_format, not both",
+                      param="structured_outputs")
+    return regex
+
+
+def _enable_thinking(req: ChatRequest) -> bool | None:
+    value = (req.chat_template_kwargs or {}).get("enable_thinking")
+    return value if isinstance(value, bool) else None
+
+
 def _usage(gen: Generation) -> dict[str, int]:
     fin = gen.finished
     prompt = fin.prompt_tokens if fin else gen.accepted.prompt_tokens
@@ -260,17 +291,24 @@ class _Reply:
         return {**self.envelope(kind, now(), [choice]), "usage": _usage(gen)}
 
 
+def _reasoning(text: str) -> dict[str, str]:
+    """A thinking model's reasoning: vLLM's `reasoning_content` and its newer `reasoning`."""
+    return {"reasoning_content": text, "reasoning": text}
+
+
 class ChatReply(_Reply):
     """With tools offered, text that may be a call is held back by the parser and the calls
     go out at the end: per call a first delta with id, type and name and empty arguments, then
     deltas with only the index and argument fragments."""
 
     def __init__(self, model: str, include_usage: bool, parser: CallParser | None,
-                 named: bool, logprobs: int | None = None) -> None:
+                 named: bool, logprobs: int | None = None,
+                 thinking: Thinking | None = None) -> None:
         super().__init__("chatcmpl-", model, include_usage)
         self.parser = parser
         self.named = named
         self.logprobs = logprobs  # None: not asked; else top_logprobs
+        self.thinking = thinking
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
@@ -286,9 +324,11 @@ class ChatReply(_Reply):
 
         yield chunk({"role": "assistant", "content": ""}, None)
         calls: list[ToolCall] = []
-        async for delta in gen:
-            text = parser.feed(delta.text) if parser is not None else delta.text
-            if top is not None and delta.logprobs:
+        async for delta, thought, answer in pieces(gen, self.thinking):
+            if thought:
+                yield chunk(_reasoning(thought), None)
+            text = parser.feed(answer) if parser is not None else answer
+            if top is not None and delta is not None and delta.logprobs:
                 # NOTE: with tools, the parser may hold text back; the tokens go out as they
                 # come (they are the model's raw output).
                 yield chunk({"content": text}, None, lp.openai_chat(delta.logprobs, top))
@@ -310,8 +350,11 @@ class ChatReply(_Reply):
             yield {**self.envelope("chat.completion.chunk", created, []), "usage": _usage(gen)}
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        text, calls = split_calls("".join(parts), self.parser)
+        thought, answer = split_parts(parts, self.thinking)
+        text, calls = split_calls(answer, self.parser)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if thought:
+            message.update(_reasoning(thought))
         if calls:
             message["content"] = text or None
             message["tool_calls"] = tool_calls_json(calls)
@@ -405,12 +448,18 @@ class OpenAIRoutes(Translator):
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = _params(req, max_tokens, _response_schema(req.response_format))
         params.logprobs = top is not None
+        params.regex = _regex(req)
         tools = tool_request(req)
         messages = chat_messages(req.messages, await self.catalog.capabilities(model), req.model)
+        thinking = await self.flow.thinking(model, _enable_thinking(req), req.model,
+                                            "chat_template_kwargs")
+        effort = req.reasoning_effort if thinking is not None else None
         msg, parser = await self.flow.chat(request, model, messages, tools, params,
-                                           requested=req.model)
+                                           requested=req.model,
+                                           template_vars=template_vars(None, effort,
+                                                                       req.chat_template_kwargs))
         reply = ChatReply(req.model, _include_usage(req), parser,
-                          tools is not None and tools.named, top)
+                          tools is not None and tools.named, top, thinking)
         return Turn(model, msg, bool(req.stream), reply)
 
     async def completions(self, request: Request, req: CompletionRequest) -> Turn:

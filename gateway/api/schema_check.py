@@ -139,6 +139,15 @@ def _regex(pattern: Any, where: str) -> None:
         i += 1
 
 
+def check_regex(pattern: str) -> None:
+    """Raise a 400 when a structured-output regex is one a worker could not compile."""
+    try:
+        _regex(pattern, "the regex")
+    except SchemaError as exc:
+        raise invalid(f"invalid regex for structured output: {exc}", param="structured_outputs"
+                      ) from None
+
+
 def _resolve(root: dict[str, Any], ref: Any, where: str) -> None:
     """Only references inside the schema itself (`#/...`) can be compiled."""
     if not isinstance(ref, str) or not ref.startswith("#"):
