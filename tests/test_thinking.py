@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -150,3 +152,27 @@ def test_thinking_asked_of_a_model_that_does_not_think_is_a_400(base_url: str) -
             model=LLM, messages=QUESTION, max_tokens=1,
             extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     assert "does not support thinking" in str(oerr.value)
+
+
+# --- Anthropic -----------------------------------------------------------------------------
+
+
+def test_anthropic_thinking_blocks(url: str) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    think: Any = {"type": "enabled", "budget_tokens": 1024}
+    r = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION, thinking=think)
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert r.content[0].type == "thinking" and _words(r.content[0].thinking)
+    assert r.content[0].signature == ""
+    assert r.content[1].type == "text" and _words(r.content[1].text)
+    with client.messages.stream(model=MODEL, max_tokens=48, messages=QUESTION,
+                                thinking=think) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert kinds[0] == "thinking_delta" and kinds[-1] == "text_delta"
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].type == "thinking" and _words(final.content[0].thinking)
+    assert final.content[1].type == "text" and _words(final.content[1].text)
+    plain = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION)
+    assert [b.type for b in plain.content] == ["text"]
+    assert plain.content[0].type == "text" and _words(plain.content[0].text)

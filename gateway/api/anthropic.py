@@ -13,8 +13,12 @@ Decisions:
   api_key is configured); `anthropic-version`, `anthropic-beta` and `?beta=true` are ignored.
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
-- `system` text blocks are joined; `cache_control`, `metadata`, `thinking` and thinking blocks
-  in a history are ignored (the local models do not think); images and documents are a 400.
+- `system` text blocks are joined; `cache_control`, `metadata` and thinking blocks in a
+  history are ignored; images and documents are a 400.
+- `thinking` (`{"type": "enabled", ...}`) on a thinking model gives its reasoning as a
+  `thinking` block (signature "") before the text, streamed as `thinking_delta`s; without it
+  the template's `enable_thinking` is false and any reasoning is left out, as Claude does.
+  Asked of a model that does not think, it is ignored: Claude Code asks for it by itself.
 - `output_config.format` (a JSON schema) constrains the text like OpenAI's response_format.
 - A trailing assistant message is a finished turn, not a prefill to continue.
 - Tool results become tool messages; `is_error` results are prefixed with "Error: ".
@@ -36,6 +40,7 @@ from gateway.api.common import new_id, unless_disconnected
 from gateway.api.flow import Translator, Turn
 from gateway.api.ollama_models import require
 from gateway.api.params import anthropic_params, json_schema_text
+from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
 from gateway.api.tools import (
     CallParser,
     ToolCall,
@@ -80,6 +85,7 @@ class MessagesRequest(CountRequest):
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     output_config: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
 
 
 # --- models (GET /v1/models, shared with OpenAI: gateway/api/dialects.py tells them apart) -
@@ -309,10 +315,11 @@ class MessageReply:
     opened at the first text); calls, held back by the parser, go out at the end as tool_use
     blocks with their input JSON in input_json_delta fragments."""
 
-    def __init__(self, model: str, out: Output) -> None:
+    def __init__(self, model: str, out: Output, thinking: Thinking | None = None) -> None:
         self.id = new_id("msg_")
         self.model = model
         self.out = out
+        self.thinking = thinking
 
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         out = self.out
@@ -323,11 +330,29 @@ class MessageReply:
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}}
         yield {"type": "ping"}
         index = 0
-        text_open = False
+        text_open = thinking_open = False
+
+        def thinking_events(thought: str) -> list[dict[str, Any]]:
+            nonlocal thinking_open
+            events = []
+            if not thinking_open:
+                thinking_open = True
+                events.append({"type": "content_block_start", "index": index,
+                               "content_block": {"type": "thinking", "thinking": "",
+                                                 "signature": ""}})
+            events.append({"type": "content_block_delta", "index": index,
+                           "delta": {"type": "thinking_delta", "thinking": thought}})
+            return events
 
         def text_events(text: str) -> list[dict[str, Any]]:
-            nonlocal text_open
+            nonlocal text_open, thinking_open, index
             events = []
+            if thinking_open:
+                thinking_open = False
+                events += [{"type": "content_block_delta", "index": index,
+                            "delta": {"type": "signature_delta", "signature": ""}},
+                           {"type": "content_block_stop", "index": index}]
+                index += 1
             if not text_open:
                 text_open = True
                 events.append({"type": "content_block_start", "index": index,
@@ -336,15 +361,18 @@ class MessageReply:
                            "delta": {"type": "text_delta", "text": text}})
             return events
 
-        async for delta in gen:
-            if text := out.feed(delta.text):
+        async for _, thought, answer in pieces(gen, self.thinking):
+            if thought and not text_open:
+                for event in thinking_events(thought):
+                    yield event
+            if text := out.feed(answer):
                 for event in text_events(text):
                     yield event
         rest, calls = out.finish(gen)
         if rest and not (calls and rest.isspace()):
             for event in text_events(rest):
                 yield event
-        if not text_open and not calls:
+        if not text_open and (thinking_open or not calls):
             for event in text_events(""):
                 yield event
         if text_open:
@@ -368,12 +396,15 @@ class MessageReply:
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
         out = self.out
-        text = "".join([out.feed(part) for part in parts])
+        thought, answer = split_parts(parts, self.thinking)
+        text = out.feed(answer)
         rest, calls = out.finish(gen)
         text = (text + rest).strip() if calls else text + rest
         for call in calls:
             call.id = new_id("toolu_")
         content: list[dict[str, Any]] = []
+        if thought:
+            content.append({"type": "thinking", "thinking": thought, "signature": ""})
         if text or not calls:
             content.append({"type": "text", "text": text})
         content += [_tool_use(c) for c in calls]
@@ -409,8 +440,11 @@ class AnthropicRoutes(Translator):
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
+        want = (req.thinking or {}).get("type") in ("enabled", "adaptive")
+        thinking = await self.flow.thinking(model, want, req.model, None)
         msg, parser = await self.flow.chat(request, model,
                                            chat_messages(req.system, req.messages, caps, req.model),
-                                           tool_request(req), params, requested=req.model)
-        reply = MessageReply(req.model, Output(params.stop, parser))
+                                           tool_request(req), params, requested=req.model,
+                                           template_vars=template_vars(want) if thinking else None)
+        reply = MessageReply(req.model, Output(params.stop, parser), thinking)
         return Turn(model, msg, bool(req.stream), reply)
