@@ -27,7 +27,9 @@ TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
     "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
-REGEX = r"<think>\n[a-z]+( [a-z]+){2,5}\n</think>\n\n[A-Z][a-z]+( [a-z]+){2,5}\."
+# NOTE: short words, so that the whole shape fits in the tokens the tests allow (OUT).
+REGEX = r"<think>\n[a-z]{2,6}( [a-z]{2,6}){2,3}\n</think>\n\n[A-Z][a-z]{1,5}( [a-z]{2,6}){2,3}\."
+OUT = 96
 WORD = r"[A-Za-z]+( [a-z]+){2,5}"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -58,12 +60,12 @@ def _words(text: str) -> bool:
 
 def test_ollama_chat_thinking(url: str) -> None:
     client = ollama.Client(host=url)
-    r = client.chat(model=MODEL, messages=QUESTION, think=True, options={"num_predict": 48})
+    r = client.chat(model=MODEL, messages=QUESTION, think=True, options={"num_predict": OUT})
     assert _words(r.message.thinking or "") and _words(r.message.content)
     assert "<think>" not in r.message.content
     thinking, content = "", ""
     for part in client.chat(model=MODEL, messages=QUESTION, think=True, stream=True,
-                            options={"num_predict": 48}):
+                            options={"num_predict": OUT}):
         thinking += part.message.thinking or ""
         content += part.message.content
     assert _words(thinking) and _words(content)
@@ -71,20 +73,20 @@ def test_ollama_chat_thinking(url: str) -> None:
 
 def test_ollama_generate_thinking(url: str) -> None:
     client = ollama.Client(host=url)
-    r = client.generate(model=MODEL, prompt="Why is the sky blue?", options={"num_predict": 48})
+    r = client.generate(model=MODEL, prompt="Why is the sky blue?", options={"num_predict": OUT})
     assert _words(r.thinking or "") and _words(r.response)
     parts = list(client.generate(model=MODEL, prompt="Why is the sky blue?", stream=True,
-                                 think="high", options={"num_predict": 48}))
+                                 think="high", options={"num_predict": OUT}))
     assert _words("".join(p.thinking or "" for p in parts))
     assert _words("".join(p.response for p in parts))
 
 
 def test_ollama_think_false_leaves_thinking_out_and_tells_the_template(url: str) -> None:
     client = ollama.Client(host=url)
-    r = client.chat(model=MODEL, messages=QUESTION, think=False, options={"num_predict": 48})
+    r = client.chat(model=MODEL, messages=QUESTION, think=False, options={"num_predict": OUT})
     assert r.message.thinking is None and _words(r.message.content)
     parts = list(client.generate(model=MODEL, prompt="Hi", think=False, stream=True,
-                                 options={"num_predict": 48}))
+                                 options={"num_predict": OUT}))
     assert all(p.thinking is None for p in parts) and _words("".join(p.response for p in parts))
     on = httpx.post(url + "/tokenize", json={"model": MODEL, "messages": QUESTION}).json()
     off = httpx.post(url + "/tokenize", json={
@@ -110,18 +112,18 @@ def _reasoning(obj: object) -> str | None:
 
 def test_openai_chat_reasoning_content(url: str) -> None:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=OUT)
     message = r.choices[0].message
     assert _words(_reasoning(message) or "") and _words(message.content or "")
     reasoning, content = "", ""
-    for c in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48,
+    for c in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=OUT,
                                             stream=True):
         if c.choices:
             reasoning += _reasoning(c.choices[0].delta) or ""
             content += c.choices[0].delta.content or ""
     assert _words(reasoning) and _words(content)
     off = client.chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=48,
+        model=MODEL, messages=QUESTION, max_tokens=OUT,
         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert _reasoning(off.choices[0].message) is None and _words(off.choices[0].message.content
                                                                  or "")
@@ -130,7 +132,7 @@ def test_openai_chat_reasoning_content(url: str) -> None:
 def test_openai_regex_structured_output(url: str) -> None:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     r = client.chat.completions.create(
-        model=MODEL, messages=QUESTION, max_tokens=48,
+        model=MODEL, messages=QUESTION, max_tokens=OUT,
         extra_body={"structured_outputs": {"regex": "<think>\nhmm\n</think>\n\nParis\\."}})
     assert (_reasoning(r.choices[0].message), r.choices[0].message.content) == ("hmm", "Paris.")
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
@@ -160,12 +162,12 @@ def test_thinking_asked_of_a_model_that_does_not_think_is_a_400(base_url: str) -
 def test_anthropic_thinking_blocks(url: str) -> None:
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
     think: Any = {"type": "enabled", "budget_tokens": 1024}
-    r = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION, thinking=think)
+    r = client.messages.create(model=MODEL, max_tokens=OUT, messages=QUESTION, thinking=think)
     assert [b.type for b in r.content] == ["thinking", "text"]
     assert r.content[0].type == "thinking" and _words(r.content[0].thinking)
     assert r.content[0].signature == ""
     assert r.content[1].type == "text" and _words(r.content[1].text)
-    with client.messages.stream(model=MODEL, max_tokens=48, messages=QUESTION,
+    with client.messages.stream(model=MODEL, max_tokens=OUT, messages=QUESTION,
                                 thinking=think) as stream:
         kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
         final = stream.get_final_message()
@@ -173,6 +175,50 @@ def test_anthropic_thinking_blocks(url: str) -> None:
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[0].type == "thinking" and _words(final.content[0].thinking)
     assert final.content[1].type == "text" and _words(final.content[1].text)
-    plain = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION)
+    plain = client.messages.create(model=MODEL, max_tokens=OUT, messages=QUESTION)
     assert [b.type for b in plain.content] == ["text"]
     assert plain.content[0].type == "text" and _words(plain.content[0].text)
+
+
+# --- OpenAI Responses ----------------------------------------------------------------------
+
+
+def test_responses_reasoning_items(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    r = client.responses.create(model=MODEL, input="What is the capital of France?",
+                                max_output_tokens=OUT)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    item = r.output[0]
+    assert item.type == "reasoning" and item.summary == [] and item.content is not None
+    assert [c.type for c in item.content] == ["reasoning_text"]
+    assert _words(item.content[0].text) and _words(r.output_text)
+    assert r.usage is not None
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    with client.responses.stream(model=MODEL, input="What is the capital of France?",
+                                 max_output_tokens=OUT) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    done = [e.text for e in events if e.type == "response.reasoning_text.done"]
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert _words(deltas) and done == [deltas]
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert _words(final.output_text)
+    assert final.usage is not None and final.usage.output_tokens_details.reasoning_tokens > 0
+    off = client.responses.create(model=MODEL, input="Hi", max_output_tokens=OUT,
+                                  reasoning={"effort": "none"})
+    assert [item.type for item in off.output] == ["message"] and _words(off.output_text)
+
+
+def test_anthropic_and_responses_take_a_model_that_does_not_think(base_url: str) -> None:
+    """Clients of these APIs ask for reasoning whatever the model: no 400, no reasoning."""
+    client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    r = client.messages.create(model=LLM, max_tokens=2, messages=QUESTION,
+                               thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in r.content] == ["text"]
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    resp = oai.responses.create(model=LLM, input="Hi", max_output_tokens=2,
+                                reasoning={"effort": "high"})
+    assert [item.type for item in resp.output] == ["message"]
+    assert resp.usage is not None and resp.usage.output_tokens_details.reasoning_tokens == 0

@@ -224,3 +224,19 @@ def split_parts(parts: list[str], thinking: Thinking | None) -> tuple[str, str]:
         return "", text
     thought, answer = split_text(text, thinking.fmt)
     return thought if thinking.show else "", answer
+
+
+def reasoning_tokens(parts: list[str], ends: list[int], thinking: Thinking | None) -> int:
+    """How many of the output's tokens came before its answer began: the reasoning (and its
+    markers). `parts` are the deltas' texts, `ends` the token count at the end of each
+    (Generation.ends); 0 for a model that does not think."""
+    if thinking is None:
+        return 0
+    splitter, before = thinking.splitter(), 0
+    for text, end in zip(parts, ends, strict=False):
+        if splitter.feed(text)[1]:
+            return before
+        before = end
+    if splitter.finish()[1]:  # the answer's start was held back in the last delta
+        return ends[-2] if len(ends) > 1 else 0
+    return before

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from gateway.api.flow import Flow, Translator, Turn
 from gateway.api.params import json_schema_text, openai_params
+from gateway.api.reasoning import template_vars
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses_reply import ResponseReply
 from gateway.api.tools import ToolRequest, history_call, responses_choice, responses_tools
@@ -146,7 +147,7 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage
             out.append(ChatMessage(role="tool", content=_content(item.get("output"), where),
                                    tool_call_id=call_id))
         elif kind == "reasoning":
-            continue  # NOTE: no model here thinks yet; another model's reasoning is not ours
+            continue  # NOTE: reasoning is not carried into the prompt, as chat templates drop it
         else:
             raise invalid(f"{where}: input items of type {kind!r} are not supported by this "
                           "server", param="input")
@@ -167,9 +168,8 @@ def text_schema(text: TextConfig | None) -> str | None:
 
 
 def reasoning(value: Reasoning | None) -> dict[str, Any]:
-    """Accepted and echoed. NOTE: the hook for thinking models: effort changes nothing until
-    a worker can think; then it maps onto SamplingParams here and reasoning items and
-    output_tokens_details.reasoning_tokens come back (gateway/api/responses_reply.py)."""
+    """Checked and echoed. On a thinking model, effort "none" switches thinking off
+    (enable_thinking), low/medium/high reach the template as reasoning_effort (gpt-oss)."""
     value = value or Reasoning()
     if value.effort not in EFFORTS:
         raise invalid(f"reasoning.effort must be one of {', '.join(map(str, EFFORTS[1:]))}",
@@ -308,7 +308,15 @@ class ResponsesRoutes(Translator):
         }
         system = [ChatMessage(role="system", content=req.instructions)] \
             if req.instructions else []
+        effort = req.reasoning.effort if req.reasoning is not None else None
+        # NOTE: clients send reasoning.effort to any model; it is never a 400 here.
+        want = False if effort == "none" else None
+        thinking = await self.flow.thinking(model, want, req.model, None)
+        variables = template_vars(want, effort if effort in ("low", "medium", "high") else None
+                                  ) if thinking is not None else None
         msg, parser = await self.flow.chat(request, model, system + conversation,
-                                           request_tools, params, requested=req.model)
-        reply = ResponseReply(echo, parser, self.store if store else None, conversation)
+                                           request_tools, params, requested=req.model,
+                                           template_vars=variables)
+        reply = ResponseReply(echo, parser, self.store if store else None, conversation,
+                              thinking)
         return Turn(model, msg, bool(req.stream), reply)

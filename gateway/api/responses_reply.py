@@ -1,12 +1,16 @@
 """The Responses API's answer: one response object, or its sequence of named events.
 
-A response's `output` is a list of items: at most one `message` (the text, as one
-`output_text` part) and then one `function_call` item per call the parser found
-(gateway/api/tools.py; calls are held back by the parser, so they go out after the text).
+A response's `output` is a list of items: a thinking model's `reasoning` item first (its
+reasoning as one `reasoning_text` content part, gateway/api/reasoning.py), at most one `message`
+(the text, as one `output_text` part) and then one `function_call` item per call the parser
+found (gateway/api/tools.py; calls are held back by the parser, so they go out after the text).
 
 A stream, every event numbered by `sequence_number` from 0:
 
     response.created, response.in_progress
+    response.output_item.added (reasoning), response.content_part.added,
+      response.reasoning_text.delta ..., response.reasoning_text.done,
+      response.content_part.done, response.output_item.done
     response.output_item.added (message), response.content_part.added,
       response.output_text.delta ..., response.output_text.done,
       response.content_part.done, response.output_item.done
@@ -26,6 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.api.common import new_id, now
+from gateway.api.reasoning import Thinking, pieces, reasoning_tokens, split_parts
 from gateway.api.response_store import ResponseStore
 from gateway.api.tools import CallParser, ToolCall, fragments, history_call, split_calls
 from gateway.core.errors import GatewayError
@@ -45,21 +50,30 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
             "content": content}
 
 
+def reasoning_text(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [reasoning_text(text)]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": content}
+
+
 def call_item(item_id: str, call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
             "name": call.name, "arguments": arguments}
 
 
-def usage(gen: Generation) -> dict[str, Any]:
+def usage(gen: Generation, reasoning: int = 0) -> dict[str, Any]:
     fin = gen.finished
     prompt = fin.prompt_tokens if fin else gen.accepted.prompt_tokens
     completion = fin.completion_tokens if fin else gen.tokens
-    # NOTE: no prompt cache is reported by the workers, and no model thinks yet (the hook
-    # for that is gateway/api/responses.py `reasoning`): both details are 0.
+    # NOTE: no prompt cache is reported by the workers: cached tokens are 0.
     return {"input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion}
 
 
@@ -80,28 +94,32 @@ class ResponseReply:
     keeps with the output for a continuation (`store` is None when it is not kept)."""
 
     def __init__(self, echo: dict[str, Any], parser: CallParser | None,
-                 store: ResponseStore | None, conversation: list[ChatMessage]) -> None:
+                 store: ResponseStore | None, conversation: list[ChatMessage],
+                 thinking: Thinking | None = None) -> None:
         self.id = new_id("resp_")
         self.created = now()
         self.echo = echo
         self.parser = parser
         self.store = store
         self.conversation = conversation
+        self.thinking = thinking
 
     def envelope(self, status: str, output: list[dict[str, Any]],
                  gen: Generation | None = None, *, error: dict[str, Any] | None = None,
-                 incomplete: bool = False) -> dict[str, Any]:
+                 incomplete: bool = False, reasoning: int = 0) -> dict[str, Any]:
         return {"id": self.id, "object": "response", "created_at": self.created,
                 "status": status, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                **self.echo, "output": output, "usage": usage(gen) if gen else None}
+                **self.echo, "output": output,
+                "usage": usage(gen, reasoning) if gen else None}
 
     def final(self, gen: Generation, output: list[dict[str, Any]], text: str,
-              calls: list[ToolCall]) -> dict[str, Any]:
+              calls: list[ToolCall], parts: list[str]) -> dict[str, Any]:
         """The finished response object, kept in the store when asked."""
         short = cut_short(gen, calls)
         body = self.envelope("incomplete" if short else "completed", output, gen,
-                             incomplete=short)
+                             incomplete=short,
+                             reasoning=reasoning_tokens(parts, gen.ends, self.thinking))
         if self.store is not None:
             said = ChatMessage(role="assistant", content=text, tool_calls=[
                 history_call(c.id, c.name, c.arguments) for c in calls] or None)
@@ -109,13 +127,16 @@ class ResponseReply:
         return body
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        text, calls = split_calls("".join(parts), self.parser)
+        thought, answer = split_parts(parts, self.thinking)
+        text, calls = split_calls(answer, self.parser)
         status = "incomplete" if cut_short(gen, calls) else "completed"
         output = []
+        if thought:
+            output.append(reasoning_item(new_id("rs_"), thought, status))
         if text or not calls:
             output.append(message_item(new_id("msg_"), text, status))
         output += [call_item(new_id("fc_"), c, c.arguments_json(), "completed") for c in calls]
-        return self.final(gen, output, text, calls)
+        return self.final(gen, output, text, calls, parts)
 
     async def events(self, gen: Generation) -> AsyncIterator[Event]:
         seq = 0
@@ -134,6 +155,9 @@ class _Events:
         self.output: list[dict[str, Any]] = []
         self.msg_id: str | None = None  # the open message item
         self.texts: list[str] = []
+        self.rs_id: str | None = None  # the open reasoning item
+        self.thoughts: list[str] = []
+        self.parts: list[str] = []  # the deltas' texts
 
     async def run(self) -> AsyncIterator[Event]:
         reply, gen, parser = self.reply, self.gen, self.reply.parser
@@ -141,12 +165,19 @@ class _Events:
         yield {"type": "response.created", "response": snapshot}
         yield {"type": "response.in_progress", "response": snapshot}
         try:
-            async for delta in gen:
-                text = parser.feed(delta.text) if parser is not None else delta.text
+            async for delta, thought, answer in pieces(gen, reply.thinking):
+                if delta is not None:
+                    self.parts.append(delta.text)
+                for event in self.reason(thought):
+                    yield event
+                text = parser.feed(answer) if parser is not None else answer
                 for event in self.text(text):
                     yield event
             rest, calls = parser.finish() if parser is not None else ("", [])
         except GatewayError as exc:
+            if self.rs_id is not None:
+                self.output.append(reasoning_item(self.rs_id, "".join(self.thoughts),
+                                                  "incomplete"))
             if self.msg_id is not None:
                 self.output.append(message_item(self.msg_id, "".join(self.texts),
                                                 "incomplete"))
@@ -163,21 +194,56 @@ class _Events:
         if self.msg_id is not None:
             for event in self.close_message(cut_short(gen, calls)):
                 yield event
+        for event in self.close_reasoning(cut_short(gen, calls)):
+            yield event
         for call in calls:
             for event in self.call(call):
                 yield event
-        final = reply.final(gen, self.output, text.strip() if calls else text, calls)
+        final = reply.final(gen, self.output, text.strip() if calls else text, calls,
+                            self.parts)
         kind = "response.incomplete" if final["status"] == "incomplete" else \
             "response.completed"
         yield {"type": kind, "response": final}
 
-    def _at(self) -> dict[str, Any]:
-        return {"item_id": self.msg_id, "output_index": len(self.output), "content_index": 0}
+    def _at(self, item_id: str | None = None) -> dict[str, Any]:
+        return {"item_id": item_id or self.msg_id, "output_index": len(self.output),
+                "content_index": 0}
+
+    def reason(self, thought: str) -> list[Event]:
+        if not thought or self.msg_id is not None:
+            return []  # NOTE: reasoning after the answer began (harmony) is not shown
+        events: list[Event] = []
+        if self.rs_id is None:
+            self.rs_id = new_id("rs_")
+            events.append({"type": "response.output_item.added",
+                           "output_index": len(self.output),
+                           "item": reasoning_item(self.rs_id, None, "in_progress")})
+            events.append({"type": "response.content_part.added", **self._at(self.rs_id),
+                           "part": reasoning_text("")})
+        self.thoughts.append(thought)
+        events.append({"type": "response.reasoning_text.delta", **self._at(self.rs_id),
+                       "delta": thought})
+        return events
+
+    def close_reasoning(self, short: bool) -> list[Event]:
+        if self.rs_id is None:
+            return []
+        text, at = "".join(self.thoughts), self._at(self.rs_id)
+        item = reasoning_item(self.rs_id, text, "incomplete" if short else "completed")
+        self.rs_id = None
+        events: list[Event] = [
+            {"type": "response.reasoning_text.done", **at, "text": text},
+            {"type": "response.content_part.done", **at, "part": reasoning_text(text)},
+            {"type": "response.output_item.done", "output_index": at["output_index"],
+             "item": item},
+        ]
+        self.output.append(item)
+        return events
 
     def text(self, text: str, force: bool = False) -> list[Event]:
         if not text and not force:
             return []
-        events: list[Event] = []
+        events: list[Event] = self.close_reasoning(False)
         if self.msg_id is None:
             self.msg_id = new_id("msg_")
             events.append({"type": "response.output_item.added",

@@ -103,6 +103,9 @@ class Generation:
         self.last_token_at: float | None = None
         # Every token's logprob so far, when the request asked (Delta.logprobs).
         self.logprobs: list[TokenLogprob] = []
+        # The output's token count at the end of each Delta (to count a part of the output's
+        # tokens: a thinking model's reasoning_tokens).
+        self.ends: list[int] = []
         self._done = False
 
     def headers(self) -> dict[str, str]:
@@ -121,6 +124,7 @@ class Generation:
                         "past the request's deadline") from None
                 if isinstance(frame, Delta):
                     self._count(frame.tokens)
+                    self.ends.append(frame.tokens)
                     if frame.logprobs:
                         self.logprobs.extend(frame.logprobs)
                     yield frame
