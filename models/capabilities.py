@@ -13,9 +13,9 @@ Each capability is what this server does with the model, not what its weights mi
 - `vision`: the LLM workers run text pipelines (LLMPipeline, ContinuousBatchingPipeline),
   never a VLMPipeline, so no model takes images here, whatever its template.
 - `thinking`: the chat template shows how the model thinks (`reasoning_format`): it writes
-  `<think>` or switches `enable_thinking` (Qwen3, DeepSeek-R1, QwQ...), or it has harmony's
-  analysis channel (gpt-oss). The gateway then splits the reasoning from the answer
-  (gateway/api/reasoning.py).
+  `<think>` (or cuts a past answer at `</think>`) or switches `enable_thinking` (Qwen3,
+  DeepSeek-R1, QwQ...), or it has harmony's analysis channel (gpt-oss). The gateway then
+  splits the reasoning from the answer (gateway/api/reasoning.py).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def reasoning_format(chat_template: str) -> ReasoningFormat | None:
     the template's text, in time linear in it (a created model's template is client text)."""
     if CHANNEL in chat_template and "analysis" in chat_template:
         return ReasoningFormat(Style.HARMONY)
-    if OPEN not in chat_template and "enable_thinking" not in chat_template:
+    if not any(mark in chat_template for mark in (OPEN, CLOSE, "enable_thinking")):
         return None
     opened = False
     at = chat_template.find("add_generation_prompt")

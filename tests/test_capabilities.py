@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 from capcheck import check_capabilities
@@ -67,3 +68,17 @@ def test_capabilities_from_kind_and_template() -> None:
     assert plain.names == ["completion", "tools"] and not plain.native_tools
     native = capabilities("llm", "{% if tools %}{{ tools | tojson }}{% endif %}")
     assert native.names == ["completion", "tools"] and native.native_tools
+    for thinks in ("{% if enable_thinking is false %}<think>\n\n</think>{% endif %}",
+                   "{{ m.content.split('</think>')[-1] }}",
+                   "<|start|>assistant<|channel|>analysis<|message|>"):
+        assert capabilities("llm", thinks).names == ["completion", "tools", "thinking"]
+
+
+def test_a_created_model_has_its_base_models_capabilities(base_url: str,
+                                                          http: httpx.Client) -> None:
+    made = "capabilities-made:test"
+    ollama.Client(host=base_url).create(model=made, from_=LLM, system="Be brief.")
+    try:
+        assert check_capabilities(http, made) == ["completion", "tools"]
+    finally:
+        http.request("DELETE", "/api/delete", json={"model": made})

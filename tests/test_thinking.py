@@ -17,6 +17,7 @@ import httpx
 import ollama
 import openai
 import pytest
+from capcheck import check_capabilities
 from serverctl import Server
 
 from models.locate import locate
@@ -95,10 +96,21 @@ def test_ollama_think_false_leaves_thinking_out_and_tells_the_template(url: str)
     assert off["count"] > on["count"]
 
 
-def test_capabilities_of_the_thinking_model(url: str) -> None:
-    show = httpx.post(url + "/api/show", json={"model": MODEL}).json()
-    assert show["capabilities"] == ["completion", "tools", "thinking"]
-    assert "enable_thinking" in show["template"]
+def test_capabilities_of_the_thinking_model_and_of_one_made_from_it(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=120) as http:
+        assert check_capabilities(http, MODEL) == ["completion", "tools", "thinking"]
+        show = http.post("/api/show", json={"model": MODEL}).json()
+        assert "enable_thinking" in show["template"]
+        client = ollama.Client(host=url)
+        made = "thinker-brief:test"
+        client.create(model=made, from_=MODEL, system="Answer in one line.")
+        try:
+            assert check_capabilities(http, made) == ["completion", "tools", "thinking"]
+            r = client.chat(model=made, messages=QUESTION, think=True,
+                            options={"num_predict": OUT})
+            assert _words(r.message.thinking or "") and _words(r.message.content)
+        finally:
+            http.request("DELETE", "/api/delete", json={"model": made})
 
 
 # --- OpenAI chat ---------------------------------------------------------------------------

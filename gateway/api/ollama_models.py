@@ -179,7 +179,7 @@ class ModelCatalog:
         thread) and kept, since requests ask for it: it never waits for `details()`. A
         template set in the config (`[models."name"] chat_template`) comes first: the worker
         renders with it."""
-        if configured := configured_template(self.router.config, model.name):
+        if configured := configured_template(self.router.config, model.runs):
             return configured
         if (found := self._details.get(model.name)) is not None:
             return found.chat_template
