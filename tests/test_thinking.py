@@ -86,14 +86,18 @@ def test_ollama_think_false_leaves_thinking_out_and_tells_the_template(url: str)
     client = ollama.Client(host=url)
     r = client.chat(model=MODEL, messages=QUESTION, think=False, options={"num_predict": OUT})
     assert r.message.thinking is None and _words(r.message.content)
+    on = client.chat(model=MODEL, messages=QUESTION, think=True, options={"num_predict": OUT})
+    # the template closed an empty <think></think> itself: a longer prompt
+    assert (r.prompt_eval_count or 0) > (on.prompt_eval_count or 0) > 0
     parts = list(client.generate(model=MODEL, prompt="Hi", think=False, stream=True,
                                  options={"num_predict": OUT}))
     assert all(p.thinking is None for p in parts) and _words("".join(p.response for p in parts))
-    on = httpx.post(url + "/tokenize", json={"model": MODEL, "messages": QUESTION}).json()
-    off = httpx.post(url + "/tokenize", json={
+    count_on = httpx.post(url + "/tokenize", json={"model": MODEL, "messages": QUESTION}).json()
+    count_off = httpx.post(url + "/tokenize", json={
         "model": MODEL, "messages": QUESTION,
         "chat_template_kwargs": {"enable_thinking": False}}).json()
-    assert off["count"] > on["count"]
+    assert count_off["count"] == r.prompt_eval_count
+    assert count_on["count"] == on.prompt_eval_count
 
 
 def test_capabilities_of_the_thinking_model_and_of_one_made_from_it(url: str) -> None:
@@ -139,6 +143,8 @@ def test_openai_chat_reasoning_content(url: str) -> None:
         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert _reasoning(off.choices[0].message) is None and _words(off.choices[0].message.content
                                                                  or "")
+    assert off.usage is not None and r.usage is not None
+    assert off.usage.prompt_tokens > r.usage.prompt_tokens
 
 
 def test_openai_regex_structured_output(url: str) -> None:
@@ -150,10 +156,15 @@ def test_openai_regex_structured_output(url: str) -> None:
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
                                        extra_body={"guided_regex": "(yes|no)"})
     assert r.choices[0].message.content in ("yes", "no")
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
-                                       extra_body={"guided_regex": "(?=a)b"})
-    assert "regex" in str(err.value)
+    # lookaround: XGrammar refuses it; a raw NUL crashed the worker
+    for bad in ("(?=a)b", "a\x00"):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                           extra_body={"guided_regex": bad})
+        assert "regex" in str(err.value)
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                       extra_body={"guided_regex": "\\x41{3}"})
+    assert r.choices[0].message.content == "AAA"
 
 
 def test_thinking_asked_of_a_model_that_does_not_think_is_a_400(base_url: str) -> None:
@@ -190,6 +201,12 @@ def test_anthropic_thinking_blocks(url: str) -> None:
     plain = client.messages.create(model=MODEL, max_tokens=OUT, messages=QUESTION)
     assert [b.type for b in plain.content] == ["text"]
     assert plain.content[0].type == "text" and _words(plain.content[0].text)
+    # without thinking the template switched it off; count_tokens counts alike
+    assert plain.usage.input_tokens > r.usage.input_tokens
+    assert client.messages.count_tokens(model=MODEL, messages=QUESTION,
+                                        thinking=think).input_tokens == r.usage.input_tokens
+    assert client.messages.count_tokens(model=MODEL, messages=QUESTION
+                                        ).input_tokens == plain.usage.input_tokens
 
 
 # --- OpenAI Responses ----------------------------------------------------------------------

@@ -51,6 +51,7 @@ from gateway.api.tools import (
     history_call,
 )
 from gateway.core.errors import invalid
+from gateway.core.model_table import ServedModel
 from gateway.core.router import Generation
 from models.capabilities import VISION, Capabilities
 from protocol.messages import ChatMessage
@@ -75,6 +76,7 @@ class CountRequest(msgspec.Struct):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountRequest):
@@ -85,7 +87,6 @@ class MessagesRequest(CountRequest):
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     output_config: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
 
 
 # --- models (GET /v1/models, shared with OpenAI: gateway/api/dialects.py tells them apart) -
@@ -423,13 +424,22 @@ class AnthropicRoutes(Translator):
             self.flow.post("/v1/messages/count_tokens", CountRequest, self.count_tokens),
         ]
 
+    async def _thinking(self, model: ServedModel, req: CountRequest,
+                        ) -> tuple[Thinking | None, dict[str, Any] | None]:
+        """`thinking` enabled (or adaptive) shows the reasoning; else the template's
+        enable_thinking is false. The same for count_tokens, so its count is input_tokens."""
+        want = (req.thinking or {}).get("type") in ("enabled", "adaptive")
+        thinking = await self.flow.thinking(model, want, req.model, None)
+        return thinking, template_vars(want) if thinking is not None else None
+
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
         model = self.router.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
         caps = await self.catalog.capabilities(model)
+        _, variables = await self._thinking(model, req)
         msg = await self.flow.tokenize(request, model,
                                        chat_messages(req.system, req.messages, caps, req.model),
-                                       tool_request(req))
+                                       tool_request(req), template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
 
@@ -440,11 +450,10 @@ class AnthropicRoutes(Translator):
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
-        want = (req.thinking or {}).get("type") in ("enabled", "adaptive")
-        thinking = await self.flow.thinking(model, want, req.model, None)
+        thinking, variables = await self._thinking(model, req)
         msg, parser = await self.flow.chat(request, model,
                                            chat_messages(req.system, req.messages, caps, req.model),
                                            tool_request(req), params, requested=req.model,
-                                           template_vars=template_vars(want) if thinking else None)
+                                           template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)
         return Turn(model, msg, bool(req.stream), reply)
