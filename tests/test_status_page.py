@@ -41,15 +41,20 @@ def wait_for(check: Any, timeout: float = 30.0) -> Any:
         time.sleep(0.1)
 
 
+def next_event(lines: Iterator[str]) -> dict[str, Any]:
+    """The next snapshot on an event stream's lines (the stream stays open)."""
+    for line in lines:
+        if line.startswith("data: "):
+            return dict(json.loads(line[6:]))
+    raise AssertionError("the stream ended without an event")
+
+
 def first_event(url: str, **headers: str) -> dict[str, Any]:
     """The first snapshot an event stream sends; the stream is closed after it."""
     with httpx.stream("GET", url + "/status/events", headers=headers, timeout=30) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                return dict(json.loads(line[6:]))
-    raise AssertionError("the stream ended without an event")
+        return next_event(r.iter_lines())
 
 
 # --- the snapshot's arithmetic -----------------------------------------------------------
@@ -133,7 +138,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("status"), workers=[
         {"name": "llm", "role": "llm"},
         {"name": "embed", "role": "embed"},
-    ], api_key=KEY, backoff_initial=0.2).start()
+    ], api_key=KEY, backoff_initial=0.2, status_max_streams=2).start()
     yield server
     server.stop()
 
@@ -171,6 +176,27 @@ def test_the_key_guards_page_stream_and_snapshot(keyed: Server) -> None:
         # The cookie is good for the status routes only, never as an API key.
         assert client.get("/api/tags").status_code == 401
         assert client.get("/v1/models").status_code == 401
+
+
+def test_pages_open_at_once_are_bounded(keyed: Server) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def pages() -> int:
+        return int(httpx.get(keyed.url + "/status.json", headers=auth).json()["pages"])
+
+    wait_for(lambda: pages() == 0)
+    with (httpx.Client(base_url=keyed.url, headers=auth, timeout=30) as client,
+          client.stream("GET", "/status/events") as one,
+          client.stream("GET", "/status/events") as two):
+        # NOTE: each stream's line iterator is kept: an abandoned one closes its connection.
+        lines = [one.iter_lines(), two.iter_lines()]
+        next_event(lines[0])
+        assert next_event(lines[1])["pages"] == 2
+        third = client.get("/status/events")
+        assert third.status_code == 503 and "status_max_streams" in third.text
+        assert third.headers["retry-after"]
+    wait_for(lambda: pages() == 0)
+    assert first_event(keyed.url, **auth)["workers"]
 
 
 def chromium() -> str | None:
@@ -229,7 +255,8 @@ def test_page_in_a_browser_follows_a_worker_restart(keyed: Server) -> None:
             assert len(navigations) == loads
         finally:
             browser.close()
-    assert any(u.startswith(origin + "/status/events") for u in requests), requests
+    # One stream served the page throughout: no polling, no reconnect.
+    assert sum(u.startswith(origin + "/status/events") for u in requests) == 1, requests
     elsewhere = [u for u in requests if not u.startswith(origin + "/")]
     assert elsewhere == [], "the page made requests to another host"
     assert csp_errors == []
