@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -265,7 +266,7 @@ def test_page_in_a_browser_follows_a_worker_restart(keyed: Server) -> None:
 # --- shutdown ----------------------------------------------------------------------------
 
 
-def test_open_streams_end_cleanly_when_the_server_stops(tmp_path: Any) -> None:
+def test_open_streams_end_cleanly_when_the_server_stops(tmp_path: Path) -> None:
     srv = Server(tmp_path, workers=[{"name": "embed", "role": "embed"}]).start()
     lines: list[str] = []
     failure: list[BaseException] = []
