@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from serverctl import Server
+from serverctl import Server, wait_for
 
 from gateway.core.recent import Recent
 
@@ -31,15 +30,6 @@ NOT_READY = re.compile(r"^(backoff|starting|loading|warming|unresponsive|failed)
 SERVING = re.compile(r"^(ready|busy)$")
 
 
-def wait_for(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.1)
 
 
 def next_event(lines: Iterator[str]) -> dict[str, Any]:
