@@ -12,7 +12,7 @@ from pathlib import Path
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from gateway.app import build_app
+from gateway.app import Gateway
 from protocol.config import read_config_file
 from protocol.logs import setup_logging
 
@@ -39,7 +39,15 @@ async def _serve(config_path: Path) -> None:
         loop.add_signal_handler(sig, stop.set)
     # NOTE: not "listening on": the supervisor says that once the workers are ready.
     log.info("gateway accepting HTTP on http://%s:%d", config.host, config.port)
-    await serve(build_app(config), hc, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    gateway = Gateway(config)
+
+    async def stopped() -> None:
+        await stop.wait()
+        # NOTE: open status pages' event streams end now, instead of holding hypercorn's
+        # graceful wait (for the requests in flight) to its end.
+        gateway.status.close()
+
+    await serve(gateway.app(), hc, shutdown_trigger=stopped)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses import ResponsesRoutes
+from gateway.api.status import StatusRoutes
 from gateway.api.tokenizer import TokenizerRoutes
 from gateway.api.tools import Tooling
 from gateway.core.broker import Broker
@@ -78,6 +79,7 @@ class Gateway:
         self.tooling = Tooling(self.catalog)
         self.flow = Flow(self.router, self.tooling)
         self.responses = ResponseStore.from_config(config)
+        self.status = StatusRoutes(config, self.broker, self.metrics)
 
     def routes(self) -> list[Any]:
         routes: list[Any] = [
@@ -88,7 +90,8 @@ class Gateway:
             *AnthropicRoutes(self.flow).routes(),
             *ModelRoutes(self.router).routes(),
             *CreateRoutes(self.router).routes(),
-            *OllamaRoutes(self.flow, self.catalog).routes(),
+            *OllamaRoutes(self.flow, self.catalog, browser=self.status.page).routes(),
+            *self.status.routes(),
             *EmbeddingRoutes(self.flow).routes(),
             *TokenizerRoutes(self.flow).routes(),
         ]
@@ -102,6 +105,7 @@ class Gateway:
         try:
             yield
         finally:
+            self.status.close()
             keep_alive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keep_alive

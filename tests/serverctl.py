@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,29 @@ TRANSPORT = os.environ.get("NPU_PROXY_TEST_TRANSPORT", "ipc")
 # Shared by every test server so the embedding model is prepared once per machine.
 MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",
+             every: float = 0.1) -> Any:
+    """Poll `check` until it returns something true (returned) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(what or f"condition not met within {timeout} s")
+        time.sleep(every)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, wait up to `timeout`, then SIGKILL: a helper program a test started."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:

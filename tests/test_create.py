@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from serverctl import Server
+from serverctl import Server, wait_for
 
 from models.registry import package_file
 
@@ -282,11 +281,6 @@ def test_refusals_in_ollama_shape(http: httpx.Client) -> None:
 # --- a restart ----------------------------------------------------------------------------
 
 
-def wait_for(check: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def test_created_models_survive_a_restart(tmp_path: Path, gguf: Path) -> None:
@@ -306,8 +300,9 @@ def test_created_models_survive_a_restart(tmp_path: Path, gguf: Path) -> None:
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(f"POST /api/blobs/{digest} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                          f"Content-Length: {limit}\r\n\r\n".encode() + big[:limit // 2])
-            wait_for(lambda: uploads(server), "the upload did not start")
-        wait_for(lambda: not uploads(server), "a partial upload was left behind")
+            wait_for(lambda: uploads(server), 60, "the upload did not start", every=0.05)
+        wait_for(lambda: not uploads(server), 60, "a partial upload was left behind",
+                     every=0.05)
         assert not (tmp_path / "cache" / "blobs").exists() or \
             not list((tmp_path / "cache" / "blobs").iterdir())
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server, descendants, free_port
+from serverctl import Server, descendants, free_port, stop_process
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "haproxy" / "haproxy.cfg"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -72,12 +72,7 @@ def balancer(pair: tuple[Server, Server], tmp_path: Path) -> Iterator[str]:
                 time.sleep(0.1)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

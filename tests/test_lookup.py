@@ -39,6 +39,7 @@ def _greedy(url: str) -> str:
 
 
 def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, base_url: str) -> None:
+    assert "prompt lookup on: up to 5 tokens per step" in lookup.worker_log("llm")
     assert _greedy(lookup.url) == _greedy(base_url)
 
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from serverctl import Server, free_port
+from serverctl import Server, free_port, stop_process, wait_for
 
 from gateway.core.broker import Broker
 from gateway.core.metrics import Metrics, api_of
@@ -54,16 +54,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(every)
 
 
 def delta_reaches(url: str, before: Samples, name: str, amount: float,
@@ -332,12 +322,7 @@ def running_prometheus(server: Server, tmp_path: Path, credentials: str = "") ->
         wait_for(started, 60, every=0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

@@ -12,6 +12,7 @@ a bounded amount of memory and the ones admitted finish instead of all timing ou
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed, SamplingParams
 from workers.engine import Emit, EngineBase, Prompting
 from workers.sampling import generation_config
+
+log = logging.getLogger(__name__)
 
 _DONE = (
     ov_genai.GenerationStatus.FINISHED,
@@ -75,6 +78,8 @@ class BatchEngine(EngineBase):
         if self.spec.prompt_lookup:
             self.base_config.num_assistant_tokens = self.spec.prompt_lookup
             self.base_config.max_ngram_size = self.spec.prompt_lookup_ngram
+            log.info("prompt lookup on: up to %d tokens per step from %d-grams of the prompt",
+                     self.spec.prompt_lookup, self.spec.prompt_lookup_ngram)
 
     def warm_up(self) -> None:
         """A one-token generation, so the first real request does not pay for compilation."""

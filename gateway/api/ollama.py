@@ -41,11 +41,12 @@ from starlette.routing import Route
 
 from gateway.api import logprobs as lp
 from gateway.api.common import dumps, request_id
-from gateway.api.flow import Flow, Translator, Turn
+from gateway.api.flow import Flow, Handler, Translator, Turn
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, require, utc_now
 from gateway.api.ollama_template import render, supported
 from gateway.api.params import json_schema_text, ollama_params
 from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
+from gateway.api.status import wants_html
 from gateway.api.tools import (
     CallParser,
     ToolCall,
@@ -265,9 +266,12 @@ class OllamaReply:
 
 
 class OllamaRoutes(Translator):
-    def __init__(self, flow: Flow, catalog: ModelCatalog) -> None:
+    def __init__(self, flow: Flow, catalog: ModelCatalog,
+                 browser: Handler | None = None) -> None:
         super().__init__(flow)
         self.catalog = catalog
+        # What `GET /` shows a browser (the status page, gateway/api/status.py).
+        self.browser = browser
 
     def routes(self) -> list[Route]:
         return [
@@ -281,7 +285,9 @@ class OllamaRoutes(Translator):
         ]
 
     async def root(self, request: Request) -> Response:
-        return PlainTextResponse("Ollama is running")
+        if self.browser is not None and wants_html(request):
+            return await self.browser(request)
+        return PlainTextResponse("Ollama is running", headers={"Vary": "Accept"})
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": OLLAMA_VERSION})

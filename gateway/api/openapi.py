@@ -23,6 +23,7 @@ from gateway.api import model_create as create_api
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
 from gateway.api import responses as responses_api
+from gateway.api import status as status_api
 from gateway.api import tokenizer as tokenizer_api
 
 # (method, path) -> the type its handler decodes the body into.
@@ -46,6 +47,7 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/detokenize"): tokenizer_api.DetokenizeRequest,
     ("POST", "/v1/tokenize"): tokenizer_api.TokenizeRequest,
     ("POST", "/v1/detokenize"): tokenizer_api.DetokenizeRequest,
+    ("POST", "/status/login"): status_api.LoginRequest,
 }
 # (method, path) -> the media type of a body that is not JSON (read as a stream of bytes).
 RAW_BODIES: dict[tuple[str, str], str] = {

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from gateway.core.broker import Broker, WorkerLink
 from gateway.core.metrics import LLM_ROLES, Metrics
-from protocol.config import Config
+from protocol.config import Config, WorkerSpec
 from protocol.states import ProcessState
 
 
@@ -32,6 +32,45 @@ def _describe(link: WorkerLink) -> str:
         if beat.stalled_for > link.spec.stall_timeout:
             return f"{link.name} made no progress for {beat.stalled_for:.0f} s"
     return f"{link.name} is {state.label}"
+
+
+def worker_row(metrics: Metrics, spec: WorkerSpec, link: WorkerLink | None) -> dict[str, Any]:
+    """One worker as /health/devices and the status page show it."""
+    name = spec.name
+    rec = metrics.workers.get(name)
+    beat = link.heartbeat if link is not None else None
+    age = link.heartbeat_age() if link is not None and link.seen_at else None
+    # NOTE: the supervisor's own view (restarts, last error, backoff/failed) outlives a
+    # gateway restart; the gateway's records fill in before its first status arrives.
+    supervised = link.supervised if link is not None else None
+    restarts = rec.restarts if rec is not None else 0
+    last_error = rec.last_error if rec is not None else ""
+    if supervised is not None:
+        restarts = supervised.restarts
+        last_error = supervised.last_error or last_error
+    # NOTE: a disabled worker has no link; the supervisor holds it stopped.
+    state = link.state if link is not None else ProcessState.STOPPED
+    return {
+        "name": name, "role": spec.role, "device": spec.device, "model": spec.model_name,
+        "state": state.label,
+        "up": bool(link is not None and link.serving),
+        "pid": beat.pid if beat is not None else None,
+        "queue": beat.queue if beat is not None else 0,
+        "in_flight": beat.in_flight if beat is not None else 0,
+        # The gateway's own open requests on this worker (streams it routes frames to).
+        "gateway_requests": len(link.requests) if link is not None else 0,
+        "served": beat.served if beat is not None else 0,
+        "load_seconds": round(beat.load_seconds, 3) if beat is not None else None,
+        "restarts": restarts,
+        "last_error": last_error,
+        "heartbeat_age": round(age, 3) if age is not None else None,
+    }
+
+
+def worker_rows(config: Config, broker: Broker, metrics: Metrics) -> list[dict[str, Any]]:
+    """Every configured worker, in the configuration's order (a disabled one is stopped)."""
+    return [worker_row(metrics, spec, broker.links.get(spec.name) if spec.enabled else None)
+            for spec in config.workers]
 
 
 class HealthRoutes:
@@ -62,47 +101,13 @@ class HealthRoutes:
         return JSONResponse({"status": "not_ready", "reason": reason}, status_code=503,
                             headers={"Retry-After": "5"})
 
-    def _worker(self, name: str, link: WorkerLink | None, role: str, device: str,
-                model: str) -> dict[str, Any]:
-        rec = self.metrics.workers.get(name)
-        beat = link.heartbeat if link is not None else None
-        age = link.heartbeat_age() if link is not None and link.seen_at else None
-        # NOTE: the supervisor's own view (restarts, last error, backoff/failed) outlives a
-        # gateway restart; the gateway's records fill in before its first status arrives.
-        supervised = link.supervised if link is not None else None
-        restarts = rec.restarts if rec is not None else 0
-        last_error = rec.last_error if rec is not None else ""
-        if supervised is not None:
-            restarts = supervised.restarts
-            last_error = supervised.last_error or last_error
-        # NOTE: a disabled worker has no link; the supervisor holds it stopped.
-        state = link.state if link is not None else ProcessState.STOPPED
-        return {
-            "name": name, "role": role, "device": device, "model": model,
-            "state": state.label,
-            "up": bool(link is not None and link.serving),
-            "pid": beat.pid if beat is not None else None,
-            "queue": beat.queue if beat is not None else 0,
-            "in_flight": beat.in_flight if beat is not None else 0,
-            # The gateway's own open requests on this worker (streams it routes frames to).
-            "gateway_requests": len(link.requests) if link is not None else 0,
-            "served": beat.served if beat is not None else 0,
-            "load_seconds": round(beat.load_seconds, 3) if beat is not None else None,
-            "restarts": restarts,
-            "last_error": last_error,
-            "heartbeat_age": round(age, 3) if age is not None else None,
-        }
-
     async def devices(self, request: Request) -> Response:
-        workers = []
+        workers = worker_rows(self.config, self.broker, self.metrics)
         devices: dict[str, dict[str, Any]] = {
             name: {"device": name, "full_name": full, "workers": [], "up": False}
             for name, full in self.config.devices.items()
         }
-        for spec in self.config.workers:
-            link = self.broker.links.get(spec.name) if spec.enabled else None
-            row = self._worker(spec.name, link, spec.role, spec.device, spec.model_name)
-            workers.append(row)
+        for spec, row in zip(self.config.workers, workers, strict=True):
             dev = devices.setdefault(spec.device, {"device": spec.device,
                                                    "full_name": spec.device,
                                                    "workers": [], "up": False})

@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.core.broker import Broker
+from gateway.core.recent import Recent
 from gateway.core.router import Generation
 from protocol.config import Config
 from protocol.messages import Heartbeat, WorkerExited, WorkerState
@@ -193,6 +194,8 @@ class Metrics:
             "npu_proxy_embedding_cache_misses_total", "Embedding inputs computed by the model",
             ["worker"], registry=reg)
         reg.register(_WorkerGauges(broker))
+        # NOTE: the status page's last minutes, fed by the same hooks as the families above.
+        self.recent = Recent()
         self.workers: dict[str, WorkerRecord] = {}
         # request id -> (worker, device) of its last route, for the access log line.
         self._routes: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -235,8 +238,9 @@ class Metrics:
         if not rec.load_observed and beat.load_seconds > 0:
             rec.load_observed = True
             self.load_time.labels(beat.worker).observe(beat.load_seconds)
-        if beat.error:
+        if beat.error and beat.error != rec.last_error:
             rec.last_error = beat.error
+            self.recent.error(beat.worker, beat.error)
         if beat.state == WorkerState.FAILED and not rec.exit_reason:
             rec.exit_reason = "failed"
 
@@ -252,6 +256,7 @@ class Metrics:
         rec.exit_reason = reason
         if event.returncode != 0:
             rec.last_error = f"pid {event.pid} exited with code {event.returncode} ({reason})"
+            self.recent.error(event.worker, rec.last_error)
 
     def _new_process(self, worker: str, rec: WorkerRecord, pid: int) -> None:
         """A restart is a new process; its label says how the one before it ended."""
@@ -289,6 +294,7 @@ class Metrics:
     def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None:
         labels = self._labels(gen)
         self.generated_tokens.labels(*labels).inc(new)
+        self.recent.tokens(new)
         if first:
             self.ttft.labels(*labels).observe(gap)
             return
@@ -306,6 +312,9 @@ class Metrics:
         self.prompt_tokens.labels(*labels).inc(prompt)
         if fin is not None:
             self.inference_duration.labels(*labels).observe(time.monotonic() - gen.started)
+        first = gen.first_token_at
+        self.recent.finished(gen.stream.worker,
+                             first - gen.started if first is not None else None, gen.tokens)
 
     def route_of(self, request_id: str) -> tuple[str, str] | None:
         return self._routes.pop(request_id, None)
@@ -372,6 +381,8 @@ class MetricsMiddleware:
         worker, device = route or (
             headers.get(b"x-npu-proxy-worker", b"").decode("latin-1"),
             headers.get(b"x-npu-proxy-device", b"").decode("latin-1"))
+        if status >= 500:
+            self.metrics.recent.error(worker, f"{scope.get('method', '')} {path} answered {status}")
         level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
         log.log(level, "%s %s %d %.3fs", scope.get("method", ""), path, status, elapsed,
                 extra={"request_id": rid or None, "worker": worker or None,
