@@ -72,10 +72,8 @@ def test_wheel_holds_every_module_and_the_command(wheel: Path) -> None:
     assert "npx-supervisor = supervisor.cli:main" in scripts
 
 
-@contextmanager
-def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]:
-    """`command start --config <tmp config>` until /health/ready; then SIGTERM, and every
-    process it started must be gone."""
+def _config(tmp: Path) -> tuple[Path, str]:
+    """A config file in `tmp` for a server on a free port; the file and the server's URL."""
     port = free_port()
     config = tmp / "npu-proxy.toml"
     config.write_text(tomli_w.dumps({
@@ -85,7 +83,14 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
         "model_cache": str(MODEL_CACHE),
         "grace_period": 5.0,
     }))
-    url = f"http://127.0.0.1:{port}"
+    return config, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]:
+    """`command start --config <tmp config>` until /health/ready; then SIGTERM, and every
+    process it started must be gone."""
+    config, url = _config(tmp)
     log_path = tmp / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([*command, "start", "--config", str(config)], cwd=tmp, env=env,
@@ -160,6 +165,23 @@ def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
         _chat_and_embed(url)
 
 
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-c", "import sys; print('code', sys.argv[1:])", "x"], "code ['x']"),
+    (["-m", "gateway", "--help"], "usage: python -m gateway [-h] --config"),
+    (["-m", "workers", "--help"], "usage: python -m workers [-h] --config"),
+    (["--help"], "Usage: "),
+])
+def test_frozen_entry_point_runs_children_as_python_would(args: list[str],
+                                                           expected: str) -> None:
+    """In the executable, `npu-proxy -m gateway ...` is what the supervisor runs for a child
+    (its sys.executable is the executable); anything else is the npx-supervisor CLI."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from supervisor.frozen import main; main()", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(not SLOW, reason="builds the PyInstaller folder (minutes); runs in CI "
@@ -177,6 +199,13 @@ def test_pyinstaller_folder_serves_the_embedded_models(tmp_path: Path) -> None:
     # NOTE: the source copy goes, so the executable can only use what it carries.
     shutil.rmtree(src)
     env = _clean_env(PATH="/usr/bin:/bin")
+    # doctor runs the probe as `npu-proxy -m workers.probe` and finds the model inside.
+    config, _ = _config(tmp_path)
+    doctor = subprocess.run([str(exe), "doctor", "--no-selftest", "--config", str(config)],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "result: ok" in doctor.stdout
+    assert f"smollm2:135m at {exe.parent}" in doctor.stdout
     with serving([str(exe)], tmp_path, env) as url:
         _chat_and_embed(url)
 
