@@ -341,50 +341,64 @@ def aggregate(run: list[Result]) -> float:
     return sum(r.tokens for r in ok) / (max(r.ended for r in ok) - min(r.started for r in run))
 
 
-def report(targets: list[Target], workloads: list[Workload],
-           results: dict[tuple[str, str], list[list[Result]]], sampler: Sampler | None) -> int:
-    problems = 0
-    cols = ["TTFT ms", "decode tok/s", "end-to-end tok/s", "aggregate tok/s", "peak RSS MiB"]
-    width = [24, 22, 22, 22, 13]
+COLUMNS = ["TTFT ms", "decode tok/s", "end-to-end tok/s", "aggregate tok/s", "peak RSS MiB"]
+WIDTH = [24, 22, 22, 22, 13]
+
+
+def report_header() -> None:
+    print("medians (min-max): TTFT, decode and end-to-end over all requests of all runs, "
+          "aggregate over runs; ratios: this server / peer (tok/s higher is better for "
+          "this server, TTFT and RSS lower)")
     print(f"{'workload':<15} {'server':<14} " + " ".join(
-        f"{c:<{w}}" for c, w in zip(cols, width, strict=True)) + " prompt tok")
-    for work in workloads:
-        medians: dict[str, list[float]] = {}
-        for n, t in enumerate(targets):
-            runs = results[(t.name, work.name)]
-            flat = [r for run in runs for r in run]
-            ok = [r for r in flat if r.error is None]
-            ttft = spread([r.ttft * 1000 for r in ok])
-            dec = spread([r.decode for r in ok])
-            e2e = spread([r.e2e for r in ok])
-            agg = spread([aggregate(run) for run in runs])
-            peak = (sampler.peaks.get((t.name, work.name), 0) / 1024
-                    if sampler is not None and t.name in sampler.roots else float("nan"))
-            prompt = sorted({r.prompt_tokens for r in ok if r.prompt_tokens is not None})
-            ptxt = (f"{prompt[0]}" if len(prompt) == 1 else
-                    f"{prompt[0]}-{prompt[-1]}" if prompt else "?")
-            medians[t.name] = [ttft[0], dec[0], e2e[0], agg[0], peak]
-            cells = [ttft[1], dec[1], e2e[1], agg[1], f"{peak:.0f}" if peak == peak else "n/a"]
-            label = f"{work.name}" if n == 0 else ""
-            print(f"{label:<15} {t.name:<14} " + " ".join(
-                f"{c:<{w}}" for c, w in zip(cells, width, strict=True)) + f" {ptxt}")
-            failed = [r for r in flat if r.error is not None]
-            early = [r for r in ok if r.tokens != work.tokens]
-            if failed or early:
-                problems += 1
-                print(f"{'':<15} {'':<14} !! {len(failed)} of {len(flat)} requests failed"
-                      + (f" ({failed[0].error})" if failed else "")
-                      + f"; {len(early)} made fewer than {work.tokens} tokens"
-                      + (f" (finish_reason {early[0].finish}, {early[0].tokens} tokens)"
-                         if early else ""))
-        this = medians[targets[0].name]
-        for t in targets[1:]:
-            peer = medians[t.name]
-            ratios = [m / p if m == m and p == p and p else float("nan")
-                      for m, p in zip(this, peer, strict=True)]
-            cells = [f"x{r:.2f}" if r == r else "n/a" for r in ratios]
-            print(f"{'':<15} {'/ ' + t.name:<14} " + " ".join(
-                f"{c:<{w}}" for c, w in zip(cells, width, strict=True)))
+        f"{c:<{w}}" for c, w in zip(COLUMNS, WIDTH, strict=True)) + " prompt tok", flush=True)
+
+
+def report_workload(targets: list[Target], work: Workload,
+                    results: dict[tuple[str, str], list[list[Result]]],
+                    sampler: Sampler | None) -> int:
+    """The rows of one workload (printed as soon as it is done); 1 if a request failed or
+    stopped short, else 0."""
+    problems = 0
+    medians: dict[str, list[float]] = {}
+    for n, t in enumerate(targets):
+        runs = results[(t.name, work.name)]
+        flat = [r for run in runs for r in run]
+        ok = [r for r in flat if r.error is None]
+        ttft = spread([r.ttft * 1000 for r in ok])
+        dec = spread([r.decode for r in ok])
+        e2e = spread([r.e2e for r in ok])
+        agg = spread([aggregate(run) for run in runs])
+        peak = (sampler.peaks.get((t.name, work.name), 0) / 1024
+                if sampler is not None and t.name in sampler.roots else float("nan"))
+        prompt = sorted({r.prompt_tokens for r in ok if r.prompt_tokens is not None})
+        ptxt = (f"{prompt[0]}" if len(prompt) == 1 else
+                f"{prompt[0]}-{prompt[-1]}" if prompt else "?")
+        medians[t.name] = [ttft[0], dec[0], e2e[0], agg[0], peak]
+        cells = [ttft[1], dec[1], e2e[1], agg[1], f"{peak:.0f}" if peak == peak else "n/a"]
+        label = f"{work.name}" if n == 0 else ""
+        print(f"{label:<15} {t.name:<14} " + " ".join(
+            f"{c:<{w}}" for c, w in zip(cells, WIDTH, strict=True)) + f" {ptxt}")
+        failed = [r for r in flat if r.error is not None]
+        early = [r for r in ok if r.tokens != work.tokens]
+        if failed or early:
+            problems += 1
+            print(f"{'':<15} {'':<14} !! {len(failed)} of {len(flat)} requests failed"
+                  + (f" ({failed[0].error})" if failed else "")
+                  + f"; {len(early)} made fewer than {work.tokens} tokens"
+                  + (f" (finish_reason {early[0].finish}, {early[0].tokens} tokens)"
+                     if early else ""))
+    this = medians[targets[0].name]
+    for t in targets[1:]:
+        peer = medians[t.name]
+        ratios = [m / p if m == m and p == p and p else float("nan")
+                  for m, p in zip(this, peer, strict=True)]
+        cells = [f"x{r:.2f}" if r == r else "n/a" for r in ratios]
+        print((f"{'':<15} {'/ ' + t.name:<14} " + " ".join(
+            f"{c:<{w}}" for c, w in zip(cells, WIDTH, strict=True))).rstrip(), flush=True)
+    return 1 if problems else 0
+
+
+def report_footer(targets: list[Target], sampler: Sampler | None) -> None:
     if sampler is not None:
         print("process trees sampled (RSS summed over the root and its descendants): "
               + "; ".join(f"{name}: pid {root}, idle {sampler.idle[name] / 1024:.0f} MiB, "
@@ -393,7 +407,6 @@ def report(targets: list[Target], workloads: list[Workload],
     unsampled = [t.name for t in targets if sampler is None or t.name not in sampler.roots]
     if unsampled:
         print("RSS not sampled (no pid): " + ", ".join(unsampled))
-    return 1 if problems else 0
 
 
 # --- main --------------------------------------------------------------------------------
@@ -414,8 +427,8 @@ class PeerOption(argparse.Action):
 
 
 async def bench(targets: list[Target], workloads: list[Workload], runs: int,
-                sampler: Sampler | None, timeout: float) -> dict[tuple[str, str],
-                                                                 list[list[Result]]]:
+                sampler: Sampler | None, timeout: float) -> int:
+    """Every workload's runs, its rows printed when it is done; 1 if any had problems."""
     most = max(w.streams for w in workloads)
     for t in targets:
         t.clients = [httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0),
@@ -423,6 +436,7 @@ async def bench(targets: list[Target], workloads: list[Workload], runs: int,
                      for _ in range(most)]
     rng = random.Random()
     results: dict[tuple[str, str], list[list[Result]]] = {}
+    problems = 0
     try:
         for t in targets:  # untimed: first-use costs paid, a short and a long prompt
             await block(t, Workload("warm-up", 1, 8), rng)
@@ -436,12 +450,14 @@ async def bench(targets: list[Target], workloads: list[Workload], runs: int,
                     if sampler is not None:
                         sampler.label = None
                     results.setdefault((t.name, work.name), []).append(run)
-            print(f"  {work.name} done", file=sys.stderr, flush=True)
+            if work is workloads[0]:
+                report_header()
+            problems |= report_workload(targets, work, results, sampler)
     finally:
         for t in targets:
             for c in t.clients:
                 await c.aclose()
-    return results
+    return problems
 
 
 async def peer_model(url: str) -> str:
@@ -533,11 +549,9 @@ def main() -> int:
             print(f"  {t.name}: {t.url} model {t.model!r}; EOS ignored by {how}; {proc}")
         sampler = Sampler(targets) if any(t.root for t in targets) else None
         with sampler if sampler is not None else contextlib.nullcontext():
-            results = asyncio.run(bench(targets, workloads, args.runs, sampler, args.timeout))
-        print("medians (min-max): TTFT, decode and end-to-end over all requests of all runs, "
-              "aggregate over runs; ratios: this server / peer (tok/s higher is better for "
-              "this server, TTFT and RSS lower)")
-        return report(targets, workloads, results, sampler)
+            problems = asyncio.run(bench(targets, workloads, args.runs, sampler, args.timeout))
+        report_footer(targets, sampler)
+        return problems
 
 
 if __name__ == "__main__":
