@@ -174,8 +174,8 @@ class Supervisor:
         self._bind_or_refuse(self.events, events_endpoint(self.config))
         self._check_worker_ports()
         config_path = self.config_path = self.runtime / "config.json"
-        config_path.write_bytes(dump_config(self.config))
-        os.chmod(config_path, 0o600)
+        workers_path = self.workers_config_path = self.runtime / "workers.json"
+        self._write_configs()
         python = sys.executable
         if not self.config.worker_only:
             self.children["gateway"] = Child(
@@ -183,7 +183,7 @@ class Supervisor:
                 self._log("gateway"), self.echo)
         for spec in self.config.local_workers():
             child = Child(spec.name, spec.role,
-                          [python, "-m", "workers", "--config", str(config_path),
+                          [python, "-m", "workers", "--config", str(workers_path),
                            "--worker", spec.name],
                           self._log(spec.name), self.echo)
             child.model = spec.model_name
@@ -464,10 +464,21 @@ class Supervisor:
         log.info("worker %s: configuration changed; the next start uses it", spec.name)
         self._set_spec(spec)
 
+    def _write_configs(self) -> None:
+        """The effective configuration for the children (0600): the gateway's whole, the
+        workers' without the API key, which only the gateway checks."""
+        for path, config in ((self.config_path, self.config),
+                             (self.workers_config_path,
+                              msgspec.structs.replace(self.config, api_key=""))):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(dump_config(config))
+            os.chmod(path, 0o600)
+
     def _set_spec(self, spec: WorkerSpec) -> None:
         workers = [spec if w.name == spec.name else w for w in self.config.workers]
         self.config = msgspec.structs.replace(self.config, workers=workers)
-        self.config_path.write_bytes(dump_config(self.config))
+        self._write_configs()
         child = self.children[spec.name]
         child.model = spec.model_name
         child.device = spec.device

@@ -4,6 +4,7 @@ API's error shape."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -72,3 +73,17 @@ def test_unknown_path_is_not_an_auth_leak(srv: Server) -> None:
     assert httpx.get(srv.url + "/health/ready").status_code == 200
     assert httpx.get(srv.url + "/metrics",
                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def test_workers_are_never_given_the_key(srv: Server) -> None:
+    """Only the gateway checks the key: a worker's configuration file does not hold it."""
+    def config_of(pid: int) -> Path:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path(argv[argv.index(b"--config") + 1].decode())
+
+    children = srv.children()
+    worker = config_of(int(children["llm"]["pid"]))
+    gateway = config_of(int(children["gateway"]["pid"]))
+    assert worker != gateway
+    assert KEY not in worker.read_text() and KEY in gateway.read_text()
+    assert worker.stat().st_mode & 0o777 == 0o600 and gateway.stat().st_mode & 0o777 == 0o600
