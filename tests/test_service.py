@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tomli_w
-from serverctl import SUPERVISOR, Server, alive, descendants
+from serverctl import SUPERVISOR, Server, alive, descendants, wait_for
 
 from supervisor import winservice
 from supervisor.service_unit import TEMPLATE, render_unit
@@ -130,17 +130,14 @@ def test_exec_start_serves_and_kill_signal_stops_it_cleanly(tmp_path: Path) -> N
                             stdin=subprocess.DEVNULL)
     kids: set[int] = set()
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert proc.poll() is None, (tmp_path / "service.log").read_text()
             try:
-                if httpx.get(srv.url + "/health/ready", timeout=2).status_code == 200:
-                    break
+                return httpx.get(srv.url + "/health/ready", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("not ready:\n" + (tmp_path / "service.log").read_text()[-3000:])
+                return False
+
+        wait_for(ready, 240, "not ready (see service.log)", every=0.2)
         kids = descendants(proc.pid)
         assert kids and list((run_root / settings["RuntimeDirectory"][0]).glob("*.in"))
         proc.send_signal(signal.Signals[settings["KillSignal"][0]])
