@@ -248,6 +248,22 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
+    # Images in chats (gateway/api/images.py), each checked before anything reaches a worker:
+    # its bytes once decoded, its pixels (width x height, read from the header) and the images
+    # of one request. NOTE: 20 MiB is Anthropic's own per-image cap when sent through its API
+    # (and its base64, 27 MiB, fits max_body_bytes); 50 megapixels takes any camera photo or
+    # 4K/5K screenshot, yet stays under Pillow's decompression-bomb threshold (89 MP); 16
+    # images already fill the context of the small VLMs served here.
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 50_000_000
+    max_images: int = 16
+    # Fetch http(s) image URLs (OpenAI image_url, Responses input_image, Anthropic url
+    # sources)? Off: such a URL is a 400 that says so, and only inline images (base64, data:
+    # URLs) are taken. On, the gateway fetches them (within image_url_timeout seconds in all,
+    # max_image_bytes, at most 5 redirects, only to http(s)); NOTE: it then reaches whatever
+    # address a client names (SSRF): turn it on only where that is acceptable.
+    image_urls: bool = False
+    image_url_timeout: float = 10.0
     # Responses API (/v1/responses): responses kept for previous_response_id and
     # GET/DELETE /v1/responses/{id} (a request's `store`, true by default as in OpenAI), in the
     # gateway's memory only: at most this many, each for this many seconds, and at most this
@@ -349,6 +365,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NPU_PROXY_ORIGINS": ("allowed_origins", _names),
     "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
+    "NPU_PROXY_IMAGE_URLS": ("image_urls", _flag),
 }
 
 

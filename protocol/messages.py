@@ -70,6 +70,9 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # The message's images: each an image file's own bytes (PNG, JPEG, WebP, GIF, BMP), in the
+    # order the client sent them, checked by the gateway (gateway/api/images.py).
+    images: list[bytes] = []
 
 
 # --- gateway -> worker -------------------------------------------------------------------

@@ -14,7 +14,9 @@ Decisions:
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
 - `system` text blocks are joined; `cache_control`, `metadata` and thinking blocks in a
-  history are ignored; images and documents are a 400.
+  history are ignored; documents are a 400. `image` blocks (a base64 source, or a url source
+  where the server fetches URLs) on a model with vision go with their user message, or with
+  the tool message of the tool_result holding them (gateway/api/images.py checks them).
 - `thinking` (`{"type": "enabled", ...}`) on a thinking model gives its reasoning as a
   `thinking` block (signature "") before the text, streamed as `thinking_delta`s; without it
   the template's `enable_thinking` is false and any reasoning is left out, as Claude does.
@@ -38,6 +40,7 @@ from starlette.routing import Route
 
 from gateway.api.common import new_id, unless_disconnected
 from gateway.api.flow import Translator, Turn
+from gateway.api.images import Images
 from gateway.api.ollama_models import require
 from gateway.api.params import anthropic_params, json_schema_text
 from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
@@ -142,27 +145,52 @@ def system_text(system: str | list[dict[str, Any]] | None) -> str:
     return "\n\n".join(parts)
 
 
-def _result_text(block: dict[str, Any], where: str, caps: Capabilities, requested: str) -> str:
+async def _image(block: dict[str, Any], where: str, caps: Capabilities, requested: str,
+                 images: Images) -> bytes:
+    """An image block's checked bytes: a base64 source (media_type image/*) or, where this
+    server fetches URLs, a url source."""
+    require(caps, VISION, requested, "messages")
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    field = f"{where}.source"
+    if kind == "base64" and isinstance(source, dict):
+        media = source.get("media_type")
+        if not isinstance(media, str) or not media.lower().startswith("image/"):
+            raise invalid(f"{field}.media_type must be an image type such as image/png",
+                          param="messages")
+        return images.base64(source.get("data"), f"{field}.data", "messages")
+    if kind == "url" and isinstance(source, dict):
+        return await images.url(source.get("url"), f"{field}.url", "messages")
+    raise invalid(f"{field}: an image source must be of type base64 or url", param="messages")
+
+
+async def _result(block: dict[str, Any], where: str, caps: Capabilities, requested: str,
+                  images: Images) -> tuple[str, list[bytes]]:
+    """A tool result's text and images."""
     content = block.get("content")
+    found: list[bytes] = []
     if content is None or isinstance(content, str):
         text = content or ""
     else:
         parts = []
-        for sub in content:
+        for k, sub in enumerate(content):
             if sub.get("type") == "text":
                 parts.append(_block_text(sub, where))
             elif sub.get("type") == "image":
-                require(caps, VISION, requested, "messages")
+                found.append(await _image(sub, f"{where}.content[{k}]", caps, requested,
+                                          images))
             elif sub.get("type") in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
                               "model", param="messages")
         text = "\n\n".join(parts)
-    return f"Error: {text}" if block.get("is_error") else text
+    return (f"Error: {text}" if block.get("is_error") else text), found
 
 
-def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMessage],
-                  caps: Capabilities, requested: str) -> list[ChatMessage]:
-    """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
+async def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMessage],
+                        caps: Capabilities, requested: str, images: Images
+                        ) -> list[ChatMessage]:
+    """The chat in the internal form; what the model cannot take (`caps`) is a 400. A user
+    message's images go with its text (a tool result's with the tool message)."""
     if not messages:
         raise invalid("messages: at least one message is required", param="messages")
     out: list[ChatMessage] = []
@@ -174,6 +202,7 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMe
         blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) \
             else m.content
         texts: list[str] = []
+        found: list[bytes] = []
         calls: list[dict[str, Any]] = []
         for j, block in enumerate(blocks):
             where = f"messages[{i}].content[{j}]"
@@ -185,16 +214,18 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMe
                     raise invalid(f"{where}: tool_use needs a name", param="messages")
                 calls.append(history_call(block.get("id"), block["name"], block.get("input")))
             elif kind == "tool_result" and m.role == "user":
-                if texts:
-                    out.append(ChatMessage(role="user", content="\n\n".join(texts)))
-                    texts = []
-                text = _result_text(block, where, caps, requested)
-                out.append(ChatMessage(role="tool", content=text,
+                if texts or found:
+                    out.append(ChatMessage(role="user", content="\n\n".join(texts),
+                                           images=found))
+                    texts, found = [], []
+                text, result_images = await _result(block, where, caps, requested, images)
+                out.append(ChatMessage(role="tool", content=text, images=result_images,
                                        tool_call_id=str(block.get("tool_use_id", ""))))
-            elif kind == "image":
-                # NOTE: no model has vision here; one that has needs its images carried on.
-                require(caps, VISION, requested, "messages")
+            elif kind == "image" and m.role == "user":
+                found.append(await _image(block, where, caps, requested, images))
             elif kind in UNSUPPORTED_BLOCKS:
+                if kind == "image":
+                    require(caps, VISION, requested, "messages")
                 raise invalid(f"{where}: {kind} content is not supported by this model",
                               param="messages")
             elif kind in IGNORED_BLOCKS:
@@ -205,8 +236,8 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMe
         if m.role == "assistant":
             out.append(ChatMessage(role="assistant", content="\n\n".join(texts),
                                    tool_calls=calls or None))
-        elif texts or not blocks:
-            out.append(ChatMessage(role="user", content="\n\n".join(texts)))
+        elif texts or found or not blocks:
+            out.append(ChatMessage(role="user", content="\n\n".join(texts), images=found))
     return out
 
 
@@ -438,7 +469,8 @@ class AnthropicRoutes(Translator):
         caps = await self.catalog.capabilities(model)
         _, variables = await self._thinking(model, req)
         msg = await self.flow.tokenize(request, model,
-                                       chat_messages(req.system, req.messages, caps, req.model),
+                                       await chat_messages(req.system, req.messages, caps,
+                                                           req.model, self.flow.images()),
                                        tool_request(req), template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
@@ -452,7 +484,8 @@ class AnthropicRoutes(Translator):
         caps = await self.catalog.capabilities(model)
         thinking, variables = await self._thinking(model, req)
         msg, parser = await self.flow.chat(request, model,
-                                           chat_messages(req.system, req.messages, caps, req.model),
+                                           await chat_messages(req.system, req.messages, caps,
+                                                               req.model, self.flow.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)

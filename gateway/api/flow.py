@@ -38,6 +38,7 @@ from gateway.api.common import (
     unless_disconnected,
 )
 from gateway.api.dialects import Dialect, dialect_for
+from gateway.api.images import ImageLimits, Images
 from gateway.api.limits import Limits
 from gateway.api.ollama_models import require
 from gateway.api.profiles import with_messages, with_params
@@ -88,6 +89,11 @@ class Flow:
         self.router = router
         self.tooling = tooling
         self.limits = Limits(router.config, tooling.catalog)
+        self.image_limits = ImageLimits.from_config(router.config)
+
+    def images(self) -> Images:
+        """A request's images: counted, decoded and checked (gateway/api/images.py)."""
+        return Images(self.image_limits)
 
     def post(self, path: str, body: type[B], translate: Translate[B]) -> Route:
         """A route whose body is decoded into `body` and handed to `translate`."""

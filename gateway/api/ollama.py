@@ -13,7 +13,10 @@ Decisions where Ollama's semantics do not carry over:
   A model made by /api/create with such a TEMPLATE has it applied the same way; its SYSTEM,
   MESSAGE and PARAMETER settings apply to every request (gateway/api/profiles.py).
 - `suffix`, `images` and `think` are a 400 unless the model has the capability (insert,
-  vision, thinking: models/capabilities.py), the same facts /api/show reports.
+  vision, thinking: models/capabilities.py), the same facts /api/show reports. `images`
+  (base64, as the ollama client sends a path's file) are decoded and checked by
+  gateway/api/images.py; on /api/generate they go with the prompt as one user message, so
+  `raw` and `template` (which bypass the chat template) are a 400 with images.
 - A thinking model's reasoning is `message.thinking` (/api/chat) or `thinking`
   (/api/generate), split from the answer by gateway/api/reasoning.py; `think: false` leaves
   it out and sets the template's `enable_thinking` to false; absent, the model thinks.
@@ -42,6 +45,7 @@ from starlette.routing import Route
 from gateway.api import logprobs as lp
 from gateway.api.common import dumps, request_id
 from gateway.api.flow import Flow, Handler, Translator, Turn
+from gateway.api.images import Images
 from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, require, utc_now
 from gateway.api.ollama_template import render, supported
 from gateway.api.params import json_schema_text, ollama_params
@@ -130,24 +134,26 @@ def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
                   param="format")
 
 
-def chat_messages(messages: list[Message], caps: Capabilities,
-                  requested: str) -> list[ChatMessage]:
+def chat_messages(messages: list[Message], caps: Capabilities, requested: str,
+                  images: Images) -> list[ChatMessage]:
     """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise invalid(f"unknown message role '{m.role}' (use system, user, assistant or "
                           "tool)", param="messages")
+        found: list[bytes] = []
         if m.images:
-            # NOTE: no model has vision here; one that has needs its images carried on.
             require(caps, VISION, requested, "images")
+            found = [images.base64(text, f"messages[{i}].images[{j}]", "images")
+                     for j, text in enumerate(m.images)]
         calls = None
         if m.tool_calls:
             calls = [history_call(c.get("id"), (c.get("function") or {}).get("name", ""),
                                   (c.get("function") or {}).get("arguments"))
                      for c in m.tool_calls]
         out.append(ChatMessage(role=m.role, content=m.content or "", name=m.tool_name,
-                               tool_calls=calls))
+                               tool_calls=calls, images=found))
     return out
 
 
@@ -310,10 +316,16 @@ class OllamaRoutes(Translator):
         if req.raw and (req.template or req.system or req.context):
             raise invalid("raw mode does not support template, system, or context",
                           param="raw")
+        if req.images and (req.raw or req.template):
+            raise invalid("images need the model's chat template: raw and template are not "
+                          "supported with images", param="images")
+        images = self.flow.images()
+        found = [images.base64(text, f"images[{j}]", "images")
+                 for j, text in enumerate(req.images or [])]
         if req.suffix:
             require(caps, INSERT, req.model, "suffix")
         thinking, variables = await self._thinking(model, req)
-        if not req.prompt:
+        if not req.prompt and not found:
             return self._load(model, req.model, keep, chat=False)
         if req.context:
             log.debug("ignoring %d context token ids", len(req.context),
@@ -327,11 +339,11 @@ class OllamaRoutes(Translator):
                                     and supported(record.template) else None)
         if req.raw:
             prompt = req.prompt
-        elif template:
+        elif template and not found:
             system = req.system or (record.system if record is not None else None) or ""
-            prompt = render(template, system, req.prompt)
+            prompt = render(template, system, req.prompt or "")
         else:
-            messages = [ChatMessage(role="user", content=req.prompt)]
+            messages = [ChatMessage(role="user", content=req.prompt or "", images=found)]
             if req.system:
                 messages.insert(0, ChatMessage(role="system", content=req.system))
         msg = await self.flow.generate(request, model, params, requested=req.model,
@@ -346,7 +358,8 @@ class OllamaRoutes(Translator):
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
         msg, parser = await self.flow.chat(request, model,
-                                           chat_messages(req.messages, caps, req.model),
+                                           chat_messages(req.messages, caps, req.model,
+                                                         self.flow.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
         return self._turn(model, req, msg, keep,

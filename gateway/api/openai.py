@@ -26,6 +26,7 @@ from gateway.api import logprobs as lp
 from gateway.api.common import new_id, now
 from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
+from gateway.api.images import Images
 from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
@@ -131,34 +132,44 @@ class CompletionRequest(SamplingFields):
 # --- translation -------------------------------------------------------------------------
 
 
-def _text(content: str | list[ContentPart] | None, caps: Capabilities, requested: str) -> str:
+async def _content(content: str | list[ContentPart] | None, caps: Capabilities,
+                   requested: str, images: Images, where: str) -> tuple[str, list[bytes]]:
+    """A message's text and images. Parts of a type other than text and image are skipped."""
     if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
+        return content or "", []
+    parts: list[str] = []
+    found: list[bytes] = []
+    for j, part in enumerate(content):
         if part.type == "text":
             parts.append(part.text or "")
         elif part.type in ("image_url", "input_image", "image"):
-            # NOTE: no model has vision here; one that has needs its images carried on.
             require(caps, VISION, requested, "messages")
-    return "".join(parts)
+            found.append(await images.url(_image_url(part.image_url),
+                                          f"{where}.content[{j}].image_url", "messages"))
+    return "".join(parts), found
 
 
-def chat_messages(messages: list[Message], caps: Capabilities,
-                  requested: str) -> list[ChatMessage]:
+def _image_url(value: Any) -> Any:
+    """`image_url` as a string or as `{url, detail}` (detail is left to the model)."""
+    return value.get("url") if isinstance(value, dict) else value
+
+
+async def chat_messages(messages: list[Message], caps: Capabilities, requested: str,
+                        images: Images) -> list[ChatMessage]:
     """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     if not messages:
         raise invalid("messages must be a non-empty list", param="messages")
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
         if role not in ("system", "user", "assistant", "tool", "function"):
             raise invalid(f"unknown message role '{m.role}'", param="messages")
         calls = None
         if role == "assistant" and m.tool_calls:
             calls = [_history_call(c) for c in m.tool_calls]
-        out.append(ChatMessage(role=role, content=_text(m.content, caps, requested), name=m.name,
-                               tool_call_id=m.tool_call_id, tool_calls=calls))
+        text, found = await _content(m.content, caps, requested, images, f"messages[{i}]")
+        out.append(ChatMessage(role=role, content=text, name=m.name,
+                               tool_call_id=m.tool_call_id, tool_calls=calls, images=found))
     return out
 
 
@@ -450,7 +461,8 @@ class OpenAIRoutes(Translator):
         params.logprobs = top is not None
         params.regex = _regex(req)
         tools = tool_request(req)
-        messages = chat_messages(req.messages, await self.catalog.capabilities(model), req.model)
+        messages = await chat_messages(req.messages, await self.catalog.capabilities(model),
+                                       req.model, self.flow.images())
         thinking = await self.flow.thinking(model, _enable_thinking(req), req.model,
                                             "chat_template_kwargs")
         effort = req.reasoning_effort if thinking is not None else None

@@ -10,8 +10,11 @@ are the RESPONSES dialect (gateway/api/dialects.py).
 Input items: messages (roles user, assistant, system, developer; content a string or parts
 `input_text`/`output_text`), `function_call` (an assistant's call: consecutive ones make one
 assistant turn) and `function_call_output` (the tool's answer); `reasoning` items are
-skipped. Images, files, hosted tools, `background`, `conversation` and prompt templates are
-refused with a 400 that says so.
+skipped. `input_image` parts (`image_url`: a data URL, or an http(s) URL where the server
+fetches URLs) go with their message on a model with vision (gateway/api/images.py checks
+them); elsewhere they are the capability's 400. Files (and `file_id` images), hosted
+tools, `background`, `conversation` and prompt templates are refused with a 400 that says
+so.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.flow import Flow, Translator, Turn
+from gateway.api.images import Images
+from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.reasoning import template_vars
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses_reply import ResponseReply
 from gateway.api.tools import ToolRequest, history_call, responses_choice, responses_tools
 from gateway.core.errors import GatewayError, invalid
+from models.capabilities import VISION, Capabilities
 from protocol.messages import ChatMessage, SamplingParams
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -89,12 +95,15 @@ class ResponsesRequest(msgspec.Struct):
 # --- translation -------------------------------------------------------------------------
 
 
-def _content(value: Any, where: str) -> str:
+async def _content(value: Any, where: str, caps: Capabilities, requested: str,
+                   images: Images) -> tuple[str, list[bytes]]:
+    """An item's text and images."""
     if isinstance(value, str):
-        return value
+        return value, []
     if not isinstance(value, list):
         raise invalid(f"{where}.content must be a string or a list of parts", param="input")
     texts = []
+    found: list[bytes] = []
     for j, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
@@ -102,17 +111,23 @@ def _content(value: Any, where: str) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind == "input_image":
-            raise invalid("this model does not support images", param="input")
+            require(caps, VISION, requested, "input")
+            if part.get("image_url") is None:
+                raise invalid(f"{where}.content[{j}]: an input_image needs an image_url (a data "
+                              "URL or an http(s) URL); file_id is not supported", param="input")
+            found.append(await images.url(part["image_url"], f"{where}.content[{j}].image_url",
+                                          "input"))
         elif kind in ("input_file", "input_audio"):
             raise invalid(f"{where}.content[{j}]: {kind} is not supported by this model",
                           param="input")
         else:
             raise invalid(f"{where}.content[{j}] must be a part of type input_text or "
                           "output_text with a string 'text'", param="input")
-    return "".join(texts)
+    return "".join(texts), found
 
 
-def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage]:
+async def input_messages(value: str | list[dict[str, Any]] | None, caps: Capabilities,
+                         requested: str, images: Images) -> list[ChatMessage]:
     """The input as chat messages (see the module docstring)."""
     if value is None:
         return []
@@ -128,7 +143,8 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage
             if role is None:
                 raise invalid(f"{where}.role must be user, assistant, system or developer",
                               param="input")
-            out.append(ChatMessage(role=role, content=_content(item.get("content"), where)))
+            text, found = await _content(item.get("content"), where, caps, requested, images)
+            out.append(ChatMessage(role=role, content=text, images=found))
         elif kind == "function_call":
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(call_id, str):
@@ -144,8 +160,9 @@ def input_messages(value: str | list[dict[str, Any]] | None) -> list[ChatMessage
             if not isinstance(call_id, str):
                 raise invalid(f"{where}: a function_call_output needs a string call_id",
                               param="input")
-            out.append(ChatMessage(role="tool", content=_content(item.get("output"), where),
-                                   tool_call_id=call_id))
+            text, found = await _content(item.get("output"), where, caps, requested, images)
+            out.append(ChatMessage(role="tool", content=text, tool_call_id=call_id,
+                                   images=found))
         elif kind == "reasoning":
             continue  # NOTE: reasoning is not carried into the prompt, as chat templates drop it
         else:
@@ -281,11 +298,13 @@ class ResponsesRoutes(Translator):
                                    f"Previous response with id '{req.previous_response_id}' "
                                    "not found.", param="previous_response_id")
             history = list(prior.history)
-        conversation = history + input_messages(req.input)
+        model = self.router.resolve(req.model, kind="llm")
+        caps = await self.catalog.capabilities(model)
+        conversation = history + await input_messages(req.input, caps, req.model,
+                                                      self.flow.images())
         if not conversation:
             raise invalid("input is required (a string or a non-empty list of items)",
                           param="input")
-        model = self.router.resolve(req.model, kind="llm")
         params = sampling(req)
         tools = responses_tools(req.tools)
         choice = responses_choice(req.tool_choice, bool(tools))

@@ -76,7 +76,9 @@ class TokenizerRoutes(Translator):
         messages = tools = None
         if req.messages is not None:
             caps = await self.catalog.capabilities(model)
-            messages = openai_api.chat_messages(req.messages, caps, req.model or model.name)
+            messages = await openai_api.chat_messages(req.messages, caps,
+                                                      req.model or model.name,
+                                                      self.flow.images())
             tools = openai_api.tool_request(openai_api.ChatRequest(
                 tools=req.tools, tool_choice=req.tool_choice))
         msg = await self.flow.tokenize(request, model, messages, tools, prompt=prompt,

@@ -1,0 +1,258 @@
+"""Images in requests, decoded and checked by the gateway before anything reaches a worker.
+
+Every API hands its images here as text: base64 (Ollama's `images`, Anthropic's base64
+source), a `data:` URL (OpenAI's `image_url`, the Responses API's `input_image`), or an
+`http(s)` URL (OpenAI, Responses, Anthropic's url source). What a worker receives is the
+image file's own bytes (`ChatMessage.images`), each of them:
+
+- valid base64 (strict: the standard alphabet with its padding; line breaks are dropped as
+  Go's decoder, which Ollama uses, drops them), checked against the byte cap from its length
+  before it is decoded;
+- at most `max_image_bytes` bytes;
+- a file Pillow reads as PNG, JPEG, WebP, GIF (a worker takes its first frame) or BMP,
+  sniffed from its bytes (a data URL's or a media_type's claim is not trusted; it only has
+  to name an image type);
+- at most `max_image_pixels` pixels, read from the header: Pillow's lazy open reads the size
+  without decoding the pixels, and its own decompression-bomb check is subsumed by this one.
+  A PNG's chunks are checked whole (CRCs, no decompression), so a cut or corrupt PNG is
+  refused here rather than in a worker;
+- one of at most `max_images` in the request.
+
+`http(s)` URLs are fetched only when `image_urls` is on (off by default: a 400 says so),
+with httpx on the event loop (never blocking it), within `image_url_timeout` seconds in all
+and the byte cap, following at most MAX_REDIRECTS redirects and only to http(s). NOTE: a
+server that fetches URLs can be made to reach any address it can (SSRF); turn it on only
+where that is acceptable.
+
+Every refusal is a 400 in the caller's API's shape that names the field (its `param` is the
+request's top-level field, its message the exact place, e.g.
+`messages[0].content[1].image_url`). The settings are in protocol/config.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import io
+import warnings
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+from PIL import Image
+
+from gateway.core.errors import GatewayError, invalid
+from protocol.config import Config
+
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+MAX_REDIRECTS = 5
+MAX_URL_CHARS = 8192
+_LINE_BREAKS = str.maketrans("", "", "\r\n")
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int = 20 * 1024 * 1024
+    max_pixels: int = 50_000_000
+    max_count: int = 16
+    urls: bool = False
+    url_timeout: float = 10.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> ImageLimits:
+        return cls(config.max_image_bytes, config.max_image_pixels, config.max_images,
+                   config.image_urls, config.image_url_timeout)
+
+
+def _bad(field: str, param: str, why: str) -> GatewayError:
+    return invalid(f"{field}: {why}", param=param)
+
+
+def decode_base64_image(text: str, field: str, limits: ImageLimits,
+                        param: str | None = None) -> bytes:
+    """An image sent as base64, or as a data URL: its checked bytes. `field` names the place
+    in the request, `param` the top-level field (default: `field`)."""
+    param = param or field
+    if text.startswith("data:"):
+        return decode_data_url(text, field, limits, param)
+    return check_image(_b64decode(text, field, param, limits), field, limits, param)
+
+
+def decode_data_url(url: str, field: str, limits: ImageLimits,
+                    param: str | None = None) -> bytes:
+    """`data:image/<type>[;params];base64,<data>`: its checked bytes."""
+    param = param or field
+    head, comma, data = url.partition(",")
+    if not head.startswith("data:") or not comma:
+        raise _bad(field, param, "not a data URL (data:image/<type>;base64,<data>)")
+    parts = head[5:].split(";")
+    if parts[-1].strip().lower() != "base64":
+        raise _bad(field, param, "a data URL of an image must be base64 "
+                   "(data:image/<type>;base64,<data>)")
+    media = parts[0].strip().lower()
+    if media and not media.startswith("image/"):
+        raise _bad(field, param, f"a data URL of type {media[:64]!r} is not an image")
+    return check_image(_b64decode(data, field, param, limits), field, limits, param)
+
+
+def _b64decode(text: str, field: str, param: str, limits: ImageLimits) -> bytes:
+    text = text.translate(_LINE_BREAKS)
+    if not text:
+        raise _bad(field, param, "the image is empty")
+    if len(text) // 4 * 3 > limits.max_bytes + 2:
+        raise _too_large(field, param, len(text) // 4 * 3, limits)
+    try:
+        return binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise _bad(field, param, "not valid base64") from None
+
+
+def _too_large(field: str, param: str, size: int, limits: ImageLimits) -> GatewayError:
+    return _bad(field, param, f"the image is {size} bytes, more than the {limits.max_bytes} "
+                "this server takes (max_image_bytes)")
+
+
+def _too_many_pixels(field: str, param: str, pixels: str, limits: ImageLimits
+                     ) -> GatewayError:
+    return _bad(field, param, f"the image has {pixels} pixels, more than the "
+                f"{limits.max_pixels} this server takes (max_image_pixels)")
+
+
+def check_image(data: bytes, field: str, limits: ImageLimits, param: str | None = None
+                ) -> bytes:
+    """`data` itself if it is an image within the limits, else the 400 that says why."""
+    param = param or field
+    if not data:
+        raise _bad(field, param, "the image is empty")
+    if len(data) > limits.max_bytes:
+        raise _too_large(field, param, len(data), limits)
+    unreadable = _bad(field, param, "not an image this server reads (PNG, JPEG, WebP, GIF "
+                      "or BMP), or a corrupt one")
+    try:
+        kind, width, height = _header(data)
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(field, param, "too many", limits) from None
+    except Exception:  # NOTE: Pillow's readers raise many kinds on hostile bytes
+        raise unreadable from None
+    if width < 1 or height < 1:
+        raise _bad(field, param, f"the image is {width}x{height} pixels")
+    if width * height > limits.max_pixels:
+        raise _too_many_pixels(field, param, f"{width}x{height}", limits)
+    if kind == "PNG":
+        try:
+            _verify(data)
+        except Exception:  # NOTE: as above
+            raise unreadable from None
+    return data
+
+
+def _open(data: bytes) -> Image.Image:
+    with warnings.catch_warnings():
+        # NOTE: the pixel cap is checked by the caller; Pillow's warning would only repeat it.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data), formats=FORMATS)
+
+
+def _header(data: bytes) -> tuple[str, int, int]:
+    """The format and size a file's header gives, without decoding its pixels; raises if
+    Pillow cannot read it."""
+    with _open(data) as img:
+        return str(img.format), int(img.size[0]), int(img.size[1])
+
+
+def _verify(data: bytes) -> None:
+    """Every chunk of a PNG read and its CRC checked (the pixels are not decompressed)."""
+    with _open(data) as img:
+        img.verify()
+
+
+async def fetch_image(url: str, field: str, limits: ImageLimits, param: str | None = None
+                      ) -> bytes:
+    """An http(s) image URL's checked bytes, if this server fetches URLs."""
+    param = param or field
+    if not limits.urls:
+        raise _bad(field, param, "image URLs are not fetched by this server (image_urls is off "
+                   "in its configuration); send the image inline as base64 or a data: URL")
+    try:
+        async with asyncio.timeout(limits.url_timeout):
+            data = await _download(url, field, param, limits)
+    except TimeoutError:
+        raise _bad(field, param, f"fetching the image took more than {limits.url_timeout:g} "
+                   "s (image_url_timeout)") from None
+    return check_image(data, field, limits, param)
+
+
+def _http_url(url: str, field: str, param: str) -> None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or \
+            len(url) > MAX_URL_CHARS:
+        raise _bad(field, param, "an image URL must be an http(s) URL or a data: URL")
+
+
+async def _download(url: str, field: str, param: str, limits: ImageLimits) -> bytes:
+    headers = {"Accept": "image/*", "Accept-Encoding": "identity"}
+    try:
+        async with httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                     timeout=limits.url_timeout) as client:
+            for _ in range(MAX_REDIRECTS + 1):
+                _http_url(url, field, param)
+                async with client.stream("GET", url, headers=headers) as resp:
+                    if resp.is_redirect and "location" in resp.headers:
+                        url = urljoin(url, resp.headers["location"])
+                        continue
+                    if resp.status_code != 200:
+                        raise _bad(field, param, f"fetching the image answered HTTP "
+                                   f"{resp.status_code}")
+                    return await _read(resp, field, param, limits)
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+        raise _bad(field, param, f"fetching the image failed: {type(exc).__name__}") from None
+    raise _bad(field, param, f"fetching the image was redirected more than {MAX_REDIRECTS} "
+               "times")
+
+
+async def _read(resp: httpx.Response, field: str, param: str, limits: ImageLimits) -> bytes:
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limits.max_bytes:
+        raise _too_large(field, param, int(declared), limits)
+    body = bytearray()
+    # NOTE: raw bytes: a body compressed against Accept-Encoding: identity is no image.
+    async for chunk in resp.aiter_raw():
+        body += chunk
+        if len(body) > limits.max_bytes:
+            raise _too_large(field, param, len(body), limits)
+    return bytes(body)
+
+
+class Images:
+    """One request's images: counted against `max_count`, each decoded (or fetched) and
+    checked. A translator makes one per request and hands it every image it meets."""
+
+    def __init__(self, limits: ImageLimits) -> None:
+        self.limits = limits
+        self.count = 0
+
+    def _one_more(self, field: str, param: str) -> None:
+        self.count += 1
+        if self.count > self.limits.max_count:
+            raise _bad(field, param, f"more than {self.limits.max_count} images in one request "
+                       "(max_images)")
+
+    def base64(self, text: object, field: str, param: str) -> bytes:
+        """Base64 (or a data URL), as Ollama and Anthropic send it."""
+        self._one_more(field, param)
+        if not isinstance(text, str):
+            raise _bad(field, param, "an image must be a base64 string")
+        return decode_base64_image(text, field, self.limits, param)
+
+    async def url(self, url: object, field: str, param: str) -> bytes:
+        """A data URL or an http(s) URL, as OpenAI sends it."""
+        self._one_more(field, param)
+        if not isinstance(url, str):
+            raise _bad(field, param, "an image URL must be a string")
+        if url.startswith("data:"):
+            return decode_data_url(url, field, self.limits, param)
+        _http_url(url, field, param)
+        return await fetch_image(url, field, self.limits, param)
