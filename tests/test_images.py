@@ -1,0 +1,554 @@
+"""Images in requests (gateway/api/images.py): decoding and checks, each API's translation of
+its image fields, and the 400s a user sees.
+
+Three layers, all without a vision model:
+- images.py itself: base64 and data URLs, format sniffing, the byte, pixel and count caps,
+  the opt-in URL fetch (against a loopback HTTP server made here), and a little fuzzing;
+- each API's translator given a model that has vision: where its images land (the user
+  message they belong to, in order) and the 400 that names the field, rendered in the API's
+  error shape;
+- the shared server (a text-only model): every API answers an image with the capability's
+  400 before it looks at the image, and junk in image fields is a 400, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import random
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anthropic
+import httpx
+import msgspec
+import ollama
+import openai
+import pytest
+from PIL import Image
+
+from gateway.api import anthropic as anthropic_api
+from gateway.api import ollama as ollama_api
+from gateway.api import openai as openai_api
+from gateway.api import responses as responses_api
+from gateway.api.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Dialect
+from gateway.api.images import (
+    MAX_REDIRECTS,
+    ImageLimits,
+    Images,
+    check_image,
+    decode_base64_image,
+    decode_data_url,
+    fetch_image,
+)
+from gateway.core.errors import GatewayError
+from models.capabilities import Capabilities
+from protocol.config import Config
+from protocol.messages import ChatMessage
+
+LLM = "smollm2:135m"
+LIMITS = ImageLimits()
+VISION = Capabilities(kind="llm", vision=True)
+TEXT_ONLY = Capabilities(kind="llm")
+
+
+def image_file(fmt: str = "PNG", size: tuple[int, int] = (4, 3),
+               color: tuple[int, int, int] = (200, 10, 10)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, fmt)
+    return out.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{b64(data)}"
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG with a valid signature and IHDR (CRC included) claiming this size, and no
+    pixels: what a decompression bomb's first bytes look like."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    iend = struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
+    return b"\x89PNG\r\n\x1a\n" + chunk + iend
+
+
+PNG = image_file("PNG")
+BLUE = image_file("PNG", color=(10, 10, 200))
+HUGE = png_header(100_000, 100_000)
+
+
+def refused(call: Callable[[], object], *words: str) -> GatewayError:
+    """The 400 `call` raises, whose message holds every one of `words`."""
+    with pytest.raises(GatewayError) as err:
+        call()
+    assert err.value.status == 400, err.value.message
+    for word in words:
+        assert word in err.value.message, (word, err.value.message)
+    return err.value
+
+
+# --- images.py ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
+def test_every_format_pillow_reads_is_taken_as_sent(fmt: str) -> None:
+    data = image_file(fmt)
+    assert check_image(data, "f", LIMITS) == data
+    assert decode_base64_image(b64(data), "f", LIMITS) == data
+    assert decode_data_url(data_url(data, f"image/{fmt.lower()}"), "f", LIMITS) == data
+
+
+def test_an_animated_gif_is_taken() -> None:
+    out = io.BytesIO()
+    frames = [Image.new("RGB", (5, 5), c) for c in ((255, 0, 0), (0, 255, 0))]
+    frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
+    assert check_image(out.getvalue(), "f", LIMITS) == out.getvalue()
+
+
+def test_base64_with_line_breaks_and_a_data_url_prefix() -> None:
+    wrapped = "\n".join(b64(PNG)[i:i + 76] for i in range(0, len(b64(PNG)), 76))
+    assert decode_base64_image(wrapped + "\r\n", "f", LIMITS) == PNG
+    assert decode_base64_image(data_url(PNG), "f", LIMITS) == PNG
+    # The declared type is not trusted, only required to be an image's.
+    assert decode_base64_image(data_url(PNG, "image/jpeg"), "f", LIMITS) == PNG
+
+
+@pytest.mark.parametrize("text", ["not base64!!", "aGk", "=aGk", "aGk=aGk=", b64(PNG)[:-2],
+                                  b64(PNG).replace("+", "-").replace("/", "_") + "-_",
+                                  "ÿÿÿÿ", "aGk=\x00"])
+def test_corrupt_base64_is_refused(text: str) -> None:
+    refused(lambda: decode_base64_image(text, "messages[0].images[0]", LIMITS),
+            "messages[0].images[0]", "base64")
+
+
+@pytest.mark.parametrize("data", [b"hello, world", b"\x00" * 64, PNG[:40], PNG[:-13],
+                                  image_file("JPEG")[:20], b"%PDF-1.4\n" + b"x" * 100,
+                                  b"GIF89a", png_header(10, 10)])
+def test_bytes_that_are_no_image_are_refused(data: bytes) -> None:
+    refused(lambda: check_image(data, "image", LIMITS), "image:", "not an image")
+    refused(lambda: decode_base64_image(b64(data), "image", LIMITS), "not an image")
+
+
+def test_an_empty_image_is_refused() -> None:
+    refused(lambda: decode_base64_image("", "f", LIMITS), "empty")
+    refused(lambda: decode_data_url("data:image/png;base64,", "f", LIMITS), "empty")
+
+
+@pytest.mark.parametrize("url", ["data:text/plain;base64,aGk=", "data:image/png,rawtext",
+                                 "data:image/png;charset=utf-8,abc", "data:", "nodata"])
+def test_data_urls_that_are_no_base64_image_are_refused(url: str) -> None:
+    refused(lambda: decode_data_url(url, "f", LIMITS), "f:")
+
+
+def test_the_byte_cap_is_checked_before_decoding() -> None:
+    small = ImageLimits(max_bytes=len(PNG) - 1)
+    refused(lambda: check_image(PNG, "f", small), "max_image_bytes", str(len(PNG)))
+    refused(lambda: decode_base64_image(b64(PNG), "f", small), "max_image_bytes")
+    # Far too long to be under the cap: refused from its length (this text is no base64).
+    refused(lambda: decode_base64_image("!" * 4000, "f", ImageLimits(max_bytes=100)),
+            "max_image_bytes")
+    assert decode_base64_image(b64(PNG), "f", ImageLimits(max_bytes=len(PNG))) == PNG
+
+
+@pytest.mark.parametrize("size", [(100_000, 100_000), (12_000, 10_000), (10_000, 6_000)])
+def test_too_many_pixels_is_read_from_the_header(size: tuple[int, int]) -> None:
+    # Beyond Pillow's bomb threshold (it raises), between it and twice it (it warns, an error
+    # under this suite's warning filter), and between this server's cap and Pillow's.
+    refused(lambda: check_image(png_header(*size), "f", LIMITS), "pixels", "max_image_pixels")
+
+
+def test_the_pixel_cap_is_a_setting() -> None:
+    image = image_file("PNG", (20, 10))
+    refused(lambda: check_image(image, "f", ImageLimits(max_pixels=199)), "20x10")
+    assert check_image(image, "f", ImageLimits(max_pixels=200)) == image
+
+
+def test_the_count_cap_is_per_request() -> None:
+    images = Images(ImageLimits(max_count=2))
+    for i in range(2):
+        assert images.base64(b64(PNG), f"images[{i}]", "images") == PNG
+    refused(lambda: images.base64(b64(PNG), "images[2]", "images"), "images[2]",
+            "more than 2 images", "max_images")
+    assert Images(ImageLimits(max_count=2)).base64(b64(PNG), "images[0]", "images") == PNG
+
+
+def test_an_image_that_is_no_string_is_refused() -> None:
+    images = Images(LIMITS)
+    for value in (None, 42, ["a"], {"url": "x"}):
+        refused(lambda v=value: images.base64(v, "f", "p"), "base64 string")
+        refused(lambda v=value: asyncio.run(images.url(v, "f", "p")), "must be a string")
+
+
+def test_the_config_limits_reach_images() -> None:
+    config = msgspec.convert({"max_image_bytes": 5, "max_image_pixels": 6, "max_images": 7,
+                              "image_urls": True, "image_url_timeout": 2.5}, Config)
+    assert ImageLimits.from_config(config) == ImageLimits(5, 6, 7, True, 2.5)
+    assert ImageLimits.from_config(Config()) == LIMITS
+    assert not LIMITS.urls
+
+
+def test_fuzzed_images_are_taken_or_refused_with_a_400() -> None:
+    """Random damage to real files of every format: a 400 or the bytes, nothing else."""
+    rng = random.Random(17)
+    seeds = [image_file(f, (9, 7)) for f in ("PNG", "JPEG", "WEBP", "GIF", "BMP")]
+    for _ in range(400):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 6)):
+            at = rng.randrange(len(data))
+            data[at] = rng.randrange(256)
+        if rng.random() < 0.3:
+            del data[rng.randrange(len(data)):]
+        try:
+            assert check_image(bytes(data), "f", LIMITS) == bytes(data)
+        except GatewayError as exc:
+            assert exc.status == 400
+    for _ in range(200):
+        text = "".join(rng.choice("AZaz09+/=-_ \n\x00é") for _ in range(rng.randint(0, 40)))
+        try:
+            decode_base64_image(rng.choice(["", "data:image/png;base64,"]) + text, "f", LIMITS)
+        except GatewayError as exc:
+            assert exc.status == 400
+
+
+# --- URLs ----------------------------------------------------------------------------------
+
+
+class _Site(BaseHTTPRequestHandler):
+    """A loopback site: /png, /big (more than the cap), /nolength (no Content-Length, too
+    long), /missing, /redirect (to /png), /loop (to itself), /file (to file://), /hang (never
+    answers)."""
+
+    hang = threading.Event()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = self.path
+        if path == "/png":
+            self._send(200, PNG)
+        elif path == "/big":
+            self._send(200, PNG + b"\x00" * 4096)
+        elif path == "/nolength":
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(PNG + b"\x00" * 4096)
+            self.close_connection = True
+        elif path in ("/redirect", "/loop", "/file"):
+            target = {"/redirect": "/png", "/loop": "/loop", "/file": "file:///etc/passwd"}
+            self.send_response(302)
+            self.send_header("Location", target[path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/hang":
+            self.hang.wait(30)
+        else:
+            self._send(404, b"no")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Site)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    _Site.hang.set()
+    server.shutdown()
+    server.server_close()
+
+
+URLS = ImageLimits(urls=True, max_bytes=len(PNG) + 100, url_timeout=1.0)
+
+
+def fetch(url: str, limits: ImageLimits = URLS) -> bytes:
+    return asyncio.run(Images(limits).url(url, "messages[0].content[0].image_url", "messages"))
+
+
+def test_urls_are_refused_unless_enabled(site: str) -> None:
+    err = refused(lambda: fetch(site + "/png", LIMITS), "messages[0].content[0].image_url",
+                  "image_urls")
+    assert err.param == "messages"
+    refused(lambda: asyncio.run(fetch_image(site + "/png", "f", LIMITS)), "image_urls")
+
+
+def test_an_enabled_url_is_fetched_and_checked(site: str) -> None:
+    assert fetch(site + "/png") == PNG
+    assert fetch(site + "/redirect") == PNG
+
+
+@pytest.mark.parametrize(("path", "words"), [
+    ("/big", ("max_image_bytes",)),
+    ("/nolength", ("max_image_bytes",)),
+    ("/missing", ("HTTP 404",)),
+    ("/loop", (f"more than {MAX_REDIRECTS} times",)),
+    ("/file", ("http(s) URL",)),
+    ("/hang", ("image_url_timeout",)),
+])
+def test_a_bad_url_is_a_400(site: str, path: str, words: tuple[str, ...]) -> None:
+    refused(lambda: fetch(site + path), *words)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://127.0.0.1/x.png", "http://",
+                                 "http://[::1", "javascript:alert(1)", "//x/y.png",
+                                 "http://127.0.0.1:1/x.png"])
+def test_urls_that_are_not_http_or_unreachable_are_a_400(url: str) -> None:
+    refused(lambda: fetch(url), "messages[0].content[0].image_url")
+
+
+# --- each API's translation, on a model with vision ------------------------------------
+
+
+def shape(dialect: Dialect, exc: GatewayError) -> tuple[int, dict[str, Any]]:
+    response = dialect.error_response(exc)
+    return response.status_code, msgspec.json.decode(bytes(response.body))
+
+
+def openai_messages(content: list[dict[str, Any]]) -> list[openai_api.Message]:
+    return msgspec.convert([{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": content}], list[openai_api.Message])
+
+
+def test_openai_image_url_parts_land_on_their_message_in_order() -> None:
+    messages = openai_messages([
+        {"type": "text", "text": "Compare "},
+        {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}},
+        {"type": "text", "text": "with"},
+        {"type": "image_url", "image_url": data_url(BLUE)}])
+    out = asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+    assert out[0] == ChatMessage(role="system", content="Be brief.")
+    assert out[1].content == "Compare with" and out[1].images == [PNG, BLUE]
+
+
+def test_openai_bad_image_is_its_400() -> None:
+    messages = openai_messages([{"type": "text", "text": "hi"},
+                                {"type": "image_url", "image_url": {"url": "data:image/png;"
+                                                                           "base64,@@"}}])
+    with pytest.raises(GatewayError) as err:
+        asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+    status, body = shape(OPENAI, err.value)
+    assert status == 400
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == "messages"
+    assert body["error"]["message"].startswith("messages[1].content[1].image_url: ")
+
+
+def test_ollama_images_on_chat_and_generate() -> None:
+    messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(PNG)]},
+                                {"role": "assistant", "content": "red"},
+                                {"role": "user", "content": "and?", "images": [b64(BLUE)]}],
+                               list[ollama_api.Message])
+    out = ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS))
+    assert [m.images for m in out] == [[PNG], [], [BLUE]]
+    bad = msgspec.convert([{"role": "user", "content": "x", "images": [b64(PNG), "xx"]}],
+                          list[ollama_api.Message])
+    with pytest.raises(GatewayError) as err:
+        ollama_api.chat_messages(bad, VISION, "m", Images(LIMITS))
+    status, body = shape(OLLAMA, err.value)
+    assert status == 400 and body == {"error": err.value.message}
+    assert body["error"].startswith("messages[0].images[1]: not valid base64")
+
+
+def test_anthropic_image_blocks_go_with_their_message() -> None:
+    source = {"type": "base64", "media_type": "image/png", "data": b64(PNG)}
+    messages = msgspec.convert([
+        {"role": "user", "content": [{"type": "image", "source": source},
+                                     {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "screen"},
+            {"type": "image", "source": {**source, "data": b64(BLUE)}}]}]},
+    ], list[anthropic_api.InMessage])
+    out = asyncio.run(anthropic_api.chat_messages("sys", messages, VISION, "m", Images(LIMITS)))
+    assert [(m.role, m.images) for m in out] == [
+        ("system", []), ("user", [PNG]), ("assistant", []), ("tool", [BLUE])]
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ({"type": "base64", "media_type": "image/png", "data": "@@@"}, ("source.data", "base64")),
+    ({"type": "base64", "media_type": "text/plain", "data": b64(PNG)}, ("media_type",)),
+    ({"type": "base64", "media_type": "image/png", "data": b64(b"GIF89a")},
+     ("not an image",)),
+    ({"type": "url", "url": "https://example.com/cat.png"}, ("source.url", "image_urls")),
+    ({"type": "file", "file_id": "f1"}, ("base64 or url",)),
+    ("nonsense", ("base64 or url",)),
+])
+def test_anthropic_bad_image_is_its_400(source: Any, words: tuple[str, ...]) -> None:
+    messages = msgspec.convert([{"role": "user", "content": [{"type": "image",
+                                                              "source": source}]}],
+                               list[anthropic_api.InMessage])
+    with pytest.raises(GatewayError) as err:
+        asyncio.run(anthropic_api.chat_messages(None, messages, VISION, "m", Images(LIMITS)))
+    status, body = shape(ANTHROPIC, err.value)
+    assert status == 400
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("messages[0].content[0]")
+    for word in words:
+        assert word in body["error"]["message"]
+
+
+def test_responses_input_image_goes_with_its_message() -> None:
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Describe"},
+                                          {"type": "input_image", "image_url": data_url(PNG)}]}]
+    out = asyncio.run(responses_api.input_messages(items, VISION, "m", Images(LIMITS)))
+    assert out == [ChatMessage(role="user", content="Describe", images=[PNG])]
+    for part, words in (({"type": "input_image", "image_url": "data:image/png;base64,!"},
+                         ("input[0].content[0].image_url", "base64")),
+                        ({"type": "input_image", "file_id": "file-1"}, ("file_id",))):
+        with pytest.raises(GatewayError) as err:
+            asyncio.run(responses_api.input_messages([{"role": "user", "content": [part]}],
+                                                     VISION, "m", Images(LIMITS)))
+        status, body = shape(RESPONSES, err.value)
+        assert status == 400 and body["error"]["param"] == "input"
+        for word in words:
+            assert word in body["error"]["message"]
+
+
+def test_the_count_cap_spans_the_whole_request() -> None:
+    images = Images(ImageLimits(max_count=3))
+    messages = msgspec.convert([{"role": "user", "content": "a", "images": [b64(PNG)] * 2},
+                                {"role": "user", "content": "b", "images": [b64(PNG)] * 2}],
+                               list[ollama_api.Message])
+    with pytest.raises(GatewayError) as err:
+        ollama_api.chat_messages(messages, VISION, "m", images)
+    assert err.value.message.startswith("messages[1].images[1]: more than 3 images")
+
+
+def test_a_text_only_model_refuses_before_decoding() -> None:
+    """The capability's 400, whatever the image holds (it is not looked at)."""
+    messages = openai_messages([{"type": "image_url", "image_url": {"url": "junk"}}])
+    refused(lambda: asyncio.run(openai_api.chat_messages(messages, TEXT_ONLY, "m",
+                                                         Images(LIMITS))),
+            "model 'm' does not support images")
+
+
+# --- the shared server: a text-only model --------------------------------------------------
+
+
+CORRUPT = "data:image/png;base64,@@not-base64@@"
+
+
+@pytest.fixture(scope="module")
+def http(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        yield client
+
+
+def _openai_body(url: str) -> dict[str, Any]:
+    return {"model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+
+
+def _anthropic_body(data: Any) -> dict[str, Any]:
+    return {"model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": data}}]}]}
+
+
+def _responses_body(url: Any) -> dict[str, Any]:
+    return {"model": LLM, "max_output_tokens": 1, "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": url}]}]}
+
+
+def _ollama_chat_body(image: Any) -> dict[str, Any]:
+    return {"model": LLM, "stream": False, "messages": [{"role": "user", "content": "hi",
+                                                          "images": [image]}]}
+
+
+def _ollama_generate_body(image: Any) -> dict[str, Any]:
+    return {"model": LLM, "stream": False, "prompt": "hi", "images": [image]}
+
+
+BODIES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "openai": ("/v1/chat/completions", _openai_body),
+    "anthropic": ("/v1/messages", _anthropic_body),
+    "responses": ("/v1/responses", _responses_body),
+    "ollama-chat": ("/api/chat", _ollama_chat_body),
+    "ollama-generate": ("/api/generate", _ollama_generate_body),
+}
+
+
+def error_message(api: str, body: dict[str, Any]) -> str:
+    """The message of an error body, asserting the API's shape."""
+    if api.startswith("ollama"):
+        assert set(body) == {"error"} and isinstance(body["error"], str)
+        return str(body["error"])
+    if api == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        return str(body["error"]["message"])
+    assert body["error"]["type"] == "invalid_request_error"
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize("api", list(BODIES))
+@pytest.mark.parametrize("image", [CORRUPT, b64(PNG), data_url(HUGE), "https://example.com/a.png"])
+def test_a_text_only_model_answers_every_api_with_the_capability_400(
+        http: httpx.Client, api: str, image: str) -> None:
+    path, body = BODIES[api]
+    if api.startswith("ollama") or api == "anthropic":
+        image = image.split(",", 1)[-1]
+    else:
+        image = image if ":" in image else data_url(PNG)
+    response = http.post(path, json=body(image))
+    assert response.status_code == 400, response.text
+    assert f"model '{LLM}' does not support images" in error_message(api, response.json())
+
+
+def test_the_clients_see_the_capability_400(base_url: str, tmp_path: Any) -> None:
+    path = tmp_path / "red.png"
+    path.write_bytes(PNG)
+    client = ollama.Client(host=base_url)
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model=LLM, messages=[{"role": "user", "content": "hi",
+                                          "images": [str(path)]}])
+    assert err.value.status_code == 400 and "does not support images" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.generate(model=LLM, prompt="hi", images=[PNG])
+    assert err.value.status_code == 400 and "does not support images" in err.value.error
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as oerr:
+        oai.responses.create(model=LLM, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(PNG), "detail": "auto"}]}])
+    assert "does not support images" in oerr.value.message
+    claude = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        claude.messages.create(model=LLM, max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}])
+    assert "does not support images" in str(aerr.value)
+
+
+JUNK: list[Any] = [None, 0, -1, 1.5, True, "", "data:", "x" * 70_000, [], {}, {"url": None},
+                   {"url": 5}, ["a"], {"type": "base64"}, "\x00é", "data:image/png;base64,",
+                   "http://", "file:///etc/passwd"]
+
+
+@pytest.mark.parametrize("api", list(BODIES))
+def test_junk_in_image_fields_is_a_400_never_a_500(http: httpx.Client, api: str) -> None:
+    path, body = BODIES[api]
+    for junk in JUNK:
+        payload = body(junk)
+        response = http.post(path, content=msgspec.json.encode(payload),
+                             headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (junk, response.text)
+        error_message(api, response.json())
+    # The server still answers the next request.
+    ok = http.post("/api/chat", json={"model": LLM, "stream": False, "options": {
+        "num_predict": 1}, "messages": [{"role": "user", "content": "hi"}]})
+    assert ok.status_code == 200 and ok.json()["done"] is True
