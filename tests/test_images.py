@@ -305,6 +305,24 @@ def test_a_bad_url_is_a_400(site: str, path: str, words: tuple[str, ...]) -> Non
     refused(lambda: fetch(site + path), *words)
 
 
+def test_a_url_that_hangs_holds_up_no_other_request(site: str) -> None:
+    """The fetch runs on the event loop without blocking it: another image is fetched while
+    the first still waits."""
+
+    async def both() -> bytes:
+        patient = ImageLimits(urls=True, url_timeout=60.0)
+        slow = asyncio.create_task(Images(patient).url(site + "/hang", "f", "p"))
+        await asyncio.sleep(0)
+        fast = await Images(patient).url(site + "/png", "f", "p")
+        assert not slow.done()
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        return fast
+
+    assert asyncio.run(both()) == PNG
+
+
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://127.0.0.1/x.png", "http://",
                                  "http://[::1", "javascript:alert(1)", "//x/y.png",
                                  "http://127.0.0.1:1/x.png"])
