@@ -70,6 +70,9 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # Encoded image files (PNG, JPEG...) the message shows, checked by the gateway
+    # (gateway/api/images.py); only a `vlm` worker takes them (workers/vlm_engine.py).
+    images: list[bytes] = []
 
 
 # --- gateway -> worker -------------------------------------------------------------------

@@ -26,6 +26,7 @@ from gateway.api import logprobs as lp
 from gateway.api.common import new_id, now
 from gateway.api.dialects import ANTHROPIC, dialect_for
 from gateway.api.flow import Translator, Turn
+from gateway.api.images import decode_data_url
 from gateway.api.ollama_models import require
 from gateway.api.params import json_schema_text, openai_params
 from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
@@ -131,17 +132,22 @@ class CompletionRequest(SamplingFields):
 # --- translation -------------------------------------------------------------------------
 
 
-def _text(content: str | list[ContentPart] | None, caps: Capabilities, requested: str) -> str:
+def _content(content: str | list[ContentPart] | None, caps: Capabilities,
+             requested: str) -> tuple[str, list[bytes]]:
+    """A message's text, and its images (decoded and checked) when the model takes them."""
     if content is None or isinstance(content, str):
-        return content or ""
+        return content or "", []
     parts = []
+    images = []
     for part in content:
         if part.type == "text":
             parts.append(part.text or "")
         elif part.type in ("image_url", "input_image", "image"):
-            # NOTE: no model has vision here; one that has needs its images carried on.
             require(caps, VISION, requested, "messages")
-    return "".join(parts)
+            url = part.image_url.get("url") if isinstance(part.image_url, dict) \
+                else part.image_url
+            images.append(decode_data_url(url))
+    return "".join(parts), images
 
 
 def chat_messages(messages: list[Message], caps: Capabilities,
@@ -157,8 +163,9 @@ def chat_messages(messages: list[Message], caps: Capabilities,
         calls = None
         if role == "assistant" and m.tool_calls:
             calls = [_history_call(c) for c in m.tool_calls]
-        out.append(ChatMessage(role=role, content=_text(m.content, caps, requested), name=m.name,
-                               tool_call_id=m.tool_call_id, tool_calls=calls))
+        text, images = _content(m.content, caps, requested)
+        out.append(ChatMessage(role=role, content=text, name=m.name,
+                               tool_call_id=m.tool_call_id, tool_calls=calls, images=images))
     return out
 
 
