@@ -13,11 +13,13 @@ the prompt with GenAI's universal tag `<ov_genai_image_N>` (GenAI swaps it for t
 image token and the image's features).
 
 Token accounting: what one image costs in prompt tokens is measured once at warm-up (the
-pipeline's own count of a prompt with one image, less the prompt's text). A request's count is
-its text's tokens, each image counted through one atomic special token standing in for the
-image tag, plus that cost less one per image. Exact for models that give every image the same
-number of tokens (LLaVA-1.5, the test model); for models that tile or resize images by their
-size (Qwen2-VL, LLaVA-NeXT, Phi-3.5-vision) it is the cost of a warm-up-sized image.
+pipeline's own count of a prompt with one image, less the prompt's text). A request is counted
+as GenAI builds it: the text between images tokenized piece by piece (a model's image token is
+a special token, which splits the text there), plus that cost per image; `/tokenize` counts
+the same way. Exact for models that give every image the same number of tokens (LLaVA-1.5, the
+test model: the tests compare it with the pipeline's own count); for models that tile or
+resize images by their size (Qwen2-VL, LLaVA-NeXT, Phi-3.5-vision) it is the cost of a
+warm-up-sized (336x336) image.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ import openvino as ov
 import openvino_genai as ov_genai
 from PIL import Image
 
+from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
 from workers.batch_engine import BatchEngine
-from workers.engine import Active, Prepared, Prompting
+from workers.engine import Active, Emit, Prepared, Prompting
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -149,16 +152,31 @@ class VlmEngine(BatchEngine):
     """Continuous batching over a VLM's ContinuousBatchingPipeline (GPU, CPU); on an NPU a
     VLMPipeline, one request and one image at a time."""
 
-    gives_logprobs = True
+    def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
+        super().__init__(spec, model_path, context_length, emit)
+        # One VLMPipeline, one request at a time (the NPU's way; settable for tests on CPU).
+        self.on_npu = spec.device.upper().startswith("NPU")
 
-    @property
-    def on_npu(self) -> bool:
-        return self.spec.device.upper().startswith("NPU")
+    def prompt_limit(self) -> tuple[int, bool]:
+        if self.on_npu:
+            return self.spec.max_prompt_len, True
+        return super().prompt_limit()
+
+    def room(self, prompt_tokens: int) -> int:
+        if self.on_npu:
+            return min(self.context_length,
+                       self.spec.max_prompt_len + self.spec.min_response_len) - prompt_tokens
+        return super().room(prompt_tokens)
 
     def load(self, properties: dict[str, Any]) -> None:
         if self.on_npu:
+            # NOTE: VLMPipeline's streamer gets token ids only: no logprobs (UNSUPPORTED).
             self.gives_logprobs = False
-            self.pipe = ov_genai.VLMPipeline(self.model_path, self.spec.device, **properties)
+            props = dict(properties)
+            if self.spec.device.upper().startswith("NPU"):
+                props["MAX_PROMPT_LEN"] = self.spec.max_prompt_len
+                props["MIN_RESPONSE_LEN"] = self.spec.min_response_len
+            self.pipe = ov_genai.VLMPipeline(self.model_path, self.spec.device, **props)
             self.base_config = self.pipe.get_generation_config()
         else:
             self.pipe = ov_genai.ContinuousBatchingPipeline(
