@@ -187,6 +187,16 @@ def test_bad_images_are_a_400(client: openai.OpenAI) -> None:
             "url" in str(body).lower(), (what, body)
 
 
+def test_a_text_holding_an_image_tag_is_a_400_and_the_worker_goes_on(
+        client: openai.OpenAI) -> None:
+    for text in ("What does <image> mean in HTML?", "Show <ov_genai_image_0> please."):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+                {"role": "user", "content": text}])
+        assert "images cannot be placed" in str(caught.value), text
+    assert answer(client, with_image(png("red"))).choices[0].message.content
+
+
 def test_an_image_for_a_text_only_model_is_the_usual_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=TEXT_ONLY, messages=with_image(png("red")),

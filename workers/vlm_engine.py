@@ -70,6 +70,14 @@ def image_tensor(data: bytes) -> ov.Tensor:
     return ov.Tensor(np.ascontiguousarray(pixels[None]))
 
 
+def tag_error(exc: Exception) -> str:
+    """GenAI's refusal of a prompt's images, without its source location: e.g. a text that
+    holds an image tag of its own (`<image>`, `<ov_genai_image_0>`)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = lines[-1] if lines else type(exc).__name__
+    return f"the images cannot be placed in this prompt: {reason}"
+
+
 def image_tag(index: int) -> str:
     """GenAI's universal image tag for the prompt's index-th image."""
     return f"<ov_genai_image_{index}>"
@@ -238,7 +246,11 @@ class VlmEngine(BatchEngine):
 
     def _add_request(self, ready: Prepared) -> Any:
         assert isinstance(ready, VlmPrepared)
-        return self.pipe.add_request(self._handle_id(), ready.text, ready.images, ready.config)
+        try:
+            return self.pipe.add_request(self._handle_id(), ready.text, ready.images,
+                                         ready.config)
+        except Exception as exc:
+            raise ValueError(tag_error(exc)) from None
 
     def _step(self) -> bool:
         if not self.on_npu:
@@ -268,8 +280,11 @@ class VlmEngine(BatchEngine):
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": req.log_id or req.id})
             self._active.pop(req.id, None)
-            self._refuse(Failed(id=req.id, seq=active.seq, code=ErrorCode.INTERNAL,
-                                message=f"generation failed: {exc}"))
+            # NOTE: a prompt whose images cannot be placed fails before its first token.
+            code = ErrorCode.BAD_REQUEST if not active.completion_tokens else ErrorCode.INTERNAL
+            self._refuse(Failed(id=req.id, seq=active.seq, code=code,
+                                message=tag_error(exc) if code == ErrorCode.BAD_REQUEST
+                                else f"generation failed: {exc}"))
             return
         if not active.cancelled and active.completion_tokens >= ready.config.max_new_tokens:
             active.finish_reason = "length"
