@@ -225,17 +225,15 @@ class VlmEngine(BatchEngine):
                                         f"request, this one has {len(encoded)}",
                                 retry_elsewhere=True))
             return None
-        try:
-            images = [image_tensor(data) for data in encoded]
-        except BadImage as exc:
-            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
-            return None
+        # NOTE: the checks count the images without decoding them; pixels are decoded only
+        # for a request that passed them.
         ready = super()._prepare(req)
         if ready is None:
             return None
         try:
+            images = [image_tensor(data) for data in encoded]
             text = self.prompting.render_tagged(req)
-        except Exception as exc:  # NOTE: rendered once already; never seen
+        except Exception as exc:  # a corrupt image (BadImage); the template rendered before
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         ready.config.apply_chat_template = False
