@@ -216,6 +216,22 @@ def _worker_row(srv: Server) -> dict[str, Any]:
     return dict(next(w for w in rows if w["name"] == "vlm"))
 
 
+def test_a_client_that_leaves_stops_its_generation(srv: Server) -> None:
+    """Closing the stream aborts the request in the worker (its tokens stop being made)."""
+    aborted = srv.worker_log("vlm").count("reason=abort")
+    body = {"model": MODEL, "messages": with_image(png("blue"), "Tell me a long story."),
+            "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen == 3:
+                break
+    wait_for(lambda: srv.worker_log("vlm").count("reason=abort") > aborted, timeout=120,
+             what="the abandoned request was not aborted")
+    wait_for(lambda: not _worker_row(srv)["gateway_requests"], timeout=60)
+
+
 def test_killed_vlm_worker_fails_only_its_stream_and_comes_back(srv: Server,
                                                                 client: openai.OpenAI) -> None:
     old_pid = int(srv.children()["vlm"]["pid"])
