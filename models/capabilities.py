@@ -10,8 +10,9 @@ Each capability is what this server does with the model, not what its weights mi
   Face Jinja) have no suffix slot, and the gateway renders no fill-in-the-middle prompt; a
   model made another way (e.g. /api/create with a template that fills `.Suffix`) may set it
   once something renders that slot.
-- `vision`: the LLM workers run text pipelines (LLMPipeline, ContinuousBatchingPipeline),
-  never a VLMPipeline, so no model takes images here, whatever its template.
+- `vision`: a vision-language model (kind "vlm": what a `vlm` worker serves, or a pulled
+  model whose files have a vision encoder) takes images; the `llm`/`npu` workers run text
+  pipelines, so their models take none, whatever their template.
 - `thinking`: the chat template shows how the model thinks (`reasoning_format`): it writes
   `<think>` (or cuts a past answer at `</think>`) or switches `enable_thinking` (Qwen3,
   DeepSeek-R1, QwQ...), or it has harmony's analysis channel (gpt-oss). The gateway then
@@ -70,7 +71,7 @@ def reasoning_format(chat_template: str) -> ReasoningFormat | None:
 
 @dataclass(frozen=True)
 class Capabilities:
-    kind: str  # "llm" or "embed"
+    kind: str  # "llm", "vlm" or "embed"
     native_tools: bool = False
     insert: bool = False
     vision: bool = False
@@ -93,12 +94,12 @@ class Capabilities:
 
 
 def capabilities(kind: str, chat_template: str) -> Capabilities:
-    """The capabilities of a model of this kind ("llm" or "embed") and chat template ("" when
-    unknown). Callable for any model, also one made by /api/create from its template."""
+    """The capabilities of a model of this kind ("llm", "vlm" or "embed") and chat template
+    ("" when unknown). Callable for any model, also one made by /api/create from its template."""
     if kind == "embed":
         return Capabilities(kind="embed")
     return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
-                        reasoning=reasoning_format(chat_template))
+                        vision=kind == "vlm", reasoning=reasoning_format(chat_template))
 
 
 def template_supports_tools(chat_template: str) -> bool:

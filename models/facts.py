@@ -42,6 +42,8 @@ GGUF_MAGIC = b"GGUF"
 # uses the same cut-off for /api/show without `verbose`.
 DEFAULT_MAX_ARRAY_LEN = 1024
 IR_XML = "openvino_model.xml"
+# A vision-language model exported by optimum-intel has its language model here instead.
+VLM_XML = "openvino_language_model.xml"
 
 # llama.cpp `enum llama_ftype` (llama.h); 4-6 and 33-35 are retired but may appear in old files.
 GGUF_FILE_TYPES: dict[int, str] = {
@@ -382,7 +384,7 @@ def _ir_quantization(folder: Path) -> str:
         return str(ov_cfg["dtype"]).upper()
     # NOTE: NNCF records weight compression in the model's rt_info, e.g.
     # <weight_compression><mode value="int4_asym"/><group_size value="128"/>...
-    tail = _read_tail(folder / IR_XML)
+    tail = _read_tail(folder / (VLM_XML if (folder / VLM_XML).is_file() else IR_XML))
     block = re.search(r"<weight_compression>(.*?)</weight_compression>", tail, re.S)
     if block:
         mode = re.search(r'<mode value="([^"]+)"', block.group(1))
@@ -410,7 +412,10 @@ def _ir_chat_template(folder: Path) -> str:
 
 
 def _ir_context(cfg: dict[str, object]) -> int:
-    return _int(cfg.get("max_position_embeddings"))
+    """The context length; a vision-language model's is its language model's (text_config)."""
+    text = cfg.get("text_config")
+    inner = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    return _int(cfg.get("max_position_embeddings") or inner)
 
 
 def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDetails:
@@ -583,8 +588,8 @@ def describe_model(path: Path, cache_dir: Path | None = None) -> ModelDetails:
     digests are cached in memory and, if `cache_dir` is given, in a small JSON file there."""
     path = path.resolve()
     if path.is_dir():
-        if not (path / IR_XML).is_file():
-            raise ModelInfoError(f"{path}: no {IR_XML}")
+        if not (path / IR_XML).is_file() and not (path / VLM_XML).is_file():
+            raise ModelInfoError(f"{path}: no {IR_XML} (nor {VLM_XML})")
         files = _folder_files(path)
         stat_keys = tuple(_stat_key(f) for f in files)
     elif path.is_file():

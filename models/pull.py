@@ -50,6 +50,9 @@ from protocol.config import Config
 
 log = logging.getLogger(__name__)
 
+# The file an optimum-intel export of a vision-language model has (and a text model has not).
+VISION_IR = "openvino_vision_embeddings_model.xml"
+
 # What a model needs: IR (xml/bin), configs and tokenizer files, GGUF, chat templates.
 ALLOW_PATTERNS = ("*.xml", "*.bin", "*.json", "*.txt", "*.gguf", "*.model", "*.jinja",
                   "*.tiktoken", "*.vocab", "tokenizer*")
@@ -248,7 +251,7 @@ def select_files(source: ModelSource, files: list[RemoteFile]
         if not chosen.path.lower().endswith(".gguf"):
             raise PullRefused(f"{repo}: {chosen.path} is not a model (a .gguf file)")
         return [_single(chosen)], chosen.path, "gguf"
-    if IR_XML in by_path:
+    if IR_XML in by_path or VISION_IR in by_path:
         if unsafe:
             raise PullRefused(f"{repo}: refusing unsafe file paths {unsafe}")
         picked = [f for p, f in sorted(by_path.items()) if _allowed(p)]
@@ -420,6 +423,8 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
             return "embed" if arch in EMBED_ARCHS else "llm"
         if (folder / "modules.json").is_file():
             return "embed"  # a sentence-transformers model
+        if (folder / VISION_IR).is_file():
+            return "vlm"  # a vision-language model exported by optimum-intel
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as exc:
         log.warning("cannot tell the kind of %s (%s); assuming llm", plan.name, exc)

@@ -26,7 +26,7 @@ from protocol.config import ModelSource as ModelSource
 
 class ModelEntry(msgspec.Struct, frozen=True):
     name: str
-    kind: str  # "llm" or "embed"
+    kind: str  # "llm", "vlm" (takes images; served by a vlm worker) or "embed"
     # Where the files come from: ("package", distribution, file suffix) for embedded models.
     package: str = ""
     package_file: str = ""
@@ -57,7 +57,8 @@ EMBEDDED: tuple[ModelEntry, ...] = (
 )
 
 
-def _ov(repo: str, kind: Literal["llm", "embed"] = "llm", npu: bool = False) -> ModelSource:
+def _ov(repo: str, kind: Literal["llm", "vlm", "embed"] = "llm",
+        npu: bool = False) -> ModelSource:
     return ModelSource(repo=repo, kind=kind, npu_ready=npu)
 
 
@@ -99,6 +100,15 @@ LIBRARY: tuple[ModelEntry, ...] = (
         _gguf("bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"),)),
     ModelEntry("llama3.2:3b", "llm", aliases=("llama3.2", "llama3.2:3b-instruct"), sources=(
         _gguf("bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf"),)),
+    # Vision-language models (kind vlm, served by a `vlm` worker): OpenVINO's own exports.
+    ModelEntry("phi3.5-vision:4.2b", "vlm", aliases=("phi3.5-vision",), sources=(
+        _ov("OpenVINO/Phi-3.5-vision-instruct-int4-ov", kind="vlm"),)),
+    ModelEntry("internvl2:1b", "vlm", sources=(
+        _ov("OpenVINO/InternVL2-1B-int4-ov", kind="vlm"),)),
+    ModelEntry("internvl2:2b", "vlm", aliases=("internvl2",), sources=(
+        _ov("OpenVINO/InternVL2-2B-int4-ov", kind="vlm"),)),
+    ModelEntry("gemma3:4b", "vlm", aliases=("gemma3",), sources=(
+        _ov("OpenVINO/gemma-3-4b-it-int4-ov", kind="vlm"),)),
     ModelEntry("bge-small:en-v1.5", "embed", aliases=("bge-small",), sources=(
         _ov("OpenVINO/bge-small-en-v1.5-int8-ov", kind="embed"),)),
     ModelEntry("bge-base:en-v1.5", "embed", aliases=("bge-base",), sources=(

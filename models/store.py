@@ -54,7 +54,7 @@ class ManifestFile(msgspec.Struct, omit_defaults=True):
 
 class Manifest(msgspec.Struct, omit_defaults=True):
     name: str  # canonical: `[namespace/]name:tag`
-    kind: str  # "llm" or "embed"
+    kind: str  # "llm", "vlm" (text generation that also takes images) or "embed"
     format: str  # "gguf" or "openvino"
     source: str  # what was pulled, e.g. "hf.co/OpenVINO/TinyLlama-1.1B-Chat-v1.0-int4-ov"
     files: list[ManifestFile]

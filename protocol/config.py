@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-Role = Literal["llm", "npu", "embed"]
+Role = Literal["llm", "npu", "embed", "vlm"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
@@ -33,7 +33,8 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     revision: str = "main"
     path: str = ""
     # "" = detected from the files (config.json architectures, GGUF general.architecture)
-    kind: Literal["llm", "embed", ""] = ""
+    # "vlm": a vision-language model (text generation that also takes images; role vlm).
+    kind: Literal["llm", "vlm", "embed", ""] = ""
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
     description: str = ""
@@ -83,8 +84,9 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Admission: a worker takes at most max_running + max_queue requests (generations and
     # token counts); beyond that it answers QUEUE_FULL at once and the gateway tries the next
     # worker, else answers 503 with Retry-After.
-    # Requests generating at once: always 1 for npu (one at a time); for llm, 0 = 256 (the
-    # OpenVINO scheduler's max_num_seqs default); unused by embed (batches of 64 texts).
+    # Requests generating at once: always 1 for npu and for vlm on an NPU (one at a time); for
+    # llm and vlm, 0 = 256 (the OpenVINO scheduler's max_num_seqs default); unused by embed
+    # (batches of 64 texts).
     max_running: int = 0
     # Requests waiting beyond those running; 0 = the role's default: 4 for npu, 64 otherwise.
     max_queue: int = 0
@@ -136,7 +138,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             raise ValueError("prompt_lookup must be >= 0 and prompt_lookup_ngram >= 1")
         if self.prompt_lookup and self.role != "llm":
             raise ValueError(f"worker {self.name}: prompt_lookup needs the llm role")
-        if self.role == "npu":
+        if self.role == "npu" or (self.role == "vlm" and self.device.upper().startswith("NPU")):
             self.max_running = 1
         elif self.max_running <= 0:
             self.max_running = 256

@@ -71,7 +71,8 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     # The message's images: each an image file's own bytes (PNG, JPEG, WebP, GIF, BMP), in the
-    # order the client sent them, checked by the gateway (gateway/api/images.py).
+    # order the client sent them, checked by the gateway (gateway/api/images.py); only a `vlm`
+    # worker takes them (workers/vlm_engine.py).
     images: list[bytes] = []
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from serverctl import Server
@@ -19,3 +20,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def base_url(server: Server) -> str:
     return server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_path() -> Path:
+    """The tiny test VLM's IR folder (tests/tiny_vlm.py), built on first use per machine."""
+    from serverctl import MODEL_CACHE
+    from tiny_vlm import ensure
+
+    return ensure(MODEL_CACHE)

@@ -36,7 +36,13 @@ def _build_engine(proc: WorkerProcess) -> Engine:
     from workers.serial_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
-    kind = SerialEngine if spec.role == "npu" else BatchEngine
+    from workers.vlm_engine import VlmEngine
+
+    kind: type[SerialEngine | BatchEngine] = BatchEngine
+    if spec.role == "npu":
+        kind = SerialEngine
+    elif spec.role == "vlm":
+        kind = VlmEngine
     engine = kind(spec, loadable(str(path), proc.config.model_cache_path()), context or 2048,
                   proc.emit)
     engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)

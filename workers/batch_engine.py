@@ -23,7 +23,7 @@ import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed, SamplingParams
-from workers.engine import Emit, EngineBase, Prompting
+from workers.engine import Emit, EngineBase, Prepared, Prompting
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ class BatchEngine(EngineBase):
         super().__init__(spec, model_path, context_length, emit)
         self._next_handle_id = 0
 
-    def load(self, properties: dict[str, Any]) -> None:
+    def scheduler_config(self) -> Any:
+        """The scheduler: at most max_running sequences, prefix caching on."""
         sched = ov_genai.SchedulerConfig()
         sched.enable_prefix_caching = True
         sched.cache_size = max(1, int(self.spec.kv_cache_gb))
@@ -64,6 +65,10 @@ class BatchEngine(EngineBase):
         # (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of 8-14 s prefill.
         sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
         sched.max_num_seqs = self.spec.max_running
+        return sched
+
+    def load(self, properties: dict[str, Any]) -> None:
+        sched = self.scheduler_config()
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
         self.pipe = ov_genai.ContinuousBatchingPipeline(
@@ -136,8 +141,7 @@ class BatchEngine(EngineBase):
             if active is None:
                 continue
             try:
-                active.handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids),
-                                                      ready.config)
+                active.handle = self._add_request(ready)
             except Exception as exc:
                 self._active.pop(ready.req.id, None)
                 # NOTE: seq 1: the request was accepted (seq 0) when it was queued.
@@ -146,6 +150,10 @@ class BatchEngine(EngineBase):
                 continue
             if active.cancelled:  # NOTE: abort_all (drain thread) came before the handle
                 active.handle.cancel()
+
+    def _add_request(self, ready: Prepared) -> Any:
+        """Put one request into the pipeline; its GenerationHandle."""
+        return self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
 
     def _collect(self) -> None:
         now = time.time()

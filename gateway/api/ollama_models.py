@@ -260,7 +260,7 @@ class ModelCatalog:
         info: dict[str, object] = (dict(found.model_info) if found
                                    else {"general.architecture": "unknown"})
         params: dict[str, object] = {}
-        if found is not None and found.context_length and model.kind == "llm":
+        if found is not None and found.context_length and model.kind in ("llm", "vlm"):
             params["num_ctx"] = found.context_length
         template = await self.chat_template(model) if found else ""
         modelfile = f"# Modelfile of {display_name(model)} (served by npu-proxy)\n" + "".join(

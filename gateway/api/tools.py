@@ -343,7 +343,7 @@ def _fallback_history(messages: list[ChatMessage]) -> list[ChatMessage]:
                 out.append(ChatMessage(role="user", content=block))
             merging = True
         else:
-            out.append(ChatMessage(role=m.role, content=m.content, name=m.name))
+            out.append(ChatMessage(role=m.role, content=m.content, name=m.name, images=m.images))
             merging = False
     return out
 
@@ -367,7 +367,7 @@ def _with_system(messages: list[ChatMessage], section: str) -> list[ChatMessage]
     if messages and messages[0].role == "system":
         first = messages[0]
         text = f"{first.content}\n\n{section}" if first.content else section
-        return [ChatMessage(role="system", content=text), *messages[1:]]
+        return [ChatMessage(role="system", content=text, images=first.images), *messages[1:]]
     return [ChatMessage(role="system", content=section), *messages]
 
 

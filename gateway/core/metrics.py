@@ -45,7 +45,7 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900)
 
-LLM_ROLES = ("llm", "npu")
+LLM_ROLES = ("llm", "npu", "vlm")
 # Paths probed by load balancers and Prometheus: counted, but logged at DEBUG only.
 QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
 

@@ -32,13 +32,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
+# A worker role's kind of model; "vlm" is a text-generation model that also takes images.
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm"}
 
 
 @dataclasses.dataclass
 class ServedModel:
     name: str
-    kind: str  # "llm" or "embed"
+    kind: str  # "llm", "vlm" or "embed"
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""

@@ -202,7 +202,8 @@ class Router:
             model = _lookup(models, self.claude_model())
         if model is None:
             raise model_not_found(requested)
-        if kind is not None and model.kind != kind:
+        # NOTE: a vision-language model ("vlm") is a text-generation model too.
+        if kind is not None and model.kind != kind and (kind, model.kind) != ("llm", "vlm"):
             what = "an embedding model" if model.kind == "embed" else "a text generation model"
             use = "embeddings" if model.kind == "embed" else "chat or generate"
             raise GatewayError(400, "invalid_request",
@@ -224,8 +225,10 @@ class Router:
                 return self.table.default_model(spec)
         return ""
 
-    def candidates(self, model: ServedModel) -> list[WorkerLink]:
-        links = [self.broker.links[w] for w in model.workers if w in self.broker.links]
+    def candidates(self, model: ServedModel, images: bool = False) -> list[WorkerLink]:
+        """The workers running `model`, best first; with `images`, only vision (vlm) ones."""
+        links = [self.broker.links[w] for w in model.workers if w in self.broker.links
+                 and (not images or self.broker.links[w].spec.role == "vlm")]
 
         def rank(link: WorkerLink) -> tuple[int, int]:
             device = link.spec.device.split(".")[0].upper()
@@ -260,7 +263,9 @@ class Router:
         unsupported: Failed | None = None
         busy = False
         down = False
-        for link in self.candidates(model):
+        images = isinstance(msg, Generate | Tokenize) and any(
+            m.images for m in msg.messages or [])
+        for link in self.candidates(model, images):
             if not link.serving:
                 down = True
                 reason = reason if reason != "preferred" else "worker_unavailable"
