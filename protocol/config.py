@@ -253,11 +253,13 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Images in chats (gateway/api/images.py), each checked before anything reaches a worker:
     # its bytes once decoded, its pixels (width x height, read from the header) and the images
     # of one request. NOTE: 20 MiB is Anthropic's own per-image cap when sent through its API
-    # (and its base64, 27 MiB, fits max_body_bytes); 50 megapixels takes any camera photo or
-    # 4K/5K screenshot, yet stays under Pillow's decompression-bomb threshold (89 MP); 16
-    # images already fill the context of the small VLMs served here.
+    # (and its base64, 27 MiB, fits max_body_bytes); 40 megapixels takes any phone photo or
+    # 4K/5K screenshot, stays under Pillow's decompression-bomb threshold (89 MP), and is what
+    # a vlm worker decodes at most (workers/vlm_engine.py MAX_PIXELS: raising this one past it
+    # only moves the refusal there); 16 images already fill the context of the small VLMs
+    # served here.
     max_image_bytes: int = 20 * 1024 * 1024
-    max_image_pixels: int = 50_000_000
+    max_image_pixels: int = 40_000_000
     max_images: int = 16
     # Fetch http(s) image URLs (OpenAI image_url, Responses input_image, Anthropic url
     # sources)? Off: such a URL is a 400 that says so, and only inline images (base64, data:

@@ -1,7 +1,7 @@
 """Images in requests (gateway/api/images.py): decoding and checks, each API's translation of
 its image fields, and the 400s a user sees.
 
-Three layers, all without a vision model:
+Three layers without a vision model:
 - images.py itself: base64 and data URLs, format sniffing, the byte, pixel and count caps,
   the opt-in URL fetch (against a loopback HTTP server made here), and a little fuzzing;
 - each API's translator given a model that has vision: where its images land (the user
@@ -9,6 +9,9 @@ Three layers, all without a vision model:
   error shape;
 - the shared server (a text-only model): every API answers an image with the capability's
   400 before it looks at the image, and junk in image fields is a 400, never a 500.
+And end to end with the tiny VLM (tests/tiny_vlm.py) on a server of its own: every bad image
+is a 400 in every API's shape, every API's image reaches the model, the ollama, Anthropic and
+OpenAI clients send images, and ollama-python's two image examples run.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import random
 import struct
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -31,6 +38,7 @@ import ollama
 import openai
 import pytest
 from PIL import Image
+from serverctl import Server
 
 from gateway.api import anthropic as anthropic_api
 from gateway.api import ollama as ollama_api
@@ -570,3 +578,255 @@ def test_junk_in_image_fields_is_a_400_never_a_500(http: httpx.Client, api: str)
     ok = http.post("/api/chat", json={"model": LLM, "stream": False, "options": {
         "num_predict": 1}, "messages": [{"role": "user", "content": "hi"}]})
     assert ok.status_code == 200 and ok.json()["done"] is True
+
+
+# --- end to end, with the tiny VLM (tests/tiny_vlm.py) --------------------------------------
+#
+# A private server: a vlm worker running the tiny VLM, also named `llama3.2-vision` (the model
+# ollama-python's examples ask for) through `model_aliases`, with image limits small enough
+# that each refusal is cheap to provoke.
+
+VLM = "tiny-vlm"
+BRIEF = "tiny-vlm-brief"
+SHORT_ANSWER = ('{"summary": "A board.", "objects": [{"name": "board", "confidence": 0.9, '
+                '"attributes": "square"}], "scene": "A board.", "colors": ["black", "white"], '
+                '"time_of_day": "Morning", "setting": "Indoor", "text_content": null}')
+EXAMPLE_MODEL = "llama3.2-vision"
+VLM_MAX_BYTES = 256 * 1024
+VLM_MAX_PIXELS = 1_000_000
+VLM_MAX_IMAGES = 3
+RED = image_file("PNG", (80, 60))
+
+
+def checkerboard() -> bytes:
+    board = Image.new("RGB", (64, 64), "white")
+    for x in range(0, 64, 8):
+        for y in range(0, 64, 8):
+            if (x + y) // 8 % 2:
+                board.paste((0, 0, 0), (x, y, x + 8, y + 8))
+    out = io.BytesIO()
+    board.save(out, "JPEG")
+    return out.getvalue()
+
+
+BOARD = checkerboard()
+
+
+@pytest.fixture(scope="module")
+def vlm_server(tmp_path_factory: pytest.TempPathFactory, tiny_vlm_path: Path
+               ) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("images-vlm"), workers=[
+        {"name": "vlm", "role": "vlm", "device": "CPU", "model": VLM}],
+        models={VLM: {"path": str(tiny_vlm_path), "kind": "vlm"}},
+        model_aliases={EXAMPLE_MODEL: BRIEF}, max_image_bytes=VLM_MAX_BYTES,
+        max_image_pixels=VLM_MAX_PIXELS, max_images=VLM_MAX_IMAGES).start()
+    # NOTE: the examples' schema bounds no string, and the tiny VLM, greedy, would fill one
+    # to the end of its context; one earlier exchange (a MESSAGE of the created model, as a
+    # Modelfile gives it) shows it a short answer, which it then follows.
+    ollama.Client(host=server.url).create(model=BRIEF, from_=VLM, messages=[
+        {"role": "user", "content": "Describe the picture as JSON."},
+        {"role": "assistant", "content": SHORT_ANSWER}])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def vlm(vlm_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=vlm_server.url, timeout=180) as client:
+        yield client
+
+
+ASK = "Describe this image."
+
+
+def vlm_request(api: str, images: list[str], tokens: int = 16) -> tuple[str, dict[str, Any]]:
+    """One request of `api` asking about `images` (each base64, or a URL for the APIs that
+    take URLs), greedy."""
+    urls = [i if ":" in i else f"data:image/png;base64,{i}" for i in images]
+    if api == "openai":
+        return "/v1/chat/completions", {
+            "model": VLM, "max_tokens": tokens, "temperature": 0, "messages": [
+                {"role": "user", "content": [*({"type": "image_url", "image_url": {"url": u}}
+                                               for u in urls),
+                                             {"type": "text", "text": ASK}]}]}
+    if api == "responses":
+        return "/v1/responses", {
+            "model": VLM, "max_output_tokens": tokens, "temperature": 0, "input": [
+                {"role": "user", "content": [*({"type": "input_image", "image_url": u}
+                                               for u in urls),
+                                             {"type": "input_text", "text": ASK}]}]}
+    if api == "anthropic":
+        sources = [{"type": "url", "url": i} if ":" in i else
+                   {"type": "base64", "media_type": "image/png", "data": i} for i in images]
+        return "/v1/messages", {
+            "model": VLM, "max_tokens": tokens, "temperature": 0, "messages": [
+                {"role": "user", "content": [*({"type": "image", "source": s} for s in sources),
+                                             {"type": "text", "text": ASK}]}]}
+    options = {"num_predict": tokens, "temperature": 0}
+    if api == "ollama-chat":
+        return "/api/chat", {"model": VLM, "stream": False, "options": options,
+                             "messages": [{"role": "user", "content": ASK, "images": images}]}
+    return "/api/generate", {"model": VLM, "stream": False, "options": options, "prompt": ASK,
+                             "images": images}
+
+
+def answer_text(api: str, body: dict[str, Any]) -> str:
+    if api == "openai":
+        return str(body["choices"][0]["message"]["content"])
+    if api == "anthropic":
+        return "".join(b["text"] for b in body["content"] if b["type"] == "text")
+    if api == "responses":
+        return "".join(c["text"] for item in body["output"] if item["type"] == "message"
+                       for c in item["content"] if c["type"] == "output_text")
+    if api == "ollama-chat":
+        return str(body["message"]["content"])
+    return str(body["response"])
+
+
+BAD_IMAGES: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "corrupt base64": (["@@not*base64@@"], ("base64",)),
+    "no image": ([b64(b"just some text, no picture at all")], ("not an image",)),
+    "cut short": ([b64(RED[:-20])], ("not an image",)),
+    "too many bytes": ([b64(b"\x89PNG" + bytes(VLM_MAX_BYTES))], ("max_image_bytes",)),
+    "too many pixels": ([b64(png_header(2000, 1000))], ("2000x1000", "max_image_pixels")),
+    "too many images": ([b64(RED)] * (VLM_MAX_IMAGES + 1), ("max_images",)),
+    "an http URL": (["http://127.0.0.1:9/cat.png"], ("image_urls",)),
+}
+
+
+@pytest.mark.parametrize("api", list(BODIES))
+@pytest.mark.parametrize("what", list(BAD_IMAGES))
+def test_a_bad_image_for_a_vision_model_is_a_400_in_each_api(vlm: httpx.Client, api: str,
+                                                              what: str) -> None:
+    images, words = BAD_IMAGES[what]
+    if what == "an http URL" and api.startswith("ollama"):
+        words = ("base64",)  # Ollama's images are base64 only: a URL is no base64
+    path, body = vlm_request(api, images)
+    response = vlm.post(path, json=body)
+    assert response.status_code == 400, response.text
+    message = error_message(api, response.json())
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("api", list(BODIES))
+def test_every_api_brings_its_image_to_the_model(vlm: httpx.Client, api: str) -> None:
+    """Two different images, two different greedy answers: the image reached the model."""
+    answers = []
+    for image in (RED, BOARD):
+        path, body = vlm_request(api, [b64(image)])
+        response = vlm.post(path, json=body)
+        assert response.status_code == 200, response.text
+        answers.append(answer_text(api, response.json()))
+    assert all(a.strip() for a in answers), answers
+    assert answers[0] != answers[1]
+
+
+def test_the_ollama_client_sends_paths_and_bytes(vlm_server: Server, tmp_path: Path) -> None:
+    path = tmp_path / "red.png"
+    path.write_bytes(RED)
+    client = ollama.Client(host=vlm_server.url)
+    options = {"num_predict": 16, "temperature": 0}
+    chat = client.chat(model=VLM, options=options, messages=[
+        {"role": "user", "content": ASK, "images": [str(path)]}])
+    assert chat.message.content and chat.done
+    generated = client.generate(model=VLM, prompt=ASK, images=[RED], options=options)
+    assert generated.response.strip() and generated.done
+    assert generated.prompt_eval_count == chat.prompt_eval_count
+    streamed = "".join(part.response for part in client.generate(
+        model=VLM, prompt=ASK, images=[path], options=options, stream=True))
+    assert streamed == generated.response
+
+
+def test_the_anthropic_and_openai_sdks_send_images(vlm_server: Server) -> None:
+    claude = anthropic.Anthropic(base_url=vlm_server.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model=VLM, max_tokens=16, messages=[
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": b64(RED)}},
+            {"type": "text", "text": ASK}]}])
+    block = message.content[0]
+    assert block.type == "text" and block.text.strip()
+    assert message.usage.input_tokens > 0
+    oai = openai.OpenAI(base_url=vlm_server.url + "/v1", api_key="unused", max_retries=0)
+    response = oai.responses.create(model=VLM, max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(RED),
+                                      "detail": "auto"},
+                                     {"type": "input_text", "text": ASK}]}])
+    assert response.output_text.strip()
+    # The image stays in the stored conversation: a continuation still sees it.
+    follow = oai.responses.create(model=VLM, max_output_tokens=4, temperature=0,
+                                  previous_response_id=response.id, input="And?")
+    assert follow.usage is not None and response.usage is not None
+    assert follow.usage.input_tokens > response.usage.input_tokens
+
+
+# ollama-python's examples/multimodal-chat.py and examples/structured-outputs-image.py, as
+# they run: the module-level client (OLLAMA_HOST), the path read from standard input, the
+# model they name (`llama3.2-vision`, an alias of the tiny VLM here).
+MULTIMODAL_CHAT = """
+import ollama
+
+path = input('Please enter the path to the image: ')
+response = ollama.chat(
+    model='llama3.2-vision',
+    messages=[{'role': 'user', 'content': 'What is in this image? Be concise.',
+               'images': [path]}],
+)
+print(response.message.content)
+"""
+
+STRUCTURED_OUTPUTS_IMAGE = """
+from pathlib import Path
+from typing import List, Literal, Optional
+
+from pydantic import BaseModel
+
+from ollama import chat
+
+
+class Object(BaseModel):
+    name: str
+    confidence: float
+    attributes: str
+
+
+class ImageDescription(BaseModel):
+    summary: str
+    objects: List[Object]
+    scene: str
+    colors: List[str]
+    time_of_day: Literal['Morning', 'Afternoon', 'Evening', 'Night']
+    setting: Literal['Indoor', 'Outdoor', 'Unknown']
+    text_content: Optional[str] = None
+
+
+path = Path(input('Enter the path to your image: '))
+if not path.exists():
+    raise FileNotFoundError(f'Image not found at: {path}')
+response = chat(
+    model='llama3.2-vision',
+    format=ImageDescription.model_json_schema(),
+    messages=[{'role': 'user',
+               'content': 'Analyze this image and return a detailed JSON description including '
+                          'objects, scene, colors and any text detected. If you cannot '
+                          'determine certain details, leave those fields empty.',
+               'images': [path]}],
+    options={'temperature': 0},
+)
+image_analysis = ImageDescription.model_validate_json(response.message.content)
+print(image_analysis)
+"""
+
+
+@pytest.mark.parametrize("script", [MULTIMODAL_CHAT, STRUCTURED_OUTPUTS_IMAGE],
+                         ids=["multimodal-chat", "structured-outputs-image"])
+def test_ollama_python_examples_run(vlm_server: Server, tmp_path: Path, script: str) -> None:
+    path = tmp_path / "board.jpg"
+    path.write_bytes(BOARD)
+    env = {**os.environ, "OLLAMA_HOST": vlm_server.url}
+    done = subprocess.run([sys.executable, "-c", script], input=f"{path}\n", env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = done.stdout.split(": ", 1)[-1].strip()
+    assert printed

@@ -53,7 +53,7 @@ _LINE_BREAKS = str.maketrans("", "", "\r\n")
 @dataclass(frozen=True)
 class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024
-    max_pixels: int = 50_000_000
+    max_pixels: int = 40_000_000
     max_count: int = 16
     urls: bool = False
     url_timeout: float = 10.0

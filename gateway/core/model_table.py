@@ -71,7 +71,9 @@ class ModelTable:
     def canonical(self, requested: str) -> str:
         """The served name `requested` stands for: config aliases, then /api/copy aliases."""
         key = normalize(requested)
-        name = self.aliases.get(key, key)
+        # NOTE: a configured alias's target is kept as written (it may be a path); the name
+        # it is served under is the normalized one (`x` is `x:latest`).
+        name = normalize(self.aliases.get(key, key))
         return self.store.aliases().get(name, name)
 
     def default_model(self, spec: WorkerSpec) -> str:
