@@ -32,13 +32,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed"}
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "rerank": "rerank"}
+# Each kind as a 400 names it: what the model is, and the API to use it with.
+KIND_WHAT = {"llm": ("a text generation model", "chat or generate"),
+             "embed": ("an embedding model", "embeddings"),
+             "rerank": ("a reranking model", "rerank (POST /v1/rerank)")}
 
 
 @dataclasses.dataclass
 class ServedModel:
     name: str
-    kind: str  # "llm" or "embed"
+    kind: str  # "llm", "embed" or "rerank"
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""

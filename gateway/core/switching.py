@@ -110,7 +110,7 @@ class Switcher:
 
     def pick(self, model: ServedModel) -> str:
         """The worker to switch to `model`, or a 400 that says how to allow it."""
-        kind = "embedding" if model.kind == "embed" else "text generation"
+        kind = {"embed": "embedding", "rerank": "reranking"}.get(model.kind, "text generation")
         candidates = [s for s in self.config.workers
                       if s.enabled and ROLE_KIND[s.role] == model.kind]
         if not candidates:
