@@ -22,7 +22,7 @@ from typing import Any
 import openvino_genai as ov_genai
 
 from protocol.config import WorkerSpec
-from protocol.messages import ErrorCode, Failed, Rerank, Reranked, Timings
+from protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
 from workers.engine import Emit
 from workers.rerank_model import MAX_PAIR_LENGTH, ensure_minilm_rerank_ir, rerank_config
 
@@ -77,6 +77,10 @@ class RerankEngine:
         # NOTE: aborts are not queued: a round is never cut short (see abort_all).
         if isinstance(msg, Rerank):
             self._inbox.put((time.time(), msg))
+        elif not isinstance(msg, Abort):
+            # NOTE: the gateway routes only Rerank here; anything else is answered, not lost.
+            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
+                             message=f"worker {self.spec.name} only reranks"))
 
     @property
     def queue_depth(self) -> int:
