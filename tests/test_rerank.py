@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from serverctl import MODEL_CACHE, Server
+
+from models.locate import MINILM_RERANK_FOLDER
 
 RERANK = "all-minilm-rerank:l6-v2"
 EMBED = "all-minilm:l6-v2"
 LLM = "smollm2:135m"
+PUBLISHED = "published-rerank:test"
 
 # (query, relevant document, irrelevant documents): real questions a retriever would face.
 CASES = [
@@ -232,3 +238,42 @@ def test_concurrent_requests_get_their_own_scores(base_url: str) -> None:
         got = scores_by_index(r.json())
         assert got.keys() == want.keys()
         assert all(math.isclose(got[k], want[k], abs_tol=1e-4) for k in want)
+
+
+@pytest.fixture(scope="module")
+def published(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A rerank worker on a reranker folder as OpenVINO publishes them: a tokenizer with one
+    input, to which GenAI adds the second (the embedded reranker's files otherwise, which the
+    shared server built)."""
+    import openvino as ov
+    import openvino_tokenizers
+    from transformers import AutoTokenizer
+
+    tmp = tmp_path_factory.mktemp("published")
+    folder = tmp / "reranker"
+    shutil.copytree(MODEL_CACHE / MINILM_RERANK_FOLDER, folder)
+    single = openvino_tokenizers.convert_tokenizer(AutoTokenizer.from_pretrained(folder),
+                                                   max_length=512)
+    ov.save_model(single, folder / "openvino_tokenizer.xml")
+    srv = Server(tmp, workers=[{"name": "rerank", "role": "rerank", "model": PUBLISHED}],
+                 model_cache=str(tmp / "cache"),
+                 models={PUBLISHED: {"path": str(folder), "kind": "rerank"}}).start()
+    yield srv
+    srv.stop()
+
+
+def test_a_published_reranker_gets_a_pair_safe_tokenizer(published: Server,
+                                                         base_url: str) -> None:
+    """A long query against many short documents corrupts memory in a published reranker's
+    own pair tokenizer; the worker loads it with a pair-safe one and scores as the embedded
+    model does."""
+    query = " ".join(f"word{i}" for i in range(40))
+    documents = [f"doc {i}" for i in range(32)]
+    r = httpx.post(published.url + "/v1/rerank", timeout=120,
+                   json={"model": PUBLISHED, "query": query, "documents": documents})
+    assert r.status_code == 200, r.text
+    theirs = scores_by_index(r.json())
+    ours = scores_by_index(ok(base_url, query=query, documents=documents))
+    assert all(math.isclose(theirs[i], ours[i], abs_tol=1e-4) for i in ours)
+    [marker] = (published.tmp / "cache" / ".rerank-pairs").glob("*/pair-safe-from.txt")
+    assert marker.read_text().strip() == str((published.tmp / "reranker").resolve())

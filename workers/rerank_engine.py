@@ -24,7 +24,12 @@ import openvino_genai as ov_genai
 from protocol.config import WorkerSpec
 from protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
 from workers.engine import Emit
-from workers.rerank_model import MAX_PAIR_LENGTH, ensure_minilm_rerank_ir, rerank_config
+from workers.rerank_model import (
+    MAX_PAIR_LENGTH,
+    ensure_minilm_rerank_ir,
+    pair_safe_folder,
+    rerank_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +54,12 @@ def model_max_length(folder: Path) -> int:
 
 
 class RerankEngine:
-    def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit,
+    def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit, cache: Path,
                  build_minilm: bool = False) -> None:
         self.spec = spec
         self.model_path = model_path
+        # The model cache, where a pulled reranker's pair-safe folder is kept.
+        self.cache = cache
         # The embedded reranker: its folder at model_path is built on first load.
         self.build_minilm = build_minilm
         self.emit = emit
@@ -65,8 +72,10 @@ class RerankEngine:
         self.max_length = MAX_PAIR_LENGTH
         self.pipe: Any = None
         self.tokenizer: Any = None
-        # Pipeline calls made (one per MAX_BATCH_PAIRS pairs of a round), for tests and logs.
+        # Pipeline calls made (one per pairs_per_call pairs of a round), for tests and logs.
         self.calls = 0
+        # 1 when the model's tokenizer could not be made pair-safe (see _pair_safe).
+        self.pairs_per_call = MAX_BATCH_PAIRS
 
     # --- the worker process's side ------------------------------------------------------
 
@@ -103,11 +112,36 @@ class RerankEngine:
             self.max_length = MAX_PAIR_LENGTH
         else:
             self.max_length = model_max_length(folder)
+            folder = self._pair_safe(folder)
         self.pipe = ov_genai.TextRerankPipeline(
-            self.model_path, self.spec.device, rerank_config(self.max_length), **properties)
+            str(folder), self.spec.device, rerank_config(self.max_length), **properties)
         # NOTE: add_second_input as the pipeline opens it, so pairs are counted as it reads
         # them; a tokenizer that cannot take pairs is fed query + document, as there.
-        self.tokenizer = ov_genai.Tokenizer(self.model_path, add_second_input=True)
+        self.tokenizer = ov_genai.Tokenizer(str(folder), add_second_input=True)
+
+    def _pair_safe(self, folder: Path) -> Path:
+        """The folder to load a pulled reranker from: one whose tokenizer never broadcasts
+        the query (see workers/rerank_model.py), checked to tokenize pairs exactly as the
+        model's own tokenizer does. When that cannot be made, the model's own folder, and one
+        document per pipeline call (a lone query and a lone document are never broadcast)."""
+        own = ov_genai.Tokenizer(str(folder), add_second_input=True)
+        if not own.supports_paired_input():
+            return folder  # NOTE: the pipeline feeds it query + document: no broadcast.
+        try:
+            safe = pair_safe_folder(folder, self.cache)
+            same = _same_pairs(own, ov_genai.Tokenizer(str(safe), add_second_input=True))
+        except Exception as exc:
+            log.warning("cannot make the tokenizer of %s pair-safe (%s); scoring one "
+                        "document per pipeline call", folder, exc)
+            self.pairs_per_call = 1
+            return folder
+        if not same:
+            log.warning("the pair-safe tokenizer of %s tokenizes differently; scoring one "
+                        "document per pipeline call", folder)
+            self.pairs_per_call = 1
+            return folder
+        log.info("loading %s with its pair-safe tokenizer from %s", folder, safe)
+        return safe
 
     def warm_up(self) -> None:
         self.pipe.rerank("warm up", ["warm up"])
@@ -178,8 +212,8 @@ class RerankEngine:
         pairs.sort(key=lambda pair: pair[2])
         scores: list[list[float]] = [[0.0] * len(req.documents) for _, req, _ in members]
         started = time.time()
-        for at in range(0, len(pairs), MAX_BATCH_PAIRS):
-            chunk = pairs[at:at + MAX_BATCH_PAIRS]
+        for at in range(0, len(pairs), self.pairs_per_call):
+            chunk = pairs[at:at + self.pairs_per_call]
             texts = [members[m][1].documents[i] for m, i, _ in chunk]
             ranked = self.pipe.rerank(query, texts)
             self.calls += 1
@@ -210,3 +244,20 @@ class RerankEngine:
         else:
             encoded = self.tokenizer.encode([query + text for text in documents])
         return [int(row.sum()) for row in encoded.attention_mask.data]
+
+
+# NOTE: pairs the pair-safe tokenizer must encode exactly as the model's own: short and long
+# queries against shorter and longer documents, accents, CJK, an empty document.
+_PROBE_QUERIES = ["what is a panda?", "Héllo wörld, naïve café! " * 12, "日本語のテキスト"]
+_PROBE_DOCUMENTS = ["hi", "The giant panda is a bear species endemic to China. " * 8, "",
+                    "emoji 😀 test\tand\nnewlines"]
+
+
+def _same_pairs(own: Any, safe: Any) -> bool:
+    for query in _PROBE_QUERIES:
+        # NOTE: the query repeated for the model's own tokenizer: broadcasting corrupts memory.
+        mine = own.encode([query] * len(_PROBE_DOCUMENTS), _PROBE_DOCUMENTS)
+        theirs = safe.encode([query], _PROBE_DOCUMENTS)
+        if mine.input_ids.data.tolist() != theirs.input_ids.data.tolist():
+            return False
+    return True

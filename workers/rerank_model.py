@@ -26,12 +26,17 @@ Measured with openvino-tokenizers 2026.4: that graph corrupts memory (the proces
 second strings, which is exactly how TextRerankPipeline calls it (one query, n documents).
 So the IR here repeats a lone string of either input to the other input's count (a Gather,
 which the CPU plugin runs on strings) before anything else, and the broadcast path is never
-taken.
+taken. A pulled reranker's tokenizer has the same flaw (GenAI adds its second input the same
+way), so ``pair_safe_folder`` gives it the same treatment: its tokenizer converted again from
+its own Hugging Face files with two inputs and the repeat, in a folder of the model cache that
+links the rest of its files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -51,7 +56,7 @@ from workers.embed_model import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_PAIR_LENGTH", "ensure_minilm_rerank_ir", "rerank_config"]
+__all__ = ["MAX_PAIR_LENGTH", "ensure_minilm_rerank_ir", "pair_safe_folder", "rerank_config"]
 
 # NOTE: config.json max_position_embeddings: a pair (or, after the move, a document) longer
 # than this would overrun the position embeddings, so pairs are cut here.
@@ -224,3 +229,61 @@ def _repeat_lone_string(tokenizer: Any) -> Any:
                 target.replace_source_output(new.output(0))
     tokenizer.validate_nodes_and_infer_types()
     return tokenizer
+
+
+# A pulled reranker made pair-safe: its files linked, its tokenizer converted again.
+PAIR_SAFE_ROOT = ".rerank-pairs"
+_COMPLETE = "pair-safe-from.txt"
+_TOKENIZER_IR = ("openvino_tokenizer.xml", "openvino_tokenizer.bin")
+
+
+def pair_safe_folder(source: Path, cache: Path) -> Path:
+    """A folder that loads as ``source`` does, with a tokenizer that never broadcasts.
+
+    Built once under ``cache/.rerank-pairs``, keyed by the source folder and its tokenizer
+    files' sizes and times; complete once its marker exists (written last). Raises when the
+    tokenizer cannot be converted from the folder's Hugging Face tokenizer files.
+    """
+    source = source.resolve()
+    stamp = [str(source)]
+    for name in ("tokenizer.json", "tokenizer_config.json", *_TOKENIZER_IR):
+        path = source / name
+        if path.is_file():
+            st = path.stat()
+            stamp.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    key = hashlib.sha256("\0".join(stamp).encode()).hexdigest()[:16]
+    done = cache / PAIR_SAFE_ROOT / f"{source.name}-{key}"
+    if (done / _COMPLETE).is_file():
+        return done
+    staging = done.with_name(f"{done.name}.{os.getpid()}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _pair_safe_tokenizer(source, staging)
+        for entry in source.iterdir():
+            if entry.name in _TOKENIZER_IR or entry.name.startswith("."):
+                continue
+            try:
+                (staging / entry.name).symlink_to(entry)
+            except OSError:  # NOTE: no symlinks (Windows without the privilege): copy.
+                if entry.is_dir():
+                    shutil.copytree(entry, staging / entry.name)
+                else:
+                    shutil.copy2(entry, staging / entry.name)
+        (staging / _COMPLETE).write_text(f"{source}\n")
+        shutil.rmtree(done, ignore_errors=True)
+        staging.rename(done)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return done
+
+
+def _pair_safe_tokenizer(source: Path, out: Path) -> None:
+    import openvino as ov
+    import openvino_tokenizers
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(source)
+    converted = openvino_tokenizers.convert_tokenizer(hf_tokenizer, number_of_inputs=2)
+    tokenizer = converted[0] if isinstance(converted, tuple) else converted
+    ov.save_model(_repeat_lone_string(tokenizer), out / "openvino_tokenizer.xml")
