@@ -277,3 +277,14 @@ def test_a_published_reranker_gets_a_pair_safe_tokenizer(published: Server,
     assert all(math.isclose(theirs[i], ours[i], abs_tol=1e-4) for i in ours)
     [marker] = (published.tmp / "cache" / ".rerank-pairs").glob("*/pair-safe-from.txt")
     assert marker.read_text().strip() == str((published.tmp / "reranker").resolve())
+
+
+def test_hostile_texts_are_scored(base_url: str) -> None:
+    """Control characters, NUL, special-token spellings, emoji, combining marks and
+    right-to-left text are text like any other."""
+    documents = ["a\x00b", "\x01\x02\x7f", "[CLS] [SEP] [PAD] [MASK] [UNK]", "😀" * 300,
+                 "e\u0301" * 200, "مرحبا بالعالم", "\u200b\u200e", " ", ""]
+    for query in ("[SEP]", "x\x00y", "😀 bread"):
+        data = ok(base_url, query=query, documents=documents)
+        assert sorted(item["index"] for item in data["results"]) == list(range(len(documents)))
+        assert all(0.0 <= item["relevance_score"] <= 1.0 for item in data["results"])
