@@ -98,8 +98,9 @@ class Capabilities:
 
 
 def capabilities(kind: str, chat_template: str) -> Capabilities:
-    """The capabilities of a model of this kind ("llm" or "embed") and chat template ("" when
-    unknown). Callable for any model, also one made by /api/create from its template."""
+    """The capabilities of a model of this kind ("llm", "embed" or "rerank") and chat template
+    ("" when unknown). Callable for any model, also one made by /api/create from its
+    template."""
     if kind in ("embed", "rerank"):
         return Capabilities(kind=kind)
     return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
