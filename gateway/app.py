@@ -25,6 +25,7 @@ from gateway.api.ollama import OllamaRoutes
 from gateway.api.ollama_models import ModelCatalog
 from gateway.api.openai import OpenAIRoutes
 from gateway.api.openapi import OpenAPIRoute
+from gateway.api.rerank import RerankRoutes
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses import ResponsesRoutes
 from gateway.api.status import StatusRoutes
@@ -93,6 +94,7 @@ class Gateway:
             *OllamaRoutes(self.flow, self.catalog, browser=self.status.page).routes(),
             *self.status.routes(),
             *EmbeddingRoutes(self.flow).routes(),
+            *RerankRoutes(self.flow).routes(),
             *TokenizerRoutes(self.flow).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())

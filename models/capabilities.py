@@ -3,7 +3,8 @@ Ollama's `capabilities` (/api/show, /api/tags), the `/v1/models` cards, and ever
 refuses a request the model cannot serve (tools, images, thinking, suffix, embeddings).
 
 Each capability is what this server does with the model, not what its weights might do:
-- `completion`: a text-generation model (`kind` "llm"); `embedding`: an embedding model.
+- `completion`: a text-generation model (`kind` "llm"); `embedding`: an embedding model;
+  `rerank`: a reranking model (`kind` "rerank", POST /v1/rerank).
 - `tools`: every text-generation model takes tools, natively when its template has a `tools`
   slot (`native_tools`), else through the fallback prompt (gateway/api/tools.py).
 - `insert` (a `suffix`, fill-in-the-middle): off. The chat templates served here (Hugging
@@ -29,11 +30,13 @@ TOOLS = "tools"
 INSERT = "insert"
 VISION = "vision"
 EMBEDDING = "embedding"
+RERANK = "rerank"
 THINKING = "thinking"
 
 # How each capability is named in a refusal ("model 'x' does not support ...").
 WHAT = {COMPLETION: "text generation", TOOLS: "tools", INSERT: "insert (a suffix)",
-        VISION: "images", EMBEDDING: "embeddings", THINKING: "thinking"}
+        VISION: "images", EMBEDDING: "embeddings", THINKING: "thinking",
+        RERANK: "reranking"}
 
 
 OPEN, CLOSE, CHANNEL = "<think>", "</think>", "<|channel|>"
@@ -71,7 +74,7 @@ def reasoning_format(chat_template: str) -> ReasoningFormat | None:
 
 @dataclass(frozen=True)
 class Capabilities:
-    kind: str  # "llm", "vlm" or "embed"
+    kind: str  # "llm", "vlm", "embed" or "rerank"
     native_tools: bool = False
     insert: bool = False
     vision: bool = False
@@ -86,6 +89,8 @@ class Capabilities:
         """Ollama's `capabilities` list, in Ollama's order."""
         if self.kind == "embed":
             return [EMBEDDING]
+        if self.kind == "rerank":
+            return [RERANK]
         flags = ((INSERT, self.insert), (VISION, self.vision), (THINKING, self.thinking))
         return [COMPLETION, TOOLS] + [name for name, on in flags if on]
 
@@ -94,10 +99,11 @@ class Capabilities:
 
 
 def capabilities(kind: str, chat_template: str) -> Capabilities:
-    """The capabilities of a model of this kind ("llm", "vlm" or "embed") and chat template
-    ("" when unknown). Callable for any model, also one made by /api/create from its template."""
-    if kind == "embed":
-        return Capabilities(kind="embed")
+    """The capabilities of a model of this kind ("llm", "vlm", "embed" or "rerank") and chat
+    template ("" when unknown). Callable for any model, also one made by /api/create from its
+    template."""
+    if kind in ("embed", "rerank"):
+        return Capabilities(kind=kind)
     return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
                         vision=kind == "vlm", reasoning=reasoning_format(chat_template))
 

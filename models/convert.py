@@ -87,7 +87,8 @@ def convert_repo(config: Config, repo: str, *, weight_format: str = "int4", sym:
         shutil.rmtree(staging, ignore_errors=True)
         raise ConvertError(f"conversion of {repo} wrote no openvino_model.xml")
     npu_ready = weight_format == "int4" and sym and group_size == -1
-    manifest = Manifest(name=key, kind="embed" if task == "feature-extraction" else "llm",
+    kinds = {"feature-extraction": "embed", "text-classification": "rerank"}
+    manifest = Manifest(name=key, kind=kinds.get(task, "llm"),
                         format="openvino", source=f"convert:hf.co/{repo}", files=files,
                         repo=repo, npu_ready=npu_ready, pulled_at=time.time())
     store.install(staging, manifest)

@@ -430,6 +430,8 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
         log.warning("cannot tell the kind of %s (%s); assuming llm", plan.name, exc)
         return "llm"
     archs = [str(a) for a in cfg.get("architectures") or []]
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "rerank"  # a cross-encoder (what TextRerankPipeline runs)
     generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
     if archs and not any(a.endswith(generative) for a in archs):
         return "embed"

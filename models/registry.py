@@ -26,7 +26,7 @@ from protocol.config import ModelSource as ModelSource
 
 class ModelEntry(msgspec.Struct, frozen=True):
     name: str
-    kind: str  # "llm", "vlm" (takes images; served by a vlm worker) or "embed"
+    kind: str  # "llm", "vlm" (takes images; served by a vlm worker), "embed" or "rerank"
     # Where the files come from: ("package", distribution, file suffix) for embedded models.
     package: str = ""
     package_file: str = ""
@@ -54,10 +54,17 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         kind="embed",
         aliases=("all-minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"),
     ),
+    # NOTE: the same MiniLM files, built into a reranker that scores a pair by the cosine of
+    # the two texts' embeddings (workers/rerank_model.py): a bi-encoder, not a cross-encoder.
+    ModelEntry(
+        name="all-minilm-rerank:l6-v2",
+        kind="rerank",
+        aliases=("all-minilm-rerank", "minilm-rerank"),
+    ),
 )
 
 
-def _ov(repo: str, kind: Literal["llm", "vlm", "embed"] = "llm",
+def _ov(repo: str, kind: Literal["llm", "vlm", "embed", "rerank"] = "llm",
         npu: bool = False) -> ModelSource:
     return ModelSource(repo=repo, kind=kind, npu_ready=npu)
 
@@ -113,6 +120,10 @@ LIBRARY: tuple[ModelEntry, ...] = (
         _ov("OpenVINO/bge-small-en-v1.5-int8-ov", kind="embed"),)),
     ModelEntry("bge-base:en-v1.5", "embed", aliases=("bge-base",), sources=(
         _ov("OpenVINO/bge-base-en-v1.5-int8-ov", kind="embed"),)),
+    # Cross-encoder rerankers (TextRerankPipeline); not pulled on the test machine (no hub).
+    ModelEntry("bge-reranker:base", "rerank", aliases=("bge-reranker", "bge-reranker-base"),
+               sources=(_ov("OpenVINO/bge-reranker-base-int8-ov", kind="rerank"),
+                        _ov("OpenVINO/bge-reranker-base-fp16-ov", kind="rerank"))),
 )
 
 

@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 import msgspec
 
-Role = Literal["llm", "npu", "embed", "vlm"]
+Role = Literal["llm", "npu", "embed", "vlm", "rerank"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
+DEFAULT_RERANK_MODEL = "all-minilm-rerank:l6-v2"
 
 
 
@@ -34,7 +35,7 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     path: str = ""
     # "" = detected from the files (config.json architectures, GGUF general.architecture)
     # "vlm": a vision-language model (text generation that also takes images; role vlm).
-    kind: Literal["llm", "vlm", "embed", ""] = ""
+    kind: Literal["llm", "vlm", "embed", "rerank", ""] = ""
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
     description: str = ""
@@ -147,6 +148,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     def model_name(self) -> str:
         if self.model:
             return self.model
+        if self.role == "rerank":
+            return DEFAULT_RERANK_MODEL
         return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
 
 
@@ -156,7 +159,7 @@ def _default_workers() -> list[WorkerSpec]:
 
 def default_workers(devices: list[str]) -> list[WorkerSpec]:
     """The npu role only where an NPU exists; the llm role on a GPU if any, else the CPU;
-    embeddings on the CPU."""
+    embeddings and reranking on the CPU."""
     names = [d.upper() for d in devices]
     workers = []
     if any(d.startswith("NPU") for d in names):
@@ -164,6 +167,7 @@ def default_workers(devices: list[str]) -> list[WorkerSpec]:
     gpu = next((d for d in devices if d.upper().startswith("GPU")), None)
     workers.append(WorkerSpec(name="llm", role="llm", device=gpu or "CPU"))
     workers.append(WorkerSpec(name="embed", role="embed", device="CPU"))
+    workers.append(WorkerSpec(name="rerank", role="rerank", device="CPU"))
     return workers
 
 
@@ -250,6 +254,9 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
+    # Rerank: documents in one request, and characters in the query and in each document.
+    max_rerank_documents: int = 1000
+    max_rerank_chars: int = 100_000
     # Images in chats (gateway/api/images.py), each checked before anything reaches a worker:
     # its bytes once decoded, its pixels (width x height, read from the header) and the images
     # of one request. NOTE: 20 MiB is Anthropic's own per-image cap when sent through its API

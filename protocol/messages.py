@@ -140,7 +140,22 @@ class Detokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     log_id: str = ""
 
 
-WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize
+class Rerank(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Score each document against the query (answered with `Reranked`)."""
+
+    id: str
+    model: str
+    query: str
+    documents: list[str]
+    deadline: float
+    # False: a query-document pair longer than the model's max length fails the request
+    # instead of being cut (the pipeline truncates the longer of the two first).
+    truncate: bool = True
+    # The id the client sees (X-Request-ID): for logs only, never a key.
+    log_id: str = ""
+
+
+WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize | Rerank
 
 
 # --- worker -> gateway -------------------------------------------------------------------
@@ -265,9 +280,21 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     blocking: bool = False
 
 
+class Reranked(msgspec.Struct, tag=True, array_like=True):
+    """One relevance score per document, in the request's order (the gateway sorts)."""
+
+    id: str
+    seq: int
+    scores: list[float]
+    # Tokens of each query-document pair the model read (after truncation).
+    prompt_tokens: list[int]
+    timings: Timings
+
+
 WorkerReply = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
-               | Heartbeat)
-RequestFrame = Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
+               | Heartbeat | Reranked)
+RequestFrame = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
+                | Reranked)
 
 def request_decoder() -> msgspec.msgpack.Decoder[WorkerRequest]:
     """One decoder per receiving socket (decoders are not shared across threads)."""

@@ -200,7 +200,8 @@ def _unload(config: Config, name: str) -> None:
 @click.option("--ratio", type=float, default=None,
               help="Share of layers in the 4-bit format (1.0 for NPU).")
 @click.option("--task", default="text-generation-with-past", show_default=True,
-              help="optimum export task (feature-extraction for embedding models).")
+              help="optimum export task (feature-extraction for embedding models, "
+                   "text-classification for cross-encoder rerankers).")
 @click.option("--name", "model_name", help="Install under this name "
               "(default: <repo>:<weight-format>[-sym]).")
 @config_options

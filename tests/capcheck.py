@@ -32,6 +32,7 @@ def _probes(name: str) -> dict[str, tuple[str, dict[str, Any]]]:
                                      "options": ONE}),
         "thinking": ("/api/chat", {"model": name, "messages": [user], "think": True,
                                    "options": ONE}),
+        "rerank": ("/v1/rerank", {"model": name, "query": "hi", "documents": ["hi"]}),
     }
 
 
@@ -53,5 +54,7 @@ def check_capabilities(http: httpx.Client, name: str) -> list[str]:
             assert r.status_code == 200, (capability, r.text)
         else:
             assert r.status_code == 400, (capability, r.text)
-            assert isinstance(r.json()["error"], str)
+            error = r.json()["error"]
+            # NOTE: /v1/rerank answers in OpenAI's shape, the others in Ollama's.
+            assert isinstance(error["message"] if path.startswith("/v1/") else error, str)
     return caps

@@ -11,7 +11,8 @@ LLM = "smollm2:135m"
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real server (gateway + CPU LLM worker + embedding worker) shared by the suite."""
+    """One real server (gateway + CPU LLM worker + embedding worker + rerank worker, the
+    default workers) shared by the suite."""
     srv = Server(tmp_path_factory.mktemp("server")).start()
     yield srv
     srv.stop()

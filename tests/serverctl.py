@@ -17,7 +17,7 @@ import tomli_w
 import zmq
 
 from protocol import control
-from protocol.config import load_config
+from protocol.config import default_workers, load_config
 
 SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
 # The ZeroMQ transport of test servers that name none: `NPU_PROXY_TEST_TRANSPORT=tcp make
@@ -122,7 +122,8 @@ class Server:
         }
         if "transport" not in settings and TRANSPORT == "tcp":
             self.data["transport"] = "tcp"
-            self.data["tcp_base_port"] = free_port_block(2 + 2 * len(workers or [1, 2]))
+            self.data["tcp_base_port"] = free_port_block(
+                2 + 2 * len(workers or default_workers(["CPU"])))
         self.write_config(**({} if workers is None else {"workers": workers}))
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -15,6 +15,7 @@ from models.capabilities import capabilities
 
 LLM = "smollm2:135m"
 EMBED = "all-minilm:l6-v2"
+RERANK = "all-minilm-rerank:l6-v2"
 IMAGE = "data:image/png;base64,iVBORw0KGgo="
 
 
@@ -33,6 +34,10 @@ def test_llm_capabilities(http: httpx.Client) -> None:
 
 def test_embedding_model_capabilities(http: httpx.Client) -> None:
     assert check_capabilities(http, EMBED) == ["embedding"]
+
+
+def test_reranking_model_capabilities(http: httpx.Client) -> None:
+    assert check_capabilities(http, RERANK) == ["rerank"]
 
 
 def test_openai_and_anthropic_refuse_what_the_model_cannot_do(base_url: str) -> None:
@@ -64,6 +69,7 @@ def test_openai_and_anthropic_refuse_what_the_model_cannot_do(base_url: str) -> 
 
 def test_capabilities_from_kind_and_template() -> None:
     assert capabilities("embed", "").names == ["embedding"]
+    assert capabilities("rerank", "").names == ["rerank"]
     plain = capabilities("llm", "{% for m in messages %}{{ m.content }}{% endfor %}")
     assert plain.names == ["completion", "tools"] and not plain.native_tools
     native = capabilities("llm", "{% if tools %}{{ tools | tojson }}{% endif %}")

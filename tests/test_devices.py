@@ -16,9 +16,9 @@ def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:
 
 def test_default_workers_follow_the_devices() -> None:
     cpu_only = [(w.role, w.device) for w in default_workers(["CPU"])]
-    assert cpu_only == [("llm", "CPU"), ("embed", "CPU")]
+    assert cpu_only == [("llm", "CPU"), ("embed", "CPU"), ("rerank", "CPU")]
     full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"])]
-    assert full == [("npu", "NPU"), ("llm", "GPU.0"), ("embed", "CPU")]
+    assert full == [("npu", "NPU"), ("llm", "GPU.0"), ("embed", "CPU"), ("rerank", "CPU")]
 
 
 def test_configured_workers_win_over_discovery() -> None:

@@ -155,7 +155,7 @@ def test_embedding_cache_hit_is_counted(base_url: str) -> None:
 
 def test_worker_gauges_and_health_on_a_ready_server(server: Server) -> None:
     samples = scrape(server.url)
-    for name, role in (("llm", "llm"), ("embed", "embed")):
+    for name, role in (("llm", "llm"), ("embed", "embed"), ("rerank", "rerank")):
         assert value(samples, "npu_proxy_worker_up", worker=name, role=role,
                      device="CPU") == 1
         states = {dict(ls)["state"]: v for (n, ls), v in samples.items()
@@ -165,16 +165,16 @@ def test_worker_gauges_and_health_on_a_ready_server(server: Server) -> None:
         assert ("npu_proxy_queue_depth", frozenset({("worker", name)})) in samples
         assert ("npu_proxy_in_flight_requests", frozenset({("worker", name)})) in samples
         assert value(samples, "npu_proxy_model_load_seconds_count", worker=name) >= 1
-    assert value(samples, "npu_proxy_loaded_models") == 2
+    assert value(samples, "npu_proxy_loaded_models") == 3
     ready = httpx.get(server.url + "/health/ready", timeout=5)
     assert ready.status_code == 200 and ready.json()["workers"] == ["llm"]
     info = httpx.get(server.url + "/health/devices", timeout=5).json()
     [cpu] = info["devices"]
     assert cpu.pop("full_name")  # the name OpenVINO reports for the device found at start
-    assert cpu == {"device": "CPU", "workers": ["llm", "embed"], "up": True}
+    assert cpu == {"device": "CPU", "workers": ["llm", "embed", "rerank"], "up": True}
     kids = server.children()
     rows = {w["name"]: w for w in info["workers"]}
-    assert set(rows) == {"llm", "embed"}
+    assert set(rows) == {"llm", "embed", "rerank"}
     for name, row in rows.items():
         assert row["role"] == kids[name]["role"] and row["device"] == "CPU"
         assert row["model"] == kids[name]["model"]

@@ -130,7 +130,7 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
 
 
 def _chat_and_embed(url: str) -> None:
-    """What a user of the installed server sees: a chat answer and an embedding."""
+    """What a user of the installed server sees: a chat answer, an embedding, a rerank."""
     chat = httpx.post(url + "/v1/chat/completions", timeout=300, json={
         "model": "smollm2:135m", "max_tokens": 16, "temperature": 0,
         "messages": [{"role": "user", "content": "What is the capital of France?"}]})
@@ -141,6 +141,11 @@ def _chat_and_embed(url: str) -> None:
                        json={"model": "all-minilm", "input": ["hello world"]})
     assert embed.status_code == 200, embed.text
     assert len(embed.json()["embeddings"][0]) == 384
+    rerank = httpx.post(url + "/v1/rerank", timeout=300, json={
+        "model": "all-minilm-rerank", "query": "capital of France",
+        "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
+    assert rerank.status_code == 200, rerank.text
+    assert rerank.json()["results"][0]["index"] == 1
 
 
 @pytest.mark.timeout(1200)

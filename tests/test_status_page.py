@@ -105,7 +105,7 @@ def test_snapshot_shows_workers_rates_and_open_pages(base_url: str) -> None:
     assert r.status_code == 200
     snap = httpx.get(base_url + "/status.json").json()
     rows = {w["name"]: w for w in snap["workers"]}
-    assert set(rows) == {"llm", "embed"}
+    assert set(rows) == {"llm", "embed", "rerank"}
     assert rows["llm"]["role"] == "llm" and rows["llm"]["model"] == LLM
     assert rows["llm"]["state"] in ("ready", "busy") and rows["llm"]["restarts"] >= 0
     assert {"device", "queue", "in_flight"} <= set(rows["embed"])

@@ -30,6 +30,11 @@ def _build_engine(proc: WorkerProcess) -> Engine:
 
         return EmbedEngine(proc.config, spec, str(path), proc.emit,
                            build_minilm=found.origin is Origin.EMBEDDED_IR)
+    if spec.role == "rerank":
+        from workers.rerank_engine import RerankEngine
+
+        return RerankEngine(spec, str(path), proc.emit, proc.config.model_cache_path(),
+                            build_minilm=found.origin is Origin.EMBEDDED_IR)
     from models.facts import describe_model
     from workers.batch_engine import BatchEngine
     from workers.gguf_ir import loadable

@@ -28,6 +28,7 @@ from protocol.messages import (
     Generate,
     Heartbeat,
     RequestFrame,
+    Rerank,
     Tokenize,
     WorkerState,
     encode,
@@ -135,7 +136,7 @@ class WorkerProcess:
             self._dispatch(msg)
         pull.close()
 
-    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize | Detokenize) -> None:
+    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize | Detokenize | Rerank) -> None:
         engine = self.engine
         if isinstance(msg, Abort):
             if engine is not None:

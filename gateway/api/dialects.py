@@ -135,7 +135,7 @@ OLLAMA = Dialect("ollama", NDJSON, ndjson_line, b"", ollama_error, http_status)
 
 
 # vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does.
-OPENAI_ROOT_PATHS = frozenset({"/tokenize", "/detokenize"})
+OPENAI_ROOT_PATHS = frozenset({"/tokenize", "/detokenize", "/rerank", "/v2/rerank"})
 
 
 def dialect_for(scope: Scope) -> Dialect:

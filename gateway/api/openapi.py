@@ -22,6 +22,7 @@ from gateway.api import model_admin as models_api
 from gateway.api import model_create as create_api
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
+from gateway.api import rerank as rerank_api
 from gateway.api import responses as responses_api
 from gateway.api import status as status_api
 from gateway.api import tokenizer as tokenizer_api
@@ -39,6 +40,9 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/api/show"): ollama_api.ShowRequest,
     ("POST", "/api/embed"): embed_api.OllamaEmbedRequest,
     ("POST", "/api/embeddings"): embed_api.OllamaEmbeddingsRequest,
+    ("POST", "/v1/rerank"): rerank_api.RerankRequest,
+    ("POST", "/rerank"): rerank_api.RerankRequest,
+    ("POST", "/v2/rerank"): rerank_api.RerankRequest,
     ("POST", "/api/pull"): models_api.PullRequest,
     ("POST", "/api/copy"): models_api.CopyRequest,
     ("DELETE", "/api/delete"): models_api.DeleteRequest,

@@ -33,13 +33,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # A worker role's kind of model; "vlm" is a text-generation model that also takes images.
-ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm"}
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm", "rerank": "rerank"}
+# Each kind as a 400 names it: what the model is, and the API to use it with.
+KIND_WHAT = {"llm": ("a text generation model", "chat or generate"),
+             "vlm": ("a vision-language model", "chat or generate"),
+             "embed": ("an embedding model", "embeddings"),
+             "rerank": ("a reranking model", "rerank (POST /v1/rerank)")}
 
 
 @dataclasses.dataclass
 class ServedModel:
     name: str
-    kind: str  # "llm", "vlm" or "embed"
+    kind: str  # "llm", "vlm", "embed" or "rerank"
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""

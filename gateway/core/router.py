@@ -22,7 +22,7 @@ import msgspec
 
 from gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
 from gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
-from gateway.core.model_table import ModelTable, ServedModel
+from gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from gateway.core.switching import Switcher
 from protocol.config import Config
 from protocol.messages import (
@@ -38,6 +38,8 @@ from protocol.messages import (
     Finished,
     Generate,
     RequestFrame,
+    Rerank,
+    Reranked,
     TokenCount,
     Tokenize,
     TokenLogprob,
@@ -64,6 +66,12 @@ def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[st
 @dataclass
 class Embedded:
     frame: Embeddings
+    headers: dict[str, str]
+
+
+@dataclass
+class Scored:
+    frame: Reranked
     headers: dict[str, str]
 
 
@@ -204,8 +212,7 @@ class Router:
             raise model_not_found(requested)
         # NOTE: a vision-language model ("vlm") is a text-generation model too.
         if kind is not None and model.kind != kind and (kind, model.kind) != ("llm", "vlm"):
-            what = "an embedding model" if model.kind == "embed" else "a text generation model"
-            use = "embeddings" if model.kind == "embed" else "chat or generate"
+            what, use = KIND_WHAT.get(model.kind, KIND_WHAT["llm"])
             raise GatewayError(400, "invalid_request",
                                f"model '{requested}' is {what}; use the {use} API for it",
                                param="model")
@@ -339,6 +346,18 @@ class Router:
         device = self.broker.links[stream.worker].spec.device
         return Embedded(frame, route_headers(device, stream.worker, reason,
                                              sum(frame.prompt_tokens)))
+
+    async def rerank(self, model: ServedModel, msg: Rerank) -> Scored:
+        model = await self.switcher.ensure(model)
+        stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
+        self.broker.close(stream)
+        if isinstance(frame, Failed):
+            raise from_failed(frame)
+        if not isinstance(frame, Reranked):
+            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        device = self.broker.links[stream.worker].spec.device
+        return Scored(frame, route_headers(device, stream.worker, reason,
+                                           sum(frame.prompt_tokens)))
 
     async def _ask(self, model: ServedModel, msg: Tokenize | Detokenize) -> RequestFrame:
         """One request answered with one frame (token counts, detokenizing)."""
