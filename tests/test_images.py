@@ -830,3 +830,14 @@ def test_ollama_python_examples_run(vlm_server: Server, tmp_path: Path, script: 
     assert done.returncode == 0, done.stderr[-2000:]
     printed = done.stdout.split(": ", 1)[-1].strip()
     assert printed
+
+
+def test_a_configured_alias_finds_a_model_by_its_bare_name(tmp_path: Path) -> None:
+    """`model_aliases = {"llama3.2-vision" = "tiny-vlm"}`: the target is served as
+    `tiny-vlm:latest`, which the alias must reach (the examples above depend on it)."""
+    from gateway.core.model_table import ModelTable
+
+    config = msgspec.convert({"model_cache": str(tmp_path),
+                              "model_aliases": {EXAMPLE_MODEL: VLM}}, Config)
+    table = ModelTable(config, broker=None)  # type: ignore[arg-type]
+    assert table.canonical(EXAMPLE_MODEL) == table.canonical(VLM) == "tiny-vlm:latest"
