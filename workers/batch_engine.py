@@ -53,6 +53,8 @@ class BatchEngine(EngineBase):
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         super().__init__(spec, model_path, context_length, emit)
         self._next_handle_id = 0
+        # The draft model's files when the worker decodes speculatively (spec.draft_model).
+        self.draft_path = ""
 
     def load(self, properties: dict[str, Any]) -> None:
         sched = ov_genai.SchedulerConfig()
@@ -66,6 +68,8 @@ class BatchEngine(EngineBase):
         sched.max_num_seqs = self.spec.max_running
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
+        if self.draft_path:
+            properties = {**properties, "draft_model": self._draft(properties)}
         self.pipe = ov_genai.ContinuousBatchingPipeline(
             self.model_path, sched, self.spec.device, properties
         )
@@ -80,6 +84,24 @@ class BatchEngine(EngineBase):
             self.base_config.max_ngram_size = self.spec.prompt_lookup_ngram
             log.info("prompt lookup on: up to %d tokens per step from %d-grams of the prompt",
                      self.spec.prompt_lookup, self.spec.prompt_lookup_ngram)
+        if self.draft_path:
+            if self.spec.draft_confidence > 0:
+                self.base_config.assistant_confidence_threshold = self.spec.draft_confidence
+            else:
+                self.base_config.num_assistant_tokens = self.spec.draft_tokens
+            log.info("speculative decoding on: draft %s on %s, %s", self.spec.draft_model,
+                     self.spec.draft_device or self.spec.device,
+                     f"tokens while at least {self.spec.draft_confidence} sure"
+                     if self.spec.draft_confidence > 0
+                     else f"{self.spec.draft_tokens} tokens per step")
+
+    def _draft(self, properties: dict[str, Any]) -> Any:
+        """The draft model for the pipeline's properties: its own device and the worker's
+        compile properties (cache folder, precision hints) when on the same device."""
+        device = self.spec.draft_device or self.spec.device
+        same = {k: v for k, v in properties.items() if k not in ("prompt_lookup",)}
+        props = same if device == self.spec.device else {}
+        return ov_genai.draft_model(self.draft_path, device, **props)
 
     def warm_up(self) -> None:
         """A one-token generation, so the first real request does not pay for compilation."""
