@@ -81,7 +81,9 @@ LEVERS = [
     Lever("kv-u8", "KV_CACHE_PRECISION=u8", properties={"KV_CACHE_PRECISION": "u8"}),
     Lever("kv-f16", "KV_CACHE_PRECISION=f16", properties={"KV_CACHE_PRECISION": "f16"}),
     Lever("kv-bf16", "KV_CACHE_PRECISION=bf16", properties={"KV_CACHE_PRECISION": "bf16"}),
-    Lever("kv-f32", "KV_CACHE_PRECISION=f32", properties={"KV_CACHE_PRECISION": "f32"}),
+    # NOTE: with bf16 inference the CPU plugin's paged attention takes a bf16 or u8 cache only.
+    Lever("kv-f32", "KV_CACHE_PRECISION=f32 with INFERENCE_PRECISION_HINT=f32",
+          properties={"KV_CACHE_PRECISION": "f32", "INFERENCE_PRECISION_HINT": "f32"}),
     Lever("kv-u8-g64", "KV u8, KEY/VALUE_CACHE_GROUP_SIZE=64",
           properties={"KV_CACHE_PRECISION": "u8", "KEY_CACHE_GROUP_SIZE": 64,
                       "VALUE_CACHE_GROUP_SIZE": 64}),
@@ -97,7 +99,7 @@ LEVERS = [
     Lever("seqs1", "scheduler: max_num_seqs=1, cache_size=1", sched={"max_num_seqs": 1}),
     Lever("ir-f16", "IR with the GGUF weights decompressed to f16", weights="ir-f16"),
     Lever("ir-int8", "IR with int8 weights (nncf, asymmetric, per channel)", weights="ir-int8"),
-    Lever("ir-int4", "IR with int4 weights (nncf, symmetric, groups of 128)", weights="ir-int4"),
+    Lever("ir-int4", "IR with int4 weights (nncf, symmetric, groups of 64)", weights="ir-int4"),
 ]
 
 
@@ -137,7 +139,7 @@ def requantize(ir: Path, folder: Path, kind: str) -> Path:
         import nncf
 
         model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM,
-                                      group_size=128, ratio=1.0)
+                                      group_size=64, ratio=1.0)
     ov.save_model(model, folder / "openvino_model.xml", compress_to_fp16=True)
     for item in ir.iterdir():
         if item.name.startswith("openvino_model"):

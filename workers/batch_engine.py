@@ -47,6 +47,32 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
     return cfg
 
 
+# The llm role's OpenVINO properties per device, under the worker's own `properties` (which
+# win): the fastest lone-stream decode measured by bench/levers.py with unchanged greedy text.
+DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CPU": {},
+}
+
+
+def default_properties(device: str) -> dict[str, Any]:
+    return dict(DEVICE_DEFAULTS.get(device.split(".")[0].upper(), {}))
+
+
+def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
+    """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step."""
+    sched = ov_genai.SchedulerConfig()
+    sched.enable_prefix_caching = True
+    sched.cache_size = max(1, int(spec.kv_cache_gb))
+    # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
+    # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
+    # heartbeats say `blocking` meanwhile (see BatchEngine.blocking). Steps of
+    # max_batch_tokens (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of
+    # 8-14 s prefill.
+    sched.max_num_batched_tokens = max(spec.max_batch_tokens, context_length)
+    sched.max_num_seqs = spec.max_running
+    return sched
+
+
 class BatchEngine(EngineBase):
     """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
 
@@ -57,15 +83,8 @@ class BatchEngine(EngineBase):
         self.draft_path = ""
 
     def load(self, properties: dict[str, Any]) -> None:
-        sched = ov_genai.SchedulerConfig()
-        sched.enable_prefix_caching = True
-        sched.cache_size = max(1, int(self.spec.kv_cache_gb))
-        # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
-        # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
-        # heartbeats say `blocking` meanwhile (see `blocking`). Steps of max_batch_tokens
-        # (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of 8-14 s prefill.
-        sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
-        sched.max_num_seqs = self.spec.max_running
+        sched = scheduler_config(self.spec, self.context_length)
+        properties = {**default_properties(self.spec.device), **properties}
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
         if self.draft_path:
