@@ -209,6 +209,7 @@ def main() -> None:
             runner = Runner(lever, path, args.device, ids)
             runner.run(8)  # warm-up: compilation, first allocations
             runners[lever.name] = runner
+            print(f"  {lever.name} loaded", flush=True)
         except Exception as exc:
             print(f"  ({lever.name} failed to load: {type(exc).__name__}: {exc})")
     assert ids is not None
@@ -217,6 +218,7 @@ def main() -> None:
         order = list(runners) if block % 2 == 0 else list(reversed(runners))
         for name in order:
             results[name].append(runners[name].run(args.tokens))
+        print(f"  block {block + 1}/{args.runs} done", flush=True)
     print(f"prompt {ids.shape[1]} tokens, {args.tokens} new tokens (EOS ignored, greedy), "
           f"{args.runs} alternating blocks, medians (min-max)")
     med: Callable[[list[float]], float] = statistics.median

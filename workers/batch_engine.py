@@ -49,6 +49,11 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
 
 # The llm role's OpenVINO properties per device, under the worker's own `properties` (which
 # win): the fastest lone-stream decode measured by bench/levers.py with unchanged greedy text.
+# NOTE: CPU keeps OpenVINO's own defaults (bf16 inference where the CPU has AMX/AVX512-BF16,
+# a u8 KV cache): no precision, cache, thread, hint or scheduler lever beat them beyond the
+# noise of a loaded 2-core machine with the same greedy text (README, "Single-stream decode");
+# the ones that changed the text (f32, f16/bf16/f32 KV cache, 1 thread, re-quantized weights)
+# are not defaults. GPU: not measured here (no GPU on this machine).
 DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
     "CPU": {},
 }
