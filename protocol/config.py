@@ -224,6 +224,12 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     embedding_cache_size: int = 1000
+    # Embedding batching (workers/embed_engine.py): requests queued together are embedded in
+    # one pipeline call of at most embedding_max_batch texts; once requests arrive together
+    # (the last batch held several), the worker waits up to embedding_batch_wait seconds for
+    # more before it starts the next call (0: never waits; a lone request never waits).
+    embedding_max_batch: int = 64
+    embedding_batch_wait: float = 0.003
     # --- limits: each is answered before anything reaches a worker, in the caller's API's
     # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
     # A request body larger than this many bytes is refused with 413, whether it declares its
@@ -349,6 +355,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NPU_PROXY_ORIGINS": ("allowed_origins", _names),
     "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
+    "NPU_PROXY_EMBEDDING_MAX_BATCH": ("embedding_max_batch", int),
+    "NPU_PROXY_EMBEDDING_BATCH_WAIT": ("embedding_batch_wait", float),
 }
 
 
