@@ -40,6 +40,8 @@ from workers.engine import Emit
 
 log = logging.getLogger(__name__)
 
+# A batch waits for stragglers at most this many times embedding_batch_wait in all.
+GATHER_WAITS = 8
 # Aborted request ids remembered so a queued request whose client left is skipped.
 ABORTS_KEPT = 1024
 
@@ -173,11 +175,15 @@ class EmbedEngine:
         """`first` and the requests queued behind it, up to max_batch texts."""
         batch = [first]
         texts = _size(first[1])
-        # NOTE: what queued up while the last batch ran is always taken at once; the short
-        # wait for stragglers is only paid when requests are evidently arriving together
-        # (the last batch had several), so a lone request never waits for company.
-        wait = self.batch_wait if self._last_batch > 1 else 0.0
-        deadline = time.monotonic() + wait
+        # NOTE: what queued up while the last batch ran is always taken at once. Once
+        # requests are evidently arriving together (the last batch had several, or more are
+        # queued behind this one), the worker also waits for stragglers: as long as each
+        # comes within batch_wait of the one before (the gateway hands on a burst of
+        # concurrent requests one by one, a millisecond or more apart), up to GATHER_WAITS
+        # waits in all. A lone request never waits.
+        wait = self.batch_wait if self._last_batch > 1 or not self._inbox.empty() else 0.0
+        now = time.monotonic()
+        deadline, limit = now + wait, now + GATHER_WAITS * wait
         while texts < self.max_batch:
             try:
                 more = self._inbox.get_nowait()
@@ -191,6 +197,7 @@ class EmbedEngine:
                     break
             batch.append(more)
             texts += _size(more[1])
+            deadline = min(limit, time.monotonic() + wait)
         return batch
 
     def _fail(self, req: Embed, exc: Exception) -> None:
