@@ -251,7 +251,9 @@ class EmbedEngine:
             fresh = self._embed(missing)
         except Exception as exc:
             if len(ready) == 1:
-                raise
+                log.exception("embedding request failed")
+                self._fail(ready[0][1], exc)
+                return
             # NOTE: one text the pipeline refuses must not fail the requests batched with
             # it: each request is embedded again on its own, and only those that fail fail.
             log.warning("embedding batch of %d requests failed (%s); retrying each alone",
