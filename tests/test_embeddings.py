@@ -590,6 +590,24 @@ def test_engine_one_bad_text_fails_only_its_request(
     assert len(pipe.calls[0]) == 5 and len(pipe.calls) == 4
 
 
+def test_engine_batches_truncate_choices_apart_correctly(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
+    eng, frames, pipe, thread = idle_engine
+    cut, strict, short = (_request([LONG, unique("cut")]), _request([LONG], truncate=False),
+                          _request([unique("short")], truncate=False))
+    for req in (cut, strict, short):
+        eng.submit(req)
+    thread.start()
+    _wait(frames, 3)
+    by_id = {f.id: f for f in frames}
+    assert isinstance(by_id[strict.id], Failed) and by_id[strict.id].limit == 256
+    assert isinstance(by_id[cut.id], Embeddings) and by_id[cut.id].rows == 2
+    assert by_id[cut.id].prompt_tokens[0] == 256
+    assert isinstance(by_id[short.id], Embeddings) and by_id[short.id].rows == 1
+    # NOTE: the refused request's text never reached the pipeline; the others shared a call.
+    assert len(pipe.calls) == 1 and sorted(pipe.calls[0]) == sorted([*cut.texts, *short.texts])
+
+
 def test_engine_skips_a_queued_request_whose_client_left(
         idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
     eng, frames, pipe, thread = idle_engine
