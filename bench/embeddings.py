@@ -1,18 +1,24 @@
-"""Embeddings/s in-process versus through HTTP, and the gain from batching concurrent requests.
+"""Embeddings/s in-process versus through HTTP, and concurrent single-text clients.
 
     python bench/embeddings.py [--url URL] [--rounds 4] [--seconds 3] [--concurrency 16]
-                                [--format float|base64|both]
+                                [--format float|base64|both] [--batch-wait S]
+                                [--only-concurrent]
 
 Without --url a private server is started with only the embedding worker and a vector cache
 of size 0, so every request reaches the pipeline, as the in-process calls do. Both sides embed
 the same batches of the same texts with the same IR folder and pipeline settings, taking
 turns in short blocks so load from other processes on the machine falls on both alike.
-Ratios are HTTP / in-process; the target is >= 0.95. The HTTP side is run with both
-encoding formats: base64 (the official OpenAI SDK's default) and float (JSON numbers).
+Ratios are HTTP / in-process throughput. The HTTP side is run with both encoding formats:
+base64 (the official OpenAI SDK's default) and float (JSON numbers).
 
-Requests are sent one at a time, so each pays the server's fixed cost per request (HTTP,
-two ZeroMQ hops, JSON) on top of the pipeline's time; the "fixed" column is that cost as
-implied by the ratio, and the floor line is a bare HTTP round trip to the same server for scale.
+Batches of 1, 8 and 32 are sent one request at a time, so each pays the server's fixed cost
+per request (HTTP, two ZeroMQ hops, JSON) on top of the pipeline's time; the "fixed" column
+is that cost as implied by the ratio, and the floor line is a bare HTTP round trip to the
+same server for scale (bench/embed_costs.py splits the fixed cost by layer).
+
+Then the figure of issue 19: N (16) concurrent clients, each sending one text on its own
+keep-alive connection, against one in-process call of the same N texts, in alternating
+rounds; the server must batch them (its pipeline calls per burst are read from /metrics).
 """
 
 from __future__ import annotations
