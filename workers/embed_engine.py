@@ -40,8 +40,10 @@ from workers.engine import Emit
 
 log = logging.getLogger(__name__)
 
-# A batch waits for stragglers at most this many times embedding_batch_wait in all.
-GATHER_WAITS = 8
+# A batch waits for stragglers this long at most in all (max_batch also ends the gather).
+GATHER_MAX_S = 0.05
+# Seconds after a batch of several requests during which requests count as arriving together.
+TOGETHER_S = 1.0
 # Aborted request ids remembered so a queued request whose client left is skipped.
 ABORTS_KEPT = 1024
 
@@ -90,7 +92,8 @@ class EmbedEngine:
         self._aborted: OrderedDict[str, None] = OrderedDict()
         # (arrival time, message): queue time counts from arrival, not from batching.
         self._inbox: queue.SimpleQueue[tuple[float, Embed]] = queue.SimpleQueue()
-        self._last_batch = 0
+        # monotonic time of the last batch that held several requests.
+        self._together_at = -TOGETHER_S
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
@@ -158,7 +161,8 @@ class EmbedEngine:
             except queue.Empty:
                 continue
             requests = self._gather(first)
-            self._last_batch = len(requests)
+            if len(requests) > 1:
+                self._together_at = time.monotonic()
             self._busy = len(requests)
             try:
                 self._serve(requests)
@@ -176,14 +180,16 @@ class EmbedEngine:
         batch = [first]
         texts = _size(first[1])
         # NOTE: what queued up while the last batch ran is always taken at once. Once
-        # requests are evidently arriving together (the last batch had several, or more are
-        # queued behind this one), the worker also waits for stragglers: as long as each
-        # comes within batch_wait of the one before (the gateway hands on a burst of
-        # concurrent requests one by one, a millisecond or more apart), up to GATHER_WAITS
-        # waits in all. A lone request never waits.
-        wait = self.batch_wait if self._last_batch > 1 or not self._inbox.empty() else 0.0
+        # requests are evidently arriving together (a batch of several within TOGETHER_S,
+        # or more are queued behind this one), the worker also waits for stragglers, as long
+        # as each comes within batch_wait of the one before, up to GATHER_MAX_S in all: the
+        # gateway hands on a burst of concurrent requests one by one, about a millisecond
+        # apart on an idle machine, and a straggler missed costs a pipeline call of its own.
+        # Requests of a lone client never wait (each batch holds one).
         now = time.monotonic()
-        deadline, limit = now + wait, now + GATHER_WAITS * wait
+        together = now - self._together_at < TOGETHER_S or not self._inbox.empty()
+        wait = self.batch_wait if together else 0.0
+        deadline, limit = now + wait, now + GATHER_MAX_S
         while texts < self.max_batch:
             try:
                 more = self._inbox.get_nowait()
