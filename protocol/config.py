@@ -226,10 +226,11 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     embedding_cache_size: int = 1000
     # Embedding batching (workers/embed_engine.py): requests queued together are embedded in
     # one pipeline call of at most embedding_max_batch texts; once requests arrive together
-    # (the last batch held several), the worker waits up to embedding_batch_wait seconds for
-    # more before it starts the next call (0: never waits; a lone request never waits).
+    # (bursts of concurrent clients), the worker waits for stragglers as long as each comes
+    # within embedding_batch_wait seconds of the one before (0: never waits; a lone
+    # client's requests never wait).
     embedding_max_batch: int = 64
-    embedding_batch_wait: float = 0.003
+    embedding_batch_wait: float = 0.015
     # --- limits: each is answered before anything reaches a worker, in the caller's API's
     # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
     # A request body larger than this many bytes is refused with 413, whether it declares its

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,8 +92,10 @@ class EmbedEngine:
         self._aborted: OrderedDict[str, None] = OrderedDict()
         # (arrival time, message): queue time counts from arrival, not from batching.
         self._inbox: queue.SimpleQueue[tuple[float, Embed]] = queue.SimpleQueue()
-        # monotonic time of the last batch that held several requests.
+        # monotonic time of the last batch that held several requests, and the sizes of the
+        # last two such batches (how many requests a burst brings).
         self._together_at = -TOGETHER_S
+        self._sizes: deque[int] = deque(maxlen=2)
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
@@ -163,6 +165,7 @@ class EmbedEngine:
             requests = self._gather(first)
             if len(requests) > 1:
                 self._together_at = time.monotonic()
+                self._sizes.append(len(requests))
             self._busy = len(requests)
             try:
                 self._serve(requests)
@@ -182,20 +185,24 @@ class EmbedEngine:
         # NOTE: what queued up while the last batch ran is always taken at once. Once
         # requests are evidently arriving together (a batch of several within TOGETHER_S,
         # or more are queued behind this one), the worker also waits for stragglers, as long
-        # as each comes within batch_wait of the one before, up to GATHER_MAX_S in all: the
-        # gateway hands on a burst of concurrent requests one by one, about a millisecond
-        # apart on an idle machine, and a straggler missed costs a pipeline call of its own.
-        # Requests of a lone client never wait (each batch holds one).
+        # as each comes within batch_wait of the one before, up to GATHER_MAX_S in all, and
+        # only until the batch is as large as the recent bursts were (so a few clients
+        # sending in turn never wait for company that is not coming). The gateway hands on
+        # a burst of concurrent requests one by one, about a millisecond apart on an idle
+        # machine, in fits tens of milliseconds apart on a busy one; a straggler missed
+        # costs a pipeline call of its own. Requests of a lone client never wait.
         now = time.monotonic()
-        together = now - self._together_at < TOGETHER_S or not self._inbox.empty()
+        recent = now - self._together_at < TOGETHER_S and bool(self._sizes)
+        together = recent or not self._inbox.empty()
         wait = self.batch_wait if together else 0.0
+        expect = max(self._sizes) if recent else self.max_batch
         deadline, limit = now + wait, now + GATHER_MAX_S
         while texts < self.max_batch:
             try:
                 more = self._inbox.get_nowait()
             except queue.Empty:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or len(batch) >= expect:
                     break
                 try:
                     more = self._inbox.get(timeout=left)
