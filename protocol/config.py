@@ -249,6 +249,13 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     embedding_cache_size: int = 1000
+    # Embedding batching (workers/embed_engine.py): requests queued together are embedded in
+    # one pipeline call of at most embedding_max_batch texts; once requests arrive together
+    # (bursts of concurrent clients), the worker waits for stragglers as long as each comes
+    # within embedding_batch_wait seconds of the one before (0: never waits; a lone
+    # client's requests never wait).
+    embedding_max_batch: int = 64
+    embedding_batch_wait: float = 0.015
     # --- limits: each is answered before anything reaches a worker, in the caller's API's
     # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
     # A request body larger than this many bytes is refused with 413, whether it declares its
@@ -377,6 +384,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NPU_PROXY_ORIGINS": ("allowed_origins", _names),
     "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
+    "NPU_PROXY_EMBEDDING_MAX_BATCH": ("embedding_max_batch", int),
+    "NPU_PROXY_EMBEDDING_BATCH_WAIT": ("embedding_batch_wait", float),
 }
 
 
