@@ -1,18 +1,24 @@
-"""Embeddings/s in-process versus through HTTP, and the gain from batching concurrent requests.
+"""Embeddings/s in-process versus through HTTP, and concurrent single-text clients.
 
     python bench/embeddings.py [--url URL] [--rounds 4] [--seconds 3] [--concurrency 16]
-                                [--format float|base64|both]
+                                [--format float|base64|both] [--batch-wait S]
+                                [--only-concurrent]
 
 Without --url a private server is started with only the embedding worker and a vector cache
 of size 0, so every request reaches the pipeline, as the in-process calls do. Both sides embed
 the same batches of the same texts with the same IR folder and pipeline settings, taking
 turns in short blocks so load from other processes on the machine falls on both alike.
-Ratios are HTTP / in-process; the target is >= 0.95. The HTTP side is run with both
-encoding formats: base64 (the official OpenAI SDK's default) and float (JSON numbers).
+Ratios are HTTP / in-process throughput. The HTTP side is run with both encoding formats:
+base64 (the official OpenAI SDK's default) and float (JSON numbers).
 
-Requests are sent one at a time, so each pays the server's fixed cost per request (HTTP,
-two ZeroMQ hops, JSON) on top of the pipeline's time; the "fixed" column is that cost as
-implied by the ratio, and the floor line is a bare HTTP round trip to the same server for scale.
+Batches of 1, 8 and 32 are sent one request at a time, so each pays the server's fixed cost
+per request (HTTP, two ZeroMQ hops, JSON) on top of the pipeline's time; the "fixed" column
+is that cost as implied by the ratio, and the floor line is a bare HTTP round trip to the
+same server for scale (bench/embed_costs.py splits the fixed cost by layer).
+
+Then the figure of issue 19: N (16) concurrent clients, each sending one text on its own
+keep-alive connection, against one in-process call of the same N texts, in alternating
+rounds; the server must batch them (its pipeline calls per burst are read from /metrics).
 """
 
 from __future__ import annotations
@@ -160,31 +166,135 @@ def throughput(emb: Embedder, texts: list[str], size: int, rounds: int,
     return local, http, statistics.median(ratios), per_round
 
 
-async def _concurrent(url: str, texts: list[str]) -> float:
+class Burst:
+    """n keep-alive HTTP/1.1 connections, one per client, each sending one text at a time.
+
+    Requests are written as bytes on asyncio streams and answers read by Content-Length:
+    the least client CPU per request, which on a 2-core machine is taken from the server
+    being measured (an httpx.AsyncClient costs several times as much per request).
+    """
+
+    def __init__(self, url: str, n: int) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.n = n
+        self.loop = asyncio.new_event_loop()
+        self.conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    def open(self) -> None:
+        async def connect() -> None:
+            for _ in range(self.n):
+                self.conns.append(await asyncio.open_connection(self.host, self.port))
+
+        self.loop.run_until_complete(connect())
+
+    async def _one(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                   text: str) -> None:
+        reader, writer = conn
+        body = msgspec.json.encode({"model": MODEL, "input": text, "encoding_format": "float"})
+        writer.write(b"POST /v1/embeddings HTTP/1.1\r\nhost: %s\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (self.host.encode(), len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1]
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, val = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(val)
+        data = await reader.readexactly(length)
+        if status != b"200":
+            raise RuntimeError(f"HTTP {status.decode()}: {data[:300]!r}")
+
+    def run(self, texts: list[str]) -> float:
+        """Seconds until all of `texts` (one per connection) are answered."""
+        async def burst() -> float:
+            started = time.perf_counter()
+            await asyncio.gather(*(self._one(c, t) for c, t in zip(self.conns, texts,
+                                                                   strict=True)))
+            return time.perf_counter() - started
+
+        return self.loop.run_until_complete(burst())
+
+    def close(self) -> None:
+        for _, writer in self.conns:
+            writer.close()
+        self.loop.close()
+
+
+async def _httpx_burst(url: str, texts: list[str]) -> float:
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as client:
         async def one(text: str) -> None:
             r = await client.post(url + "/v1/embeddings", json={
                 "model": MODEL, "input": text, "encoding_format": "float"})
             r.raise_for_status()
 
-        await one(texts[0])  # NOTE: opens connections outside the timing.
+        await asyncio.gather(*(one(t) for t in texts))  # NOTE: opens the connections.
         started = time.perf_counter()
         await asyncio.gather(*(one(t) for t in texts))
         return time.perf_counter() - started
 
 
-def batching_gain(emb: Embedder, texts: list[str], n: int,
-                  rounds: int) -> dict[str, float]:
-    seq, conc, local_singles, local_batch = [], [], [], []
+def _scrape_calls(url: str) -> tuple[dict[str, float], float]:
+    """(pipeline calls by size class, texts embedded) of the server's embedding workers."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    calls: dict[str, float] = {}
+    misses = 0.0
+    for line in text.splitlines():
+        if line.startswith("npu_proxy_embedding_batches_total{"):
+            size = line.split('size="', 1)[1].split('"', 1)[0]
+            calls[size] = calls.get(size, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("npu_proxy_embedding_cache_misses_total{"):
+            misses += float(line.rsplit(" ", 1)[1])
+    return calls, misses
+
+
+def concurrent_clients(emb: Embedder, texts: list[str], n: int,
+                       rounds: int) -> dict[str, Any]:
+    """n concurrent single-text clients through HTTP against one in-process call of n texts.
+
+    Each round embeds n new texts both ways, taking turns (which goes first flips every
+    round); the ratio is the median of the rounds' in-process / HTTP times. Also: the same n
+    texts sent one after the other, in-process as n calls of 1, and through httpx.
+    """
+    burst = Burst(emb.url, n)
+    burst.open()
+    burst.run(texts[:n])  # NOTE: every connection has carried one request before timing.
+    calls_before, texts_before = _scrape_calls(emb.url)
+    sent = n
+    conc, local, ratios = [], [], []
     for r in range(rounds):
-        chunk = texts[(r * n) % (len(texts) - n):][:n]
-        seq.append(timed(emb.http, [[t] for t in chunk])[1])
-        conc.append(asyncio.run(_concurrent(emb.url, chunk)))
-        local_singles.append(timed(emb.local, [[t] for t in chunk])[1])
-        local_batch.append(timed(emb.local, [chunk])[1])
-    return {"sequential": statistics.median(seq), "concurrent": statistics.median(conc),
-            "local_singles": statistics.median(local_singles),
-            "local_batch": statistics.median(local_batch)}
+        chunk = texts[n * (r + 1):n * (r + 2)]
+        if len(chunk) < n:
+            raise SystemExit(f"{rounds} rounds of {n} need {n * (rounds + 2)} texts")
+        emb.local(chunk[:1])  # NOTE: not timed (see throughput()).
+        if r % 2 == 0:
+            lo = timed(emb.local, [chunk])[1]
+            ht = burst.run(chunk)
+        else:
+            ht = burst.run(chunk)
+            lo = timed(emb.local, [chunk])[1]
+        sent += n
+        conc.append(ht)
+        local.append(lo)
+        ratios.append(lo / ht)
+    burst.close()
+    # NOTE: the worker's counters reach /metrics with its next heartbeat.
+    deadline = time.monotonic() + 10
+    calls, embedded = _scrape_calls(emb.url)
+    while embedded - texts_before < sent - n and time.monotonic() < deadline:
+        time.sleep(0.1)
+        calls, embedded = _scrape_calls(emb.url)
+    extra = texts[n * (rounds + 2):n * (rounds + 3)]
+    seq = timed(emb.http, [[t] for t in extra])[1]
+    singles = timed(emb.local, [[t] for t in extra])[1]
+    with_httpx = asyncio.run(_httpx_burst(emb.url, texts[n * (rounds + 3):n * (rounds + 4)]))
+    made = {k: v - calls_before.get(k, 0.0) for k, v in calls.items()}
+    return {"concurrent": statistics.median(conc), "local_batch": statistics.median(local),
+            "ratio": statistics.median(ratios), "ratios": ratios,
+            "calls_per_burst": sum(made.values()) / max(1, rounds),
+            "sizes": ", ".join(f"{int(v)} of {k}" for k, v in made.items() if v),
+            "sequential": seq, "local_singles": singles, "httpx": with_httpx}
 
 
 def main() -> int:
@@ -195,6 +305,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0, help="per side per round")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch-wait", type=float,
+                        help="the private server's embedding_batch_wait (seconds)")
+    parser.add_argument("--only-concurrent", action="store_true",
+                        help="skip the batch 1/8/32 table")
     parser.add_argument("--format", choices=("float", "base64", "both"), default="both",
                         help="encoding_format of the HTTP side")
     args = parser.parse_args()
@@ -206,8 +320,9 @@ def main() -> int:
     else:
         tmp = Path(tempfile.mkdtemp(prefix="npx-bench-embed-"))
         print(f"starting a private server in {tmp} (embed worker only, cache size 0)")
+        extra = {} if args.batch_wait is None else {"embedding_batch_wait": args.batch_wait}
         server = Server(tmp, workers=[{"name": "embed", "role": "embed"}],
-                        embedding_cache_size=0).start()
+                        embedding_cache_size=0, **extra).start()
         url = server.url
         folder = minilm_ir_folder(server.config)
     try:
@@ -218,6 +333,8 @@ def main() -> int:
             print(f"model {MODEL} ({folder}); {args.rounds} alternating rounds of "
                   f"~{args.seconds:.1f} s per side")
             formats = ("base64", "float") if args.format == "both" else (args.format,)
+            if args.only_concurrent:
+                formats = ()
             for fmt in formats:
                 emb.format = fmt
                 print(f"\nencoding_format={fmt}")
@@ -235,16 +352,23 @@ def main() -> int:
             print(f"floor: a bare HTTP round trip (GET /health) takes {floor * 1e3:.2f} ms; "
                   "0.95 needs a fixed cost under 1/19 of the pipeline's time per call")
             n = args.concurrency
-            gain = batching_gain(emb, texts[2048:], n, args.rounds)
-            print(f"\n{n} single-text requests over HTTP (median of {args.rounds}):")
-            print(f"  sequential {gain['sequential'] * 1e3:8.1f} ms  "
-                  f"({n / gain['sequential']:.1f}/s)")
-            print(f"  concurrent {gain['concurrent'] * 1e3:8.1f} ms  "
-                  f"({n / gain['concurrent']:.1f}/s)  "
-                  f"gain x{gain['sequential'] / gain['concurrent']:.2f} from batching")
-            print(f"  in-process: {n} calls of 1 {gain['local_singles'] * 1e3:.1f} ms, one call "
-                  f"of {n} {gain['local_batch'] * 1e3:.1f} ms "
-                  f"(x{gain['local_singles'] / gain['local_batch']:.2f}, the ceiling)")
+            rounds = max(10, 5 * args.rounds)
+            got = concurrent_clients(emb, texts[4096:], n, rounds)
+            spread = sorted(got["ratios"])
+            print(f"\n{n} concurrent single-text clients through HTTP vs one in-process call "
+                  f"of {n} texts ({rounds} alternating rounds, medians):")
+            print(f"  in-process, one call of {n}: {got['local_batch'] * 1e3:7.1f} ms "
+                  f"({n / got['local_batch']:.1f} texts/s)")
+            print(f"  HTTP, {n} concurrent clients: {got['concurrent'] * 1e3:7.1f} ms "
+                  f"({n / got['concurrent']:.1f} texts/s), "
+                  f"{got['calls_per_burst']:.1f} pipeline calls per burst")
+            print(f"  the server's pipeline calls by texts per call: {got['sizes']}")
+            print(f"  ratio {got['ratio']:.3f} (rounds' quartiles {spread[len(spread) // 4]:.2f}"
+                  f"-{spread[3 * len(spread) // 4]:.2f}; target >= 0.9)")
+            print(f"  for scale, once each: the same {n} one after the other over HTTP "
+                  f"{got['sequential'] * 1e3:.1f} ms, in-process as {n} calls of 1 "
+                  f"{got['local_singles'] * 1e3:.1f} ms; {n} concurrent from an "
+                  f"httpx.AsyncClient {got['httpx'] * 1e3:.1f} ms")
         finally:
             emb.close()
     finally:

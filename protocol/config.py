@@ -105,6 +105,16 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # extract) decode faster. See bench/lookup.py.
     prompt_lookup: int = 0
     prompt_lookup_ngram: int = 3
+    # Draft-model speculative decoding (llm role): a small model of the same tokenizer (a
+    # model name, as `model` takes) proposes draft_tokens tokens per step, or as many as it
+    # is at least draft_confidence sure of when that is > 0, and this worker's model
+    # verifies them in one pass; "" = off. Greedy output is unchanged; a real speedup needs
+    # a main model much larger than the draft (e.g. a 1.7B with the 135M as draft).
+    draft_model: str = ""
+    # The draft's device; "" = the worker's.
+    draft_device: str = ""
+    draft_tokens: int = 5
+    draft_confidence: float = 0.0
     # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
     # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
     # device does not know makes the load fail with OpenVINO's message.
@@ -139,6 +149,15 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             raise ValueError("prompt_lookup must be >= 0 and prompt_lookup_ngram >= 1")
         if self.prompt_lookup and self.role != "llm":
             raise ValueError(f"worker {self.name}: prompt_lookup needs the llm role")
+        if self.draft_model:
+            if self.role != "llm":
+                raise ValueError(f"worker {self.name}: draft_model needs the llm role")
+            if self.prompt_lookup:
+                raise ValueError(f"worker {self.name}: draft_model and prompt_lookup exclude "
+                                 "each other")
+            if self.draft_tokens < 1 or not 0.0 <= self.draft_confidence < 1.0:
+                raise ValueError(f"worker {self.name}: draft_tokens must be >= 1 and "
+                                 "draft_confidence in [0, 1)")
         if self.role == "npu" or (self.role == "vlm" and self.device.upper().startswith("NPU")):
             self.max_running = 1
         elif self.max_running <= 0:
@@ -230,6 +249,13 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     embedding_cache_size: int = 1000
+    # Embedding batching (workers/embed_engine.py): requests queued together are embedded in
+    # one pipeline call of at most embedding_max_batch texts; once requests arrive together
+    # (bursts of concurrent clients), the worker waits for stragglers as long as each comes
+    # within embedding_batch_wait seconds of the one before (0: never waits; a lone
+    # client's requests never wait).
+    embedding_max_batch: int = 64
+    embedding_batch_wait: float = 0.015
     # --- limits: each is answered before anything reaches a worker, in the caller's API's
     # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
     # A request body larger than this many bytes is refused with 413, whether it declares its
@@ -376,6 +402,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "NPU_PROXY_ORIGINS": ("allowed_origins", _names),
     "NPU_PROXY_CLAUDE_MODEL": ("claude_model", str),
     "NPU_PROXY_EMBEDDING_CACHE_SIZE": ("embedding_cache_size", int),
+    "NPU_PROXY_EMBEDDING_MAX_BATCH": ("embedding_max_batch", int),
+    "NPU_PROXY_EMBEDDING_BATCH_WAIT": ("embedding_batch_wait", float),
     "NPU_PROXY_IMAGE_URLS": ("image_urls", _flag),
 }
 

@@ -278,6 +278,28 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # wait for a whole step: silence counts against stall_timeout, not heartbeat_timeout
     # (protocol/states.py silence_allowed).
     blocking: bool = False
+    # Embedding pipeline calls so far by their size class (EMBED_BATCH_CLASSES): how many
+    # requests' texts the worker batched together.
+    embed_batches: list[int] | None = None
+
+
+# Upper bounds of the size classes (texts per pipeline call) of Heartbeat.embed_batches.
+EMBED_BATCH_CLASSES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def embed_batch_class(texts: int) -> int:
+    """The index in EMBED_BATCH_CLASSES of a call of this many texts (the last: all above)."""
+    for i, bound in enumerate(EMBED_BATCH_CLASSES):
+        if texts <= bound:
+            return i
+    return len(EMBED_BATCH_CLASSES) - 1
+
+
+def embed_batch_label(index: int) -> str:
+    """A size class as a label: "1", "2", "3-4", ... "257-512"."""
+    high = EMBED_BATCH_CLASSES[index]
+    low = EMBED_BATCH_CLASSES[index - 1] + 1 if index else 1
+    return str(high) if low == high else f"{low}-{high}"
 
 
 class Reranked(msgspec.Struct, tag=True, array_like=True):

@@ -25,7 +25,7 @@ import msgspec
 from models.locate import NotLocated, Origin, locate
 from models.registry import ModelSourceMissing
 from protocol import control
-from protocol.config import DEFAULT_LLM_MODEL, Config
+from protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
 from supervisor.cli_common import config_options, load
 
 Status = Literal["ok", "warn", "fail"]
@@ -178,9 +178,18 @@ def check_worker_devices(config: Config, devices: list[Device]) -> list[Check]:
         if spec.prompt_lookup:
             limits += f" (prompt lookup: {spec.prompt_lookup} tokens from " \
                 f"{spec.prompt_lookup_ngram}-grams)"
+        if spec.draft_model:
+            limits += f" (speculative decoding: draft {spec.draft_model} on " \
+                f"{spec.draft_device or spec.device}, {_draft_rule(spec)})"
         checks.append(Check(f"device of {spec.name}", "ok" if ok else "fail",
                             spec.device + limits + ("" if ok else " not found by OpenVINO")))
     return checks
+
+
+def _draft_rule(spec: WorkerSpec) -> str:
+    if spec.draft_confidence > 0:
+        return f"tokens while at least {spec.draft_confidence} sure"
+    return f"{spec.draft_tokens} tokens per step"
 
 
 def selftest(config: Config, device: str, tokens: int) -> SelfTest:

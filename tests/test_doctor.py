@@ -62,6 +62,14 @@ def test_doctor_shows_a_workers_prompt_lookup(tmp_path: Path) -> None:
                      done.stdout), done.stdout
 
 
+def test_doctor_shows_a_workers_draft_model(tmp_path: Path) -> None:
+    config = _config(tmp_path, workers=[{"name": "llm", "role": "llm",
+                                         "draft_model": "smollm2:135m", "draft_tokens": 3}])
+    done = _doctor(config, "--no-selftest")
+    assert re.search(r"OK +device of llm +CPU \(speculative decoding: draft smollm2:135m on "
+                     r"CPU, 3 tokens per step\)", done.stdout), done.stdout
+
+
 def test_doctor_fails_on_a_runtime_folder_with_bad_permissions(tmp_path: Path) -> None:
     (tmp_path / "rt").mkdir(mode=0o755)
     (tmp_path / "rt").chmod(0o755)

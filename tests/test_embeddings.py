@@ -24,11 +24,12 @@ import pytest
 import zmq
 from langchain_ollama import OllamaEmbeddings
 from langchain_openai import OpenAIEmbeddings
-from serverctl import Server
+from prometheus_client.parser import text_string_to_metric_families
+from serverctl import Server, wait_for
 
 from models.locate import minilm_ir_folder
 from protocol.config import Config, WorkerSpec
-from protocol.messages import Embed, Embeddings, Failed, Heartbeat, reply_decoder
+from protocol.messages import Abort, Embed, Embeddings, Failed, Heartbeat, reply_decoder
 from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
 from workers.embed_engine import EmbedEngine, _fast_counter
 from workers.embed_model import count_tokens, embedding_config
@@ -533,6 +534,156 @@ def test_engine_survives_a_pipeline_error(
     assert isinstance(frames[0], Failed) and "device lost" in frames[0].message
     assert isinstance(frames[1], Embeddings)
 
+
+
+@pytest.fixture
+def idle_engine(ir_folder: Path, local_pipe: Any,
+                tokenizer: Any) -> Iterator[tuple[EmbedEngine, list[Any], CountingPipe,
+                                                  threading.Thread]]:
+    """An engine whose loop is not started yet: what is submitted first queues together."""
+    frames: list[Any] = []
+    eng = EmbedEngine(Config(embedding_cache_size=0), WorkerSpec(name="embed", role="embed"),
+                      str(ir_folder), frames.append)
+    counting = CountingPipe(local_pipe)
+    eng.pipe, eng.tokenizer = counting, tokenizer
+    stop = threading.Event()
+    thread = threading.Thread(target=eng.run, args=(stop,), daemon=True)
+    yield eng, frames, counting, thread
+    stop.set()
+    if thread.is_alive():
+        thread.join(5)
+
+
+POISON = "this text makes the pipeline fail"
+
+
+class PoisonedPipe(CountingPipe):
+    """Fails any call that holds POISON, as a pipeline refusing one input would."""
+
+    def embed_documents(self, texts: list[str]) -> Any:
+        self.calls.append(list(texts))
+        if POISON in texts:
+            raise RuntimeError("cannot embed this input")
+        return self.pipe.embed_documents(texts)
+
+
+def test_engine_one_bad_text_fails_only_its_request(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread],
+        local_pipe: Any) -> None:
+    eng, frames, _, thread = idle_engine
+    eng.pipe = pipe = PoisonedPipe(local_pipe)
+    good = [_request([unique("good one")]), _request([unique("good two"), CAT])]
+    bad = _request([FELINE, POISON])
+    for req in (good[0], bad, good[1]):
+        eng.submit(req)
+    thread.start()
+    _wait(frames, 3)
+    by_id = {f.id: f for f in frames}
+    assert isinstance(by_id[bad.id], Failed) and "cannot embed" in by_id[bad.id].message
+    for req in good:
+        frame = by_id[req.id]
+        assert isinstance(frame, Embeddings) and frame.rows == len(req.texts)
+        matrix = np.frombuffer(frame.data, dtype="<f4").reshape(frame.rows, frame.dims)
+        lone = np.asarray(local_pipe.embed_documents(req.texts))
+        assert all(cosine(a, b) > 0.9999 for a, b in zip(matrix, lone, strict=True))
+    # NOTE: one call for the batch of three, then one per request on its own.
+    assert len(pipe.calls[0]) == 5 and len(pipe.calls) == 4
+
+
+def test_engine_batches_truncate_choices_apart_correctly(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
+    eng, frames, pipe, thread = idle_engine
+    cut, strict, short = (_request([LONG, unique("cut")]), _request([LONG], truncate=False),
+                          _request([unique("short")], truncate=False))
+    for req in (cut, strict, short):
+        eng.submit(req)
+    thread.start()
+    _wait(frames, 3)
+    by_id = {f.id: f for f in frames}
+    assert isinstance(by_id[strict.id], Failed) and by_id[strict.id].limit == 256
+    assert isinstance(by_id[cut.id], Embeddings) and by_id[cut.id].rows == 2
+    assert by_id[cut.id].prompt_tokens[0] == 256
+    assert isinstance(by_id[short.id], Embeddings) and by_id[short.id].rows == 1
+    # NOTE: the refused request's text never reached the pipeline; the others shared a call.
+    assert len(pipe.calls) == 1 and sorted(pipe.calls[0]) == sorted([*cut.texts, *short.texts])
+
+
+def test_engine_skips_a_queued_request_whose_client_left(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
+    eng, frames, pipe, thread = idle_engine
+    kept, left = _request([unique("kept")]), _request([unique("left")])
+    eng.submit(kept)
+    eng.submit(left)
+    eng.submit(Abort(id=left.id))
+    thread.start()
+    _wait(frames, 1)
+    assert [f.id for f in frames] == [kept.id] and pipe.calls == [kept.texts]
+
+
+def test_engine_counts_pipeline_calls_by_size(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
+    eng, frames, pipe, thread = idle_engine
+    eng.max_batch = 4
+    requests = [_request([unique(f"sized {i}")]) for i in range(6)]
+    for req in requests:
+        eng.submit(req)
+    thread.start()
+    _wait(frames, 6)
+    # NOTE: 4 texts per call at most: one call of 4 ("3-4") and one of 2.
+    assert sorted(len(c) for c in pipe.calls) == [2, 4]
+    assert eng.batches[:4] == [0, 1, 1, 0] and sum(eng.batches) == 2
+
+
+def _scrape(url: str) -> dict[tuple[str, str], float]:
+    """The embed worker's samples of the two embedding counters, by (name, size)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("worker") == "embed" and s.name in (
+                    "npu_proxy_embedding_batches_total",
+                    "npu_proxy_embedding_cache_misses_total"):
+                out[(s.name, s.labels.get("size", ""))] = s.value
+    return out
+
+
+def _calls(samples: dict[tuple[str, str], float]) -> float:
+    return sum(v for (n, _), v in samples.items() if n == "npu_proxy_embedding_batches_total")
+
+
+def _misses(samples: dict[tuple[str, str], float]) -> float:
+    return samples.get(("npu_proxy_embedding_cache_misses_total", ""), 0.0)
+
+
+def test_concurrent_requests_are_batched_and_get_lone_vectors(base_url: str,
+                                                              local_pipe: Any) -> None:
+    texts = [unique(f"concurrent client {i} asks about {STOCKS}") for i in range(16)]
+    before = _scrape(base_url)
+    barrier = threading.Barrier(len(texts))
+
+    def one(text: str) -> list[float]:
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            barrier.wait(30)
+            r = client.post("/v1/embeddings", json={"model": EMBED, "input": text})
+            assert r.status_code == 200, r.text
+            return list(r.json()["data"][0]["embedding"])
+
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        served = list(pool.map(one, texts))
+    # NOTE: the counters reach /metrics with the worker's next heartbeat.
+    def counted() -> dict[tuple[str, str], float] | None:
+        now = _scrape(base_url)
+        return now if _misses(now) - _misses(before) >= len(texts) else None
+
+    after = wait_for(counted, what="the worker's heartbeat with the 16 texts counted")
+    assert _misses(after) - _misses(before) == len(texts)
+    calls = _calls(after) - _calls(before)
+    assert 1 <= calls < len(texts), f"{calls} pipeline calls for {len(texts)} requests"
+    assert any(size != "1" and after[(n, size)] > before.get((n, size), 0)
+               for n, size in after if n == "npu_proxy_embedding_batches_total")
+    for text, vec in zip(texts, served, strict=True):
+        lone = local_pipe.embed_documents([text])[0]
+        assert cosine(vec, lone) > 0.9999
 
 
 def test_fast_token_counter_agrees_with_openvino(ir_folder: Path, tokenizer: Any) -> None:

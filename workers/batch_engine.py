@@ -47,30 +47,53 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
     return cfg
 
 
+# The llm role's OpenVINO properties per device, under the worker's own `properties` (which
+# win): the fastest lone-stream decode measured by bench/levers.py with unchanged greedy text.
+# NOTE: CPU keeps OpenVINO's own defaults (bf16 inference where the CPU has AMX/AVX512-BF16,
+# a u8 KV cache): no precision, cache, thread, hint or scheduler lever beat them beyond the
+# noise of a loaded 2-core machine with the same greedy text (README, "Single-stream decode");
+# the ones that changed the text (f32, f16/bf16/f32 KV cache, 1 thread, re-quantized weights)
+# are not defaults. GPU: not measured here (no GPU on this machine).
+DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CPU": {},
+}
+
+
+def default_properties(device: str) -> dict[str, Any]:
+    return dict(DEVICE_DEFAULTS.get(device.split(".")[0].upper(), {}))
+
+
+def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
+    """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step."""
+    sched = ov_genai.SchedulerConfig()
+    sched.enable_prefix_caching = True
+    sched.cache_size = max(1, int(spec.kv_cache_gb))
+    # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
+    # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
+    # heartbeats say `blocking` meanwhile (see BatchEngine.blocking). Steps of
+    # max_batch_tokens (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of
+    # 8-14 s prefill.
+    sched.max_num_batched_tokens = max(spec.max_batch_tokens, context_length)
+    sched.max_num_seqs = spec.max_running
+    return sched
+
+
 class BatchEngine(EngineBase):
     """Continuous batching on GPU or CPU: many requests at once, prefix caching on."""
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         super().__init__(spec, model_path, context_length, emit)
         self._next_handle_id = 0
-
-    def scheduler_config(self) -> Any:
-        """The scheduler: at most max_running sequences, prefix caching on."""
-        sched = ov_genai.SchedulerConfig()
-        sched.enable_prefix_caching = True
-        sched.cache_size = max(1, int(self.spec.kv_cache_gb))
-        # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
-        # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
-        # heartbeats say `blocking` meanwhile (see `blocking`). Steps of max_batch_tokens
-        # (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of 8-14 s prefill.
-        sched.max_num_batched_tokens = max(self.spec.max_batch_tokens, self.context_length)
-        sched.max_num_seqs = self.spec.max_running
-        return sched
+        # The draft model's files when the worker decodes speculatively (spec.draft_model).
+        self.draft_path = ""
 
     def load(self, properties: dict[str, Any]) -> None:
-        sched = self.scheduler_config()
+        sched = scheduler_config(self.spec, self.context_length)
+        properties = {**default_properties(self.spec.device), **properties}
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
+        if self.draft_path:
+            properties = {**properties, "draft_model": self._draft(properties)}
         self.pipe = ov_genai.ContinuousBatchingPipeline(
             self.model_path, sched, self.spec.device, properties
         )
@@ -85,6 +108,24 @@ class BatchEngine(EngineBase):
             self.base_config.max_ngram_size = self.spec.prompt_lookup_ngram
             log.info("prompt lookup on: up to %d tokens per step from %d-grams of the prompt",
                      self.spec.prompt_lookup, self.spec.prompt_lookup_ngram)
+        if self.draft_path:
+            if self.spec.draft_confidence > 0:
+                self.base_config.assistant_confidence_threshold = self.spec.draft_confidence
+            else:
+                self.base_config.num_assistant_tokens = self.spec.draft_tokens
+            log.info("speculative decoding on: draft %s on %s, %s", self.spec.draft_model,
+                     self.spec.draft_device or self.spec.device,
+                     f"tokens while at least {self.spec.draft_confidence} sure"
+                     if self.spec.draft_confidence > 0
+                     else f"{self.spec.draft_tokens} tokens per step")
+
+    def _draft(self, properties: dict[str, Any]) -> Any:
+        """The draft model for the pipeline's properties: its own device and the worker's
+        compile properties (cache folder, precision hints) when on the same device."""
+        device = self.spec.draft_device or self.spec.device
+        same = {k: v for k, v in properties.items() if k not in ("prompt_lookup",)}
+        props = same if device == self.spec.device else {}
+        return ov_genai.draft_model(self.draft_path, device, **props)
 
     def warm_up(self) -> None:
         """A one-token generation, so the first real request does not pay for compilation."""

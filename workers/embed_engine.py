@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,16 @@ import numpy as np
 import openvino_genai as ov_genai
 
 from protocol.config import Config, WorkerSpec
-from protocol.messages import Embed, Embeddings, ErrorCode, Failed, Timings
+from protocol.messages import (
+    EMBED_BATCH_CLASSES,
+    Abort,
+    Embed,
+    Embeddings,
+    ErrorCode,
+    Failed,
+    Timings,
+    embed_batch_class,
+)
 from workers.embed_model import (
     MAX_SEQ_LENGTH,
     count_tokens,
@@ -31,10 +40,12 @@ from workers.engine import Emit
 
 log = logging.getLogger(__name__)
 
-# NOTE: a batch is cut at this many texts (the pipeline pads to the longest text in a
-# batch, so huge batches of mixed lengths waste work) or after this wait for more requests.
-MAX_BATCH_TEXTS = 64
-BATCH_WAIT_S = 0.003
+# A batch waits for stragglers this long at most in all (max_batch also ends the gather).
+GATHER_MAX_S = 0.05
+# Seconds after a batch of several requests during which requests count as arriving together.
+TOGETHER_S = 1.0
+# Aborted request ids remembered so a queued request whose client left is skipped.
+ABORTS_KEPT = 1024
 
 
 def _size(msg: Embed) -> int:
@@ -72,9 +83,19 @@ class EmbedEngine:
         self.build_minilm = build_minilm
         self.emit = emit
         self.cache = VectorCache(config.embedding_cache_size)
+        # NOTE: a batch is cut at this many texts (the pipeline pads to the longest text in a
+        # call, so huge calls of mixed lengths waste work) or after this wait for more.
+        self.max_batch = max(1, config.embedding_max_batch)
+        self.batch_wait = min(max(0.0, config.embedding_batch_wait), 1.0)
+        # Pipeline calls by size class (EMBED_BATCH_CLASSES), cumulative: sent in heartbeats.
+        self.batches = [0] * len(EMBED_BATCH_CLASSES)
+        self._aborted: OrderedDict[str, None] = OrderedDict()
         # (arrival time, message): queue time counts from arrival, not from batching.
         self._inbox: queue.SimpleQueue[tuple[float, Embed]] = queue.SimpleQueue()
-        self._last_batch = 0
+        # monotonic time of the last batch that held several requests, and the sizes of the
+        # last two such batches (how many requests a burst brings).
+        self._together_at = -TOGETHER_S
+        self._sizes: deque[int] = deque(maxlen=2)
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
@@ -90,14 +111,19 @@ class EmbedEngine:
 
     def has_room(self) -> bool:
         # NOTE: the inbox holds the requests waiting for the next batch; the running batch
-        # (at most MAX_BATCH_TEXTS texts of cache misses) is not counted against max_queue.
+        # (at most max_batch texts per pipeline call) is not counted against max_queue.
         return self._inbox.qsize() < self.spec.max_queue
 
     def submit(self, msg: Any) -> None:
-        # NOTE: an Abort is not queued: a batch takes milliseconds and is never cut short, and
-        # queued aborts would count against max_queue.
+        # NOTE: an Abort is not queued (it would count against max_queue): it is remembered,
+        # and a request still waiting is skipped when its batch starts; a running pipeline
+        # call takes milliseconds and is never cut short.
         if isinstance(msg, Embed):
             self._inbox.put((time.time(), msg))
+        elif isinstance(msg, Abort):
+            self._aborted[msg.id] = None
+            while len(self._aborted) > ABORTS_KEPT:
+                self._aborted.popitem(last=False)
 
     @property
     def queue_depth(self) -> int:
@@ -109,7 +135,7 @@ class EmbedEngine:
 
     @property
     def blocking(self) -> bool:
-        # NOTE: a batch is at most MAX_BATCH_TEXTS texts of at most MAX_SEQ_LENGTH tokens,
+        # NOTE: a pipeline call is at most max_batch texts of at most MAX_SEQ_LENGTH tokens,
         # far below a heartbeat timeout even where the pipeline call holds the GIL.
         return False
 
@@ -136,44 +162,69 @@ class EmbedEngine:
                 first = self._inbox.get(timeout=0.05)
             except queue.Empty:
                 continue
-            batch = [first]
-            texts = _size(first[1])
-            # NOTE: what queued up while the last batch ran is always taken at once; the short
-            # wait for stragglers is only paid when requests are evidently arriving together
-            # (the last batch had several), so a lone request never waits for company.
-            wait = BATCH_WAIT_S if self._last_batch > 1 else 0.0
-            deadline = time.monotonic() + wait
-            while texts < MAX_BATCH_TEXTS:
-                try:
-                    more = self._inbox.get_nowait()
-                except queue.Empty:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    try:
-                        more = self._inbox.get(timeout=left)
-                    except queue.Empty:
-                        break
-                batch.append(more)
-                texts += _size(more[1])
-            requests = batch
-            self._last_batch = len(requests)
+            requests = self._gather(first)
+            if len(requests) > 1:
+                self._together_at = time.monotonic()
+                self._sizes.append(len(requests))
             self._busy = len(requests)
             try:
                 self._serve(requests)
             except Exception as exc:
-                # NOTE: a pipeline error fails this batch's requests, not the whole worker.
+                # NOTE: _serve answers a failing pipeline call per request; this is the net
+                # for anything else: it fails this batch's requests, not the whole worker.
                 log.exception("embedding batch of %d request(s) failed", len(requests))
                 for _, req in requests:
-                    self.emit(Failed(id=req.id, seq=0, code=ErrorCode.INTERNAL,
-                                     message=f"embedding failed: {exc}"))
+                    self._fail(req, exc)
             finally:
                 self._busy = 0
+
+    def _gather(self, first: tuple[float, Embed]) -> list[tuple[float, Embed]]:
+        """`first` and the requests queued behind it, up to max_batch texts."""
+        batch = [first]
+        texts = _size(first[1])
+        # NOTE: what queued up while the last batch ran is always taken at once. Once
+        # requests are evidently arriving together (a batch of several within TOGETHER_S,
+        # or more are queued behind this one), the worker also waits for stragglers, as long
+        # as each comes within batch_wait of the one before, up to GATHER_MAX_S in all, and
+        # only until the batch is as large as the recent bursts were (so a few clients
+        # sending in turn never wait for company that is not coming). The gateway hands on
+        # a burst of concurrent requests one by one, about a millisecond apart on an idle
+        # machine, in fits tens of milliseconds apart on a busy one; a straggler missed
+        # costs a pipeline call of its own. Requests of a lone client never wait.
+        now = time.monotonic()
+        recent = now - self._together_at < TOGETHER_S and bool(self._sizes)
+        together = recent or not self._inbox.empty()
+        wait = self.batch_wait if together else 0.0
+        expect = max(self._sizes) if recent else self.max_batch
+        deadline, limit = now + wait, now + GATHER_MAX_S
+        while texts < self.max_batch:
+            try:
+                more = self._inbox.get_nowait()
+            except queue.Empty:
+                left = deadline - time.monotonic()
+                if left <= 0 or len(batch) >= expect:
+                    break
+                try:
+                    more = self._inbox.get(timeout=left)
+                except queue.Empty:
+                    break
+            batch.append(more)
+            texts += _size(more[1])
+            deadline = min(limit, time.monotonic() + wait)
+        return batch
+
+    def _fail(self, req: Embed, exc: Exception) -> None:
+        self.emit(Failed(id=req.id, seq=0, code=ErrorCode.INTERNAL,
+                         message=f"embedding failed: {exc}"))
 
     def _serve(self, requests: list[tuple[float, Embed]]) -> None:
         now = time.time()
         live: list[tuple[float, Embed]] = []
         for arrived, req in requests:
+            if req.id in self._aborted:
+                # NOTE: the gateway closed the request when it sent the abort: no answer.
+                del self._aborted[req.id]
+                continue
             if now > req.deadline:
                 self.emit(Failed(id=req.id, seq=0, code=ErrorCode.DEADLINE_EXCEEDED,
                                  message="request expired before it started"))
@@ -209,35 +260,58 @@ class EmbedEngine:
                 else:
                     hits[text] = hit[0]
         started = time.time()
-        fresh = self._embed(missing)
-        done = time.time()
+        try:
+            fresh = self._embed(missing)
+        except Exception as exc:
+            if len(ready) == 1:
+                log.exception("embedding request failed")
+                self._fail(ready[0][1], exc)
+                return
+            # NOTE: one text the pipeline refuses must not fail the requests batched with
+            # it: each request is embedded again on its own, and only those that fail fail.
+            log.warning("embedding batch of %d requests failed (%s); retrying each alone",
+                        len(ready), exc)
+            for arrived, req, mine in ready:
+                alone = {t: n for t, n in zip(req.texts, mine, strict=True) if t in missing}
+                try:
+                    self._answer(arrived, req, mine, hits, self._embed(alone), started)
+                except Exception as one:
+                    self._fail(req, one)
+            return
         for arrived, req, mine in ready:
-            rows = []
-            for text in req.texts:
-                vec = fresh.get(text)
-                if vec is not None:
-                    self.cache_misses += 1
-                else:
-                    self.cache_hits += 1
-                    vec = hits[text]
-                rows.append(vec)
-            matrix = np.ascontiguousarray(np.stack(rows), dtype="<f4")
-            self.served += 1
-            self.emit(Embeddings(
-                id=req.id, seq=0, data=matrix.tobytes(), rows=matrix.shape[0],
-                dims=matrix.shape[1], prompt_tokens=[min(n, self.max_length) for n in mine],
-                timings=Timings(queue_ns=int((started - arrived) * 1e9),
-                                prompt_ns=int((done - started) * 1e9),
-                                total_ns=int((time.time() - arrived) * 1e9))))
+            self._answer(arrived, req, mine, hits, fresh, started)
+
+    def _answer(self, arrived: float, req: Embed, mine: list[int],
+                hits: dict[str, np.ndarray[Any, Any]], fresh: dict[str, np.ndarray[Any, Any]],
+                started: float) -> None:
+        done = time.time()
+        rows = []
+        for text in req.texts:
+            vec = fresh.get(text)
+            if vec is not None:
+                self.cache_misses += 1
+            else:
+                self.cache_hits += 1
+                vec = hits[text]
+            rows.append(vec)
+        matrix = np.ascontiguousarray(np.stack(rows), dtype="<f4")
+        self.served += 1
+        self.emit(Embeddings(
+            id=req.id, seq=0, data=matrix.tobytes(), rows=matrix.shape[0],
+            dims=matrix.shape[1], prompt_tokens=[min(n, self.max_length) for n in mine],
+            timings=Timings(queue_ns=int((started - arrived) * 1e9),
+                            prompt_ns=int((done - started) * 1e9),
+                            total_ns=int((time.time() - arrived) * 1e9))))
 
     def _embed(self, missing: dict[str, int]) -> dict[str, np.ndarray[Any, Any]]:
         """Vectors of texts not in the cache, in pipeline calls of similar lengths."""
         # NOTE: the pipeline pads a call to its longest text; sorting by length before
-        # cutting into calls of MAX_BATCH_TEXTS keeps short texts out of long texts' padding.
+        # cutting into calls of max_batch keeps short texts out of long texts' padding.
         order = sorted(missing, key=missing.__getitem__)
         fresh: dict[str, np.ndarray[Any, Any]] = {}
-        for at in range(0, len(order), MAX_BATCH_TEXTS):
-            chunk = order[at:at + MAX_BATCH_TEXTS]
+        for at in range(0, len(order), self.max_batch):
+            chunk = order[at:at + self.max_batch]
+            self.batches[embed_batch_class(len(chunk))] += 1
             vectors = np.asarray(self.pipe.embed_documents(chunk), dtype="<f4")
             for text, vec in zip(chunk, vectors, strict=True):
                 fresh[text] = vec

@@ -101,6 +101,7 @@ class WorkerProcess:
             stalled_for=(time.monotonic() - engine.progress_at
                          if engine is not None and engine.in_flight else 0.0),
             blocking=engine.blocking if engine is not None else False,
+            embed_batches=list(getattr(engine, "batches", [])) or None,
         )
 
     def _announce(self) -> None:

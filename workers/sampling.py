@@ -23,6 +23,19 @@ def generation_config(
         # NOTE: a prompt-lookup pipeline refuses any request without both fields.
         cfg.num_assistant_tokens = base.num_assistant_tokens
         cfg.max_ngram_size = base.max_ngram_size
+    elif base.is_assisting_generation():
+        if params.temperature is None or params.temperature > 0.0:
+            # NOTE: OpenVINO GenAI 2026.4 fails a whole step, and so every request of the
+            # worker, on sampled requests with a draft model ("Check 'content_length <=
+            # prompt_ids.size() + m_generated_ids.size()' failed"), and add_request() refuses
+            # a request without a draft setting on such a pipeline.
+            raise ValueError("this model's worker decodes speculatively with a draft model "
+                             "(draft_model), which serves greedy requests only: send "
+                             "temperature 0")
+        if base.assistant_confidence_threshold > 0:
+            cfg.assistant_confidence_threshold = base.assistant_confidence_threshold
+        else:
+            cfg.num_assistant_tokens = base.num_assistant_tokens
     cfg.eos_token_id = base.eos_token_id
     cfg.stop_token_ids = set(base.stop_token_ids) | {base.eos_token_id}
     limit = params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS

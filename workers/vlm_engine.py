@@ -39,7 +39,7 @@ from PIL import Image
 
 from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
-from workers.batch_engine import BatchEngine
+from workers.batch_engine import BatchEngine, scheduler_config
 from workers.engine import Active, Emit, Prepared, Prompting
 from workers.sampling import generation_config
 
@@ -188,7 +188,8 @@ class VlmEngine(BatchEngine):
             self.base_config = self.pipe.get_generation_config()
         else:
             self.pipe = ov_genai.ContinuousBatchingPipeline(
-                self.model_path, self.scheduler_config(), self.spec.device, properties)
+                self.model_path, scheduler_config(self.spec, self.context_length),
+                self.spec.device, properties)
             self.base_config = self.pipe.get_config()
         self.prompting = VlmPrompting(self.pipe.get_tokenizer(), self.context_length,
                                       self.chat_template)

@@ -39,7 +39,7 @@ from models.facts import (
 )
 from models.locate import configured_template, locate
 from models.registry import ModelSourceMissing
-from protocol.config import Config
+from protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -277,9 +277,25 @@ class ModelCatalog:
             "capabilities": (await self.capabilities(model)).names,
             "modified_at": iso(_modified(found, self.router)),
         }
+        speculative = [_speculative(self.router.config.worker(w)) for w in model.workers]
+        if any(speculative):
+            body["speculative_decoding"] = [s for s in speculative if s]
         if model.created is not None:
             body.update(_created_show(model.created, body["details"]))
         return body
+
+
+def _speculative(spec: WorkerSpec) -> dict[str, Any]:
+    """How a worker decodes speculatively (npu-proxy's own field of /api/show), or {}."""
+    if spec.prompt_lookup:
+        return {"worker": spec.name, "method": "prompt_lookup", "tokens": spec.prompt_lookup,
+                "max_ngram": spec.prompt_lookup_ngram}
+    if spec.draft_model:
+        rule: dict[str, Any] = ({"confidence": spec.draft_confidence}
+                                if spec.draft_confidence > 0 else {"tokens": spec.draft_tokens})
+        return {"worker": spec.name, "method": "draft_model", "draft_model": spec.draft_model,
+                "draft_device": spec.draft_device or spec.device, **rule}
+    return {}
 
 
 def _key(model: ServedModel) -> str:

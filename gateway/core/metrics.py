@@ -31,7 +31,7 @@ from gateway.core.broker import Broker
 from gateway.core.recent import Recent
 from gateway.core.router import Generation
 from protocol.config import Config
-from protocol.messages import Heartbeat, WorkerExited, WorkerState
+from protocol.messages import Heartbeat, WorkerExited, WorkerState, embed_batch_label
 from protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class WorkerRecord:
     previous_pids: deque[int] = field(default_factory=lambda: deque(maxlen=32))
     cache_hits: int = 0
     cache_misses: int = 0
+    # Embedding pipeline calls per size class, as the current process last reported them.
+    embed_batches: list[int] = field(default_factory=list)
     load_observed: bool = False
 
 
@@ -193,6 +195,11 @@ class Metrics:
         self.cache_misses = Counter(
             "npu_proxy_embedding_cache_misses_total", "Embedding inputs computed by the model",
             ["worker"], registry=reg)
+        self.embed_batches = Counter(
+            "npu_proxy_embedding_batches_total",
+            "Embedding pipeline calls, by how many texts each embedded (size class): "
+            "concurrent requests batched together make fewer, larger calls",
+            ["worker", "size"], registry=reg)
         reg.register(_WorkerGauges(broker))
         # NOTE: the status page's last minutes, fed by the same hooks as the families above.
         self.recent = Recent()
@@ -235,6 +242,8 @@ class Metrics:
         if beat.cache_misses > rec.cache_misses:
             self.cache_misses.labels(beat.worker).inc(beat.cache_misses - rec.cache_misses)
             rec.cache_misses = beat.cache_misses
+        if beat.embed_batches:
+            self._count_batches(beat.worker, rec, beat.embed_batches)
         if not rec.load_observed and beat.load_seconds > 0:
             rec.load_observed = True
             self.load_time.labels(beat.worker).observe(beat.load_seconds)
@@ -243,6 +252,13 @@ class Metrics:
             self.recent.error(beat.worker, beat.error)
         if beat.state == WorkerState.FAILED and not rec.exit_reason:
             rec.exit_reason = "failed"
+
+    def _count_batches(self, worker: str, rec: WorkerRecord, counts: list[int]) -> None:
+        seen = rec.embed_batches + [0] * (len(counts) - len(rec.embed_batches))
+        for i, (now, before) in enumerate(zip(counts, seen, strict=False)):
+            if now > before:
+                self.embed_batches.labels(worker, embed_batch_label(i)).inc(now - before)
+        rec.embed_batches = [max(a, b) for a, b in zip(counts, seen, strict=False)]
 
     @_guarded
     def on_worker_exited(self, event: WorkerExited) -> None:
@@ -272,6 +288,7 @@ class Metrics:
         rec.pid = pid
         rec.exit_reason = ""
         rec.cache_hits = rec.cache_misses = 0
+        rec.embed_batches = []
         rec.load_observed = False
 
     # --- router observer -----------------------------------------------------------------
