@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import openvino_genai
@@ -100,6 +101,27 @@ def ensure_minilm_ir(dest: Path) -> Path:
     if _is_ready(dest):
         logger.debug("embedding model %s already prepared in %s", MODEL_NAME, dest)
         return dest
+    return build_from_minilm(dest, f"embedding model {MODEL_NAME}", _convert)
+
+
+def build_from_minilm(dest: Path, what: str, build: Callable[[Path, Path, Path], None]) -> Path:
+    """Build a folder from the pinned MiniLM files once: `build(onnx, tokenizer_dir, tmp)` writes
+    into a temporary folder beside ``dest``, which is renamed into place (the embedding model
+    here, the embedded reranker in workers/rerank_model.py)."""
+    onnx_path, tokenizer_dir = minilm_sources()
+    logger.info("preparing %s into %s (one-time)", what, dest)
+    started = time.perf_counter()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        _verify_sources(onnx_path, tokenizer_dir)
+        build(onnx_path, tokenizer_dir, tmp)
+        _publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("prepared %s in %.1f s", what, time.perf_counter() - started)
+    return dest
     onnx_path, tokenizer_dir = minilm_sources()
     logger.info("preparing embedding model %s into %s (one-time)", MODEL_NAME, dest)
     started = time.perf_counter()

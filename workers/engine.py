@@ -616,3 +616,26 @@ class EngineBase:
         self.emit(Finished(id=active.req.id, seq=active.seq, finish_reason=reason,
                            prompt_tokens=active.prompt_tokens,
                            completion_tokens=active.completion_tokens, timings=timings))
+
+
+class TokenStreamer(ov_genai.StreamerBase):  # type: ignore[misc]
+    """Token ids from a pipeline's generate() into an engine (the one-request-at-a-time paths:
+    LLMPipeline on the npu role, VLMPipeline on a vlm worker's NPU)."""
+
+    def __init__(self, engine: EngineBase, active: Active) -> None:
+        super().__init__()
+        self.engine = engine
+        self.active = active
+
+    def write(self, token: Any) -> ov_genai.StreamingStatus:
+        ids = [int(token)] if isinstance(token, int) else [int(t) for t in token]
+        active = self.active
+        self.engine._on_tokens(active, ids, time.time())
+        self.engine._flush(active)
+        active.cancel_if_late(time.time())
+        if active.cancelled:
+            return ov_genai.StreamingStatus.CANCEL
+        return ov_genai.StreamingStatus.RUNNING
+
+    def end(self) -> None:
+        pass

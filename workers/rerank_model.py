@@ -38,8 +38,6 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +45,7 @@ import numpy as np
 import openvino_genai
 
 from models.registry import ModelSourceMissing
-from workers.embed_model import (
-    _publish,
-    _remove_stale_tmp,
-    _verify_sources,
-    minilm_sources,
-)
+from workers.embed_model import build_from_minilm
 
 logger = logging.getLogger(__name__)
 
@@ -75,20 +68,7 @@ def ensure_minilm_rerank_ir(dest: Path) -> Path:
     dest = Path(dest)
     if all((dest / name).is_file() for name in _READY_FILES):
         return dest
-    onnx_path, tokenizer_dir = minilm_sources()
-    logger.info("preparing the embedded reranker into %s (one-time)", dest)
-    started = time.perf_counter()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    try:
-        _verify_sources(onnx_path, tokenizer_dir)
-        _build(onnx_path, tokenizer_dir, tmp)
-        _publish(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("prepared the embedded reranker in %.1f s", time.perf_counter() - started)
-    return dest
+    return build_from_minilm(dest, "the embedded reranker", _build)
 
 
 def rerank_config(max_length: int) -> openvino_genai.TextRerankPipeline.Config:

@@ -12,36 +12,16 @@ exists.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import openvino as ov
 import openvino_genai as ov_genai
 
 from protocol.messages import ErrorCode, Failed
-from workers.engine import Active, EngineBase, Prepared, Prompting, Request
+from workers.engine import Active, EngineBase, Prepared, Prompting, Request, TokenStreamer
 
 log = logging.getLogger(__name__)
 
-
-class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
-    def __init__(self, engine: SerialEngine, active: Active) -> None:
-        super().__init__()
-        self.engine = engine
-        self.active = active
-
-    def write(self, token: Any) -> ov_genai.StreamingStatus:
-        ids = [int(token)] if isinstance(token, int) else [int(t) for t in token]
-        active = self.active
-        self.engine._on_tokens(active, ids, time.time())
-        self.engine._flush(active)
-        active.cancel_if_late(time.time())
-        if active.cancelled:
-            return ov_genai.StreamingStatus.CANCEL
-        return ov_genai.StreamingStatus.RUNNING
-
-    def end(self) -> None:
-        pass
 
 
 class SerialEngine(EngineBase):
@@ -96,7 +76,7 @@ class SerialEngine(EngineBase):
     def _generate(self, ready: Prepared, active: Active) -> None:
         req = ready.req
         try:
-            self.pipe.generate(ov.Tensor(ready.ids), ready.config, _Streamer(self, active))
+            self.pipe.generate(ov.Tensor(ready.ids), ready.config, TokenStreamer(self, active))
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": req.log_id or req.id})
             self._active.pop(req.id, None)

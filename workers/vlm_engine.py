@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ from PIL import Image
 from protocol.config import WorkerSpec
 from protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
 from workers.batch_engine import BatchEngine, scheduler_config
-from workers.engine import Active, Emit, Prepared, Prompting
+from workers.engine import Active, Emit, Prepared, Prompting, TokenStreamer
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -272,7 +271,7 @@ class VlmEngine(BatchEngine):
         """The NPU path: one VLMPipeline.generate, tokens streamed as they come."""
         req = ready.req
         self.announce()
-        streamer = _Streamer(self, active)
+        streamer = TokenStreamer(self, active)
         try:
             self.pipe.generate(ready.text, images=ready.images, generation_config=ready.config,
                                streamer=streamer)
@@ -290,24 +289,3 @@ class VlmEngine(BatchEngine):
         self._active.pop(req.id, None)
         self._finish(active)
 
-
-class _Streamer(ov_genai.StreamerBase):  # type: ignore[misc]
-    """Token ids from VLMPipeline.generate into the engine (the NPU path)."""
-
-    def __init__(self, engine: VlmEngine, active: Active) -> None:
-        super().__init__()
-        self.engine = engine
-        self.active = active
-
-    def write(self, token: Any) -> ov_genai.StreamingStatus:
-        ids = [int(token)] if isinstance(token, int) else [int(t) for t in token]
-        active = self.active
-        self.engine._on_tokens(active, ids, time.time())
-        self.engine._flush(active)
-        active.cancel_if_late(time.time())
-        if active.cancelled:
-            return ov_genai.StreamingStatus.CANCEL
-        return ov_genai.StreamingStatus.RUNNING
-
-    def end(self) -> None:
-        pass
