@@ -1,9 +1,15 @@
-"""Prompt-lookup decoding on an input-grounded task, through the server: the same requests to
-an llm worker with `prompt_lookup` on and to one without, one server busy at a time.
+"""Prompt-lookup decoding on input-grounded tasks, through the server: the same requests to an
+llm worker with `prompt_lookup` on and to one without, in alternating blocks, one server busy
+at a time.
 
-The task repeats or edits a given text (what rewriting, extraction and code edits look like),
-greedy, so both workers must produce the same text; printed: median end-to-end completion
-tokens/s of each, min-max, the ratio, and whether every text matched.
+The tasks repeat or edit a given text (what rewriting, extraction and code edits look like),
+greedy, so both workers should produce the same text; printed per task: the completion tokens,
+median end-to-end completion tokens/s of each worker (min-max), the ratio, and how many texts
+matched; and the load average before and after.
+
+NOTE: a task only gains when the model's answer really copies its prompt. The embedded
+SmolLM2-135M does so on the text tasks; on the code edit it copies part of the code and then
+writes prose of its own, so that row shows what lookup costs when its guesses fail.
 
     python bench/lookup.py [--runs 5] [--lookup 5] [--tokens 160]
 """
@@ -11,6 +17,7 @@ tokens/s of each, min-max, the ratio, and whether every text matched.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -23,6 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from serverctl import Server
 
+TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "
+        "CPUs, GPUs and NPUs from Intel. The runtime loads a model once and compiles it for the "
+        "chosen device.")
+TYPOS = ("The worker loads the modle once and compiles it for the chosen device. Each reqest is "
+         "queued untill a slot is free, then its tokens are streamed back to the client as they "
+         "are generatd.")
 CODE = '''def load_config(path):
     with open(path) as f:
         data = json.load(f)
@@ -33,14 +46,16 @@ CODE = '''def load_config(path):
         worker.setdefault("max_queue", 4)
     return data
 '''
-TASKS = [
-    "Rename the function load_config to read_config in this code and return the whole code:\n"
-    + CODE,
-    "Repeat this code exactly, adding a docstring to the function:\n" + CODE,
-]
+TASKS = {
+    "repeat a text": "Repeat this text exactly:\n" + TEXT,
+    "fix a text's typos": "Fix the spelling mistakes in this text and return the corrected "
+                          "text:\n" + TYPOS,
+    "rename in code": "Rename the function load_config to read_config in this code and "
+                      "return the whole code:\n" + CODE,
+}
 
 
-def run(url: str, task: str, tokens: int) -> tuple[float, str]:
+def run(url: str, task: str, tokens: int) -> tuple[float, int, str]:
     body = {"model": "smollm2:135m", "max_tokens": tokens, "temperature": 0,
             "messages": [{"role": "user", "content": task}]}
     start = time.perf_counter()
@@ -48,26 +63,12 @@ def run(url: str, task: str, tokens: int) -> tuple[float, str]:
     elapsed = time.perf_counter() - start
     r.raise_for_status()
     out = r.json()
-    return out["usage"]["completion_tokens"] / elapsed, out["choices"][0]["message"]["content"]
+    n = out["usage"]["completion_tokens"]
+    return n / elapsed, n, out["choices"][0]["message"]["content"]
 
 
-def measure(tmp: Path, lookup: int, runs: int, tokens: int) -> tuple[list[float], list[str]]:
-    worker: dict[str, object] = {"name": "llm", "role": "llm"}
-    if lookup:
-        worker["prompt_lookup"] = lookup
-    server = Server(tmp, workers=[worker]).start()
-    try:
-        for task in TASKS:  # warm: prompts in the prefix cache, as in every measured run
-            run(server.url, task, tokens)
-        rates, texts = [], []
-        for _ in range(runs):
-            for task in TASKS:
-                rate, text = run(server.url, task, tokens)
-                rates.append(rate)
-                texts.append(text)
-        return rates, texts
-    finally:
-        server.stop()
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -77,17 +78,43 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=160)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "off").mkdir()
-        (Path(tmp) / "on").mkdir()
-        off, off_texts = measure(Path(tmp) / "off", 0, args.runs, args.tokens)
-        on, on_texts = measure(Path(tmp) / "on", args.lookup, args.runs, args.tokens)
-    print(f"input-grounded task (edit a given code snippet), greedy, {len(TASKS)} prompts x "
-          f"{args.runs} runs, up to {args.tokens} tokens, end-to-end completion tokens/s:")
-    print(f"  prompt lookup off: {statistics.median(off):6.1f}  ({min(off):.1f}-{max(off):.1f})")
-    print(f"  prompt lookup {args.lookup}:  {statistics.median(on):6.1f}  "
-          f"({min(on):.1f}-{max(on):.1f})")
-    print(f"  speedup: {statistics.median(on) / statistics.median(off):.2f}x; identical text: "
-          f"{sum(a == b for a, b in zip(off_texts, on_texts, strict=True))} of {len(on_texts)}")
+        servers: dict[str, Server] = {}
+        try:
+            for name, lookup in (("off", 0), ("on", args.lookup)):
+                worker: dict[str, object] = {"name": "llm", "role": "llm"}
+                if lookup:
+                    worker["prompt_lookup"] = lookup
+                servers[name] = Server(Path(tmp) / name, workers=[worker]).start()
+            for server in servers.values():  # warm: prompts in the prefix cache, as later
+                for task in TASKS.values():
+                    run(server.url, task, args.tokens)
+            before = load()
+            rates: dict[tuple[str, str], list[float]] = {}
+            texts: dict[tuple[str, str], list[str]] = {}
+            counts: dict[str, int] = {}
+            for _ in range(args.runs):
+                for label, task in TASKS.items():
+                    for name, server in servers.items():
+                        rate, n, text = run(server.url, task, args.tokens)
+                        rates.setdefault((name, label), []).append(rate)
+                        texts.setdefault((name, label), []).append(text)
+                        counts[label] = n
+            after = load()
+        finally:
+            for server in servers.values():
+                server.stop()
+    print(f"prompt lookup {args.lookup} (n-grams of 3) vs off, greedy, up to {args.tokens} "
+          f"tokens, {args.runs} alternating blocks, end-to-end completion tokens/s, medians "
+          f"(min-max); load average {before} before, {after} after:")
+    for label in TASKS:
+        off, on = rates[("off", label)], rates[("on", label)]
+        same = sum(a == b for a, b in zip(texts[("off", label)], texts[("on", label)],
+                                          strict=True))
+        print(f"  {label:20s} {counts[label]:4d} tokens  off {statistics.median(off):6.1f} "
+              f"({min(off):.1f}-{max(off):.1f})  on {statistics.median(on):6.1f} "
+              f"({min(on):.1f}-{max(on):.1f})  speedup "
+              f"{statistics.median(on) / statistics.median(off):.2f}x  identical text "
+              f"{same} of {len(on)}")
 
 
 if __name__ == "__main__":
