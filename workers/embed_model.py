@@ -122,20 +122,6 @@ def build_from_minilm(dest: Path, what: str, build: Callable[[Path, Path, Path],
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("prepared %s in %.1f s", what, time.perf_counter() - started)
     return dest
-    onnx_path, tokenizer_dir = minilm_sources()
-    logger.info("preparing embedding model %s into %s (one-time)", MODEL_NAME, dest)
-    started = time.perf_counter()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    try:
-        _verify_sources(onnx_path, tokenizer_dir)
-        _convert(onnx_path, tokenizer_dir, tmp)
-        _publish(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("prepared embedding model %s in %.1f s", MODEL_NAME, time.perf_counter() - started)
-    return dest
 
 
 def embedding_config(max_length: int | None = None) -> openvino_genai.TextEmbeddingPipeline.Config:
