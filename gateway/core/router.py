@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -61,6 +61,9 @@ def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[st
         "X-NPU-Proxy-Route-Reason": reason,
         "X-NPU-Proxy-Token-Count": str(tokens),
     }
+
+
+_Reply = TypeVar("_Reply", Embeddings, Reranked)
 
 
 @dataclass
@@ -336,28 +339,25 @@ class Router:
                           deadline=msg.deadline)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embedded:
-        model = await self.switcher.ensure(model)
-        stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
-        self.broker.close(stream)
-        if isinstance(frame, Failed):
-            raise from_failed(frame)
-        if not isinstance(frame, Embeddings):
-            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-        device = self.broker.links[stream.worker].spec.device
-        return Embedded(frame, route_headers(device, stream.worker, reason,
-                                             sum(frame.prompt_tokens)))
+        frame, headers = await self._one_reply(model, msg, Embeddings)
+        return Embedded(frame, headers)
 
     async def rerank(self, model: ServedModel, msg: Rerank) -> Scored:
+        frame, headers = await self._one_reply(model, msg, Reranked)
+        return Scored(frame, headers)
+
+    async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
+                         expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:
+        """Dispatch a request answered by one frame (embeddings, scores) and check its kind."""
         model = await self.switcher.ensure(model)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)
         if isinstance(frame, Failed):
             raise from_failed(frame)
-        if not isinstance(frame, Reranked):
+        if not isinstance(frame, expected):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
         device = self.broker.links[stream.worker].spec.device
-        return Scored(frame, route_headers(device, stream.worker, reason,
-                                           sum(frame.prompt_tokens)))
+        return frame, route_headers(device, stream.worker, reason, sum(frame.prompt_tokens))
 
     async def _ask(self, model: ServedModel, msg: Tokenize | Detokenize) -> RequestFrame:
         """One request answered with one frame (token counts, detokenizing)."""
