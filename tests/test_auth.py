@@ -60,8 +60,8 @@ def test_inference_timeout_ends_ollama_chat_with_reason_timeout(srv: Server) -> 
         "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
         "options": {"num_predict": 4000, "temperature": 0}})
     body = r.json()
-    assert body["message"]["content"].startswith("1")
     assert body["done_reason"] == "timeout"
+    assert body["message"]["content"].strip()  # NOTE: what was made before the deadline
     assert 0 < body["eval_count"] < 4000
 
 

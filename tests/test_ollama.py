@@ -368,15 +368,17 @@ def test_format_schema_output_validates(http: httpx.Client, api: str, stream: bo
 
 
 def test_format_json_returns_an_object(http: httpx.Client) -> None:
-    # NOTE: greedy decoding of a 135M model can loop on one key until num_predict ("lang":
-    # "en", "lang": "en", ...); a repeat penalty and room to finish keep the object whole.
-    question = 'What is the capital of France? Answer with a JSON object with the key "capital".'
+    # NOTE: greedy decoding of a 135M model can add keys until num_predict when the question
+    # leaves the object's shape open; a question that shows the shape lets it finish.
+    question = 'Give the capital of France as JSON: {"capital": ...}'
     body = {"model": LLM, "messages": [{"role": "user", "content": question}],
             "format": "json", "stream": False,
-            "options": {"temperature": 0, "num_predict": 200, "repeat_penalty": 1.2}}
+            "options": {"temperature": 0, "num_predict": 200}}
     resp = http.post("/api/chat", json=body).json()
     assert resp["done_reason"] == "stop"
-    assert isinstance(json.loads(resp["message"]["content"]), dict)
+    answer = json.loads(resp["message"]["content"])
+    assert isinstance(answer, dict)
+    assert "Paris" in answer.values()
 
 
 # --- one parameter mapping ---------------------------------------------------------------
