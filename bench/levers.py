@@ -78,6 +78,8 @@ LEVERS = [
     Lever("gguf", "CB pipeline on the GGUF file as loaded", weights="gguf"),
     Lever("f32", "INFERENCE_PRECISION_HINT=f32 (the llm worker's CPU default since this run)",
           properties={"INFERENCE_PRECISION_HINT": "f32"}),
+    Lever("gguf-f32", "INFERENCE_PRECISION_HINT=f32 on the GGUF file as loaded (no graph rewrite)",
+          weights="gguf", properties={"INFERENCE_PRECISION_HINT": "f32"}),
     Lever("f32-dq0", "INFERENCE_PRECISION_HINT=f32, DYNAMIC_QUANTIZATION_GROUP_SIZE=0",
           properties={"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
     Lever("f32-stateful", "LLMPipeline (stateful), INFERENCE_PRECISION_HINT=f32", stateful=True,

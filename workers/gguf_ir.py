@@ -4,7 +4,10 @@ OpenVINO GenAI builds an OpenVINO model from a GGUF file on every load (about 3.
 embedded SmolLM2 on this machine's CPU), and a worker's restart is the product's answer to
 every fault. So the first load of a GGUF saves the model and its tokenizers as IR, keyed by the
 file's path, size and modification time, and every later load (restart, model switch back,
-another worker on the same model) reads that folder instead.
+another worker on the same model) reads that folder instead. The saved graph is first
+rewritten without changing its numbers (workers/ir_fusion.py: fewer, larger matrix products
+per decode step); FORMAT names that rewriting in the folder's key, so a folder made by an
+older version is made again (and the old one removed).
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from models.store import GGUF_IR
 
 log = logging.getLogger(__name__)
 
+# NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
+FORMAT = "fused-1"
+
 
 def ir_folder(root: Path, gguf: Path) -> Path:
     """Where the IR of this GGUF file (as it is now on disk) lives under `root`."""
     real = gguf.resolve()
     st = real.stat()
-    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{FORMAT}".encode()).hexdigest()[:16]
     return root / f"{real.stem}-{key}"
 
 
@@ -53,7 +60,8 @@ def loadable(model_path: str, cache: Path) -> str:
 
 def _prune(root: Path) -> None:
     """Drop converted folders whose GGUF file is gone (a removed virtual environment, a model
-    deleted by hand): nothing would ever load them again."""
+    deleted by hand) or that are not the current conversion of it (an older FORMAT, the file
+    changed since): nothing would ever load them again."""
     if not root.is_dir():
         return
     for folder in root.iterdir():
@@ -64,6 +72,25 @@ def _prune(root: Path) -> None:
         if not source.exists():
             log.info("removing %s: its GGUF %s is gone", folder, source)
             shutil.rmtree(folder, ignore_errors=True)
+        elif ir_folder(root, source) != folder:
+            log.info("removing %s: an older conversion of %s (or of its older version)",
+                     folder, source)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _rewrite(folder: Path) -> None:
+    """The saved graph through workers/ir_fusion.py, saved in its place."""
+    import openvino as ov
+
+    from workers.ir_fusion import optimize
+
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    optimize(model)
+    # NOTE: saved beside, then renamed over: the model read maps the old .bin file.
+    ov.save_model(model, folder / "rewritten.xml", compress_to_fp16=False)
+    del model
+    for suffix in (".bin", ".xml"):
+        os.replace(folder / f"rewritten{suffix}", folder / f"openvino_model{suffix}")
 
 
 def _convert(gguf: Path, done: Path) -> None:
@@ -84,6 +111,7 @@ def _convert(gguf: Path, done: Path) -> None:
         link.unlink()
         if not (staging / "openvino_model.xml").is_file():
             raise RuntimeError("OpenVINO GenAI saved no openvino_model.xml")
+        _rewrite(staging)
         (staging / COMPLETE).write_text(f"{gguf.resolve()}\n")
         try:
             staging.rename(done)
