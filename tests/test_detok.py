@@ -22,6 +22,7 @@ def tokenizer() -> ov_genai.Tokenizer:
     "The capital of France is Paris.",
     "Ünïcödé: 東京タワー, emoji 🙂🚀 and tabs\tand\nnewlines  with  spaces.",
     "   leading spaces and trailing   ",
+    "A longer text, so that the decoding window slides many times: 東京タワー 🙂🚀 " * 6,
 ])
 def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str) -> None:
     ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]]
@@ -32,6 +33,13 @@ def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str
     assert all("\ufffd" not in p for p in pieces)  # never a broken character
     if text[0].isascii():
         assert pieces[0]  # the first token's text is released at once, not held back
+    # Several tokens per push (a speculative step), across the window's slides.
+    for size in (2, 3, 5):
+        detok = Detokenizer(tokenizer)
+        pieces = [detok.push(ids[i:i + size]) for i in range(0, len(ids), size)]
+        pieces.append(detok.flush())
+        assert "".join(pieces) == tokenizer.decode(ids)
+        assert all("\ufffd" not in p for p in pieces)
 
 
 SPLIT = "Emoji 🙂🚀 and 東京 split across tokens."
