@@ -3,9 +3,12 @@
 Every configuration is loaded once, then the runs alternate blocks (one generation of each
 configuration per block) so the load of other processes on the machine falls on all of them
 alike. Per configuration: median TTFT and decode tok/s of a ~36-token templated prompt with
---tokens new tokens (greedy, EOS ignored), min-max, the ratio to the baseline (what the llm
-worker ran before this study: a ContinuousBatchingPipeline on the IR converted from the GGUF,
-its scheduler and properties) and whether the greedy text equals the baseline's.
+--tokens new tokens (greedy, EOS ignored), min-max, the ratio to the baseline (a
+ContinuousBatchingPipeline with the llm worker's scheduler on the IR the worker converts from
+the GGUF, with OpenVINO's own defaults: bf16 inference on a CPU with AMX/AVX512-BF16) and
+whether the greedy text equals the baseline's. A text that differs says only that some
+position's argmax flipped; bench/precision.py says how far each precision is from exact
+arithmetic. The worker's CPU default is the `f32` row (workers/batch_engine.py).
 
     python bench/levers.py [--runs 5] [--tokens 128] [--only NAME,NAME] [--device CPU]
 """
@@ -84,6 +87,12 @@ LEVERS = [
           properties={"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
     Lever("f32-stateful", "LLMPipeline (stateful), INFERENCE_PRECISION_HINT=f32", stateful=True,
           properties={"INFERENCE_PRECISION_HINT": "f32"}),
+    Lever("f32-no-split", "f32, scheduler: dynamic_split_fuse=False",
+          properties={"INFERENCE_PRECISION_HINT": "f32"}, sched={"dynamic_split_fuse": False}),
+    Lever("f32-seqs1", "f32, scheduler: max_num_seqs=1",
+          properties={"INFERENCE_PRECISION_HINT": "f32"}, sched={"max_num_seqs": 1}),
+    Lever("f32-small", "f32, scheduler: max_num_batched_tokens=2048",
+          properties={"INFERENCE_PRECISION_HINT": "f32"}, sched={"max_num_batched_tokens": 2048}),
     Lever("bf16", "INFERENCE_PRECISION_HINT=bf16", properties={"INFERENCE_PRECISION_HINT": "bf16"}),
     Lever("kv-u8", "KV_CACHE_PRECISION=u8", properties={"KV_CACHE_PRECISION": "u8"}),
     Lever("kv-f16", "KV_CACHE_PRECISION=f16", properties={"KV_CACHE_PRECISION": "f16"}),
