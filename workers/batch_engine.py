@@ -60,10 +60,18 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
 DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
     "CPU": {"INFERENCE_PRECISION_HINT": "f32"},
 }
+# A worker that decodes speculatively (prompt lookup, a draft model) verifies several tokens
+# in one pass, and its greedy text must be the text one-token steps would make. Dynamic
+# quantization gives a pass of several tokens other numbers than one-token steps (measured:
+# bench/lookup.py's code edit, 0 of 5 identical), so such a worker does without it on CPU.
+SPECULATIVE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CPU": {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+}
 
 
-def default_properties(device: str) -> dict[str, Any]:
-    return dict(DEVICE_DEFAULTS.get(device.split(".")[0].upper(), {}))
+def default_properties(device: str, speculative: bool = False) -> dict[str, Any]:
+    table = SPECULATIVE_DEFAULTS if speculative else DEVICE_DEFAULTS
+    return dict(table.get(device.split(".")[0].upper(), {}))
 
 
 def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
@@ -92,7 +100,8 @@ class BatchEngine(EngineBase):
 
     def load(self, properties: dict[str, Any]) -> None:
         sched = scheduler_config(self.spec, self.context_length)
-        properties = {**default_properties(self.spec.device), **properties}
+        speculative = bool(self.spec.prompt_lookup or self.draft_path)
+        properties = {**default_properties(self.spec.device, speculative), **properties}
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
         if self.draft_path:
