@@ -96,6 +96,8 @@ class EmbedEngine:
         # last two such batches (how many requests a burst brings).
         self._together_at = -TOGETHER_S
         self._sizes: deque[int] = deque(maxlen=2)
+        # time.time() when the last gathering ended (arrivals are stamped with time.time()).
+        self._gathered_at = 0.0
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
@@ -163,9 +165,7 @@ class EmbedEngine:
             except queue.Empty:
                 continue
             requests = self._gather(first)
-            if len(requests) > 1:
-                self._together_at = time.monotonic()
-                self._sizes.append(len(requests))
+            self._note_burst(first[0], requests)
             self._busy = len(requests)
             try:
                 self._serve(requests)
@@ -177,6 +177,22 @@ class EmbedEngine:
                     self._fail(req, exc)
             finally:
                 self._busy = 0
+
+    def _note_burst(self, arrived: float, requests: list[tuple[float, Embed]]) -> None:
+        """Learn how many requests a burst brings. A batch whose first request came within
+        batch_wait of the last gathering's end holds that burst's stragglers: they count
+        with it (else a burst of 16 cut at 15 would teach 15, and every later burst would be
+        cut at 15 again, its 16th request a pipeline call of its own). A request that waited
+        and found no company was a lone client's: the next one does not wait."""
+        if self._sizes and arrived - self._gathered_at <= self.batch_wait:
+            self._sizes[-1] += len(requests)
+            self._together_at = time.monotonic()
+        elif len(requests) > 1:
+            self._together_at = time.monotonic()
+            self._sizes.append(len(requests))
+        else:
+            self._together_at = -TOGETHER_S
+        self._gathered_at = time.time()
 
     def _gather(self, first: tuple[float, Embed]) -> list[tuple[float, Embed]]:
         """`first` and the requests queued behind it, up to max_batch texts."""
