@@ -702,3 +702,22 @@ def test_embedding_responses_say_where_they_ran(server: Server) -> None:
         assert r.headers["x-npu-proxy-device"] == "CPU"
         assert r.headers["x-npu-proxy-route-reason"] == "preferred"
         assert int(r.headers["x-npu-proxy-token-count"]) >= 3
+
+
+def test_a_bursts_stragglers_count_with_it_and_a_lone_request_stops_the_waiting(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread]) -> None:
+    eng = idle_engine[0]
+    burst = [(time.time(), _request([unique(f"burst {i}")])) for i in range(16)]
+    # A burst of 16 gathered as 15, then its 16th, which came right after: a burst of 16.
+    eng._note_burst(burst[0][0], burst[:15])
+    eng._note_burst(time.time(), burst[15:])
+    assert list(eng._sizes) == [16]
+    # So the next burst waits for its 16th (it stops gathering at the size bursts bring).
+    for arrived, req in burst:
+        eng._inbox.put((arrived, req))
+    assert len(eng._gather(eng._inbox.get())) == 16
+    # A request that came on its own, long after: the next one does not wait for company.
+    eng._note_burst(time.time() + 10 * eng.batch_wait, burst[:1])
+    started = time.monotonic()
+    assert len(eng._gather((time.time(), _request([unique("lone")])))) == 1
+    assert time.monotonic() - started < eng.batch_wait
