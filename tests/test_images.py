@@ -41,6 +41,7 @@ from PIL import Image
 from serverctl import Server
 
 from gateway.api import anthropic as anthropic_api
+from gateway.api import images as images_mod
 from gateway.api import ollama as ollama_api
 from gateway.api import openai as openai_api
 from gateway.api import responses as responses_api
@@ -183,16 +184,46 @@ def test_the_pixel_cap_is_a_setting() -> None:
 def test_the_count_cap_is_per_request() -> None:
     images = Images(ImageLimits(max_count=2))
     for i in range(2):
-        assert images.base64(b64(PNG), f"images[{i}]", "images") == PNG
-    refused(lambda: images.base64(b64(PNG), "images[2]", "images"), "images[2]",
+        assert asyncio.run(images.base64(b64(PNG), f"images[{i}]", "images")) == PNG
+    refused(lambda: asyncio.run(images.base64(b64(PNG), "images[2]", "images")), "images[2]",
             "more than 2 images", "max_images")
-    assert Images(ImageLimits(max_count=2)).base64(b64(PNG), "images[0]", "images") == PNG
+    assert asyncio.run(Images(ImageLimits(max_count=2)).base64(
+        b64(PNG), "images[0]", "images")) == PNG
+
+
+def test_a_large_image_is_decoded_off_the_event_loop() -> None:
+    """A big inline image is decoded and checked in a thread, so the gateway's other streams
+    do not wait for it; a small one inline (a thread hop costs more than its decoding)."""
+    loop_threads: list[int] = []
+
+    def spy(*args: object) -> bytes:
+        loop_threads.append(threading.get_ident())
+        return decode_base64_image(*args)  # type: ignore[arg-type]
+
+    async def decode(text: str) -> int:
+        here = threading.get_ident()
+        loop_threads.clear()
+        await images_mod._off_loop(text, spy, text, "f", LIMITS, "p")
+        return sum(t != here for t in loop_threads)
+
+    noisy = io.BytesIO()
+    Image.frombytes("RGB", (400, 400), random.Random(7).randbytes(400 * 400 * 3)).save(noisy,
+                                                                                        "PNG")
+    big = noisy.getvalue()
+    assert len(b64(big)) >= images_mod.OFF_LOOP_CHARS
+    assert asyncio.run(decode(b64(big))) == 1
+    assert asyncio.run(decode(b64(PNG))) == 0
+    # And through the API: a big image reaches the message bytes for bytes.
+    messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(big)]}],
+                               list[ollama_api.Message])
+    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+    assert out[0].images == [big]
 
 
 def test_an_image_that_is_no_string_is_refused() -> None:
     images = Images(LIMITS)
     for value in (None, 42, ["a"], {"url": "x"}):
-        refused(lambda v=value: images.base64(v, "f", "p"), "base64 string")
+        refused(lambda v=value: asyncio.run(images.base64(v, "f", "p")), "base64 string")
         refused(lambda v=value: asyncio.run(images.url(v, "f", "p")), "must be a string")
 
 
@@ -380,12 +411,12 @@ def test_ollama_images_on_chat_and_generate() -> None:
                                 {"role": "assistant", "content": "red"},
                                 {"role": "user", "content": "and?", "images": [b64(BLUE)]}],
                                list[ollama_api.Message])
-    out = ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS))
+    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert [m.images for m in out] == [[PNG], [], [BLUE]]
     bad = msgspec.convert([{"role": "user", "content": "x", "images": [b64(PNG), "xx"]}],
                           list[ollama_api.Message])
     with pytest.raises(GatewayError) as err:
-        ollama_api.chat_messages(bad, VISION, "m", Images(LIMITS))
+        asyncio.run(ollama_api.chat_messages(bad, VISION, "m", Images(LIMITS)))
     status, body = shape(OLLAMA, err.value)
     assert status == 400 and body == {"error": err.value.message}
     assert body["error"].startswith("messages[0].images[1]: not valid base64")
@@ -453,7 +484,7 @@ def test_the_count_cap_spans_the_whole_request() -> None:
                                 {"role": "user", "content": "b", "images": [b64(PNG)] * 2}],
                                list[ollama_api.Message])
     with pytest.raises(GatewayError) as err:
-        ollama_api.chat_messages(messages, VISION, "m", images)
+        asyncio.run(ollama_api.chat_messages(messages, VISION, "m", images))
     assert err.value.message.startswith("messages[1].images[1]: more than 3 images")
 
 

@@ -158,7 +158,7 @@ async def _image(block: dict[str, Any], where: str, caps: Capabilities, requeste
         if not isinstance(media, str) or not media.lower().startswith("image/"):
             raise invalid(f"{field}.media_type must be an image type such as image/png",
                           param="messages")
-        return images.base64(source.get("data"), f"{field}.data", "messages")
+        return await images.base64(source.get("data"), f"{field}.data", "messages")
     if kind == "url" and isinstance(source, dict):
         return await images.url(source.get("url"), f"{field}.url", "messages")
     raise invalid(f"{field}: an image source must be of type base64 or url", param="messages")

@@ -35,7 +35,9 @@ import asyncio
 import binascii
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -226,6 +228,19 @@ async def _read(resp: httpx.Response, field: str, param: str, limits: ImageLimit
     return bytes(body)
 
 
+# Images sent inline with more base64 than this are decoded and checked in a thread: a 20 MiB
+# one takes tens of milliseconds, which every other stream of the gateway would wait out.
+OFF_LOOP_CHARS = 256 * 1024
+
+
+async def _off_loop(text: str, decode: Callable[[str, str, ImageLimits, str], bytes],
+                    *args: Any) -> bytes:
+    """`decode(*args)`, in a worker thread when `text` is large."""
+    if len(text) < OFF_LOOP_CHARS:
+        return decode(*args)
+    return await asyncio.to_thread(decode, *args)
+
+
 class Images:
     """One request's images: counted against `max_count`, each decoded (or fetched) and
     checked. A translator makes one per request and hands it every image it meets."""
@@ -240,12 +255,12 @@ class Images:
             raise _bad(field, param, f"more than {self.limits.max_count} images in one request "
                        "(max_images)")
 
-    def base64(self, text: object, field: str, param: str) -> bytes:
+    async def base64(self, text: object, field: str, param: str) -> bytes:
         """Base64 (or a data URL), as Ollama and Anthropic send it."""
         self._one_more(field, param)
         if not isinstance(text, str):
             raise _bad(field, param, "an image must be a base64 string")
-        return decode_base64_image(text, field, self.limits, param)
+        return await _off_loop(text, decode_base64_image, text, field, self.limits, param)
 
     async def url(self, url: object, field: str, param: str) -> bytes:
         """A data URL or an http(s) URL, as OpenAI sends it."""
@@ -253,6 +268,6 @@ class Images:
         if not isinstance(url, str):
             raise _bad(field, param, "an image URL must be a string")
         if url.startswith("data:"):
-            return decode_data_url(url, field, self.limits, param)
+            return await _off_loop(url, decode_data_url, url, field, self.limits, param)
         _http_url(url, field, param)
         return await fetch_image(url, field, self.limits, param)

@@ -134,7 +134,7 @@ def format_schema(fmt: str | dict[str, Any] | None) -> str | None:
                   param="format")
 
 
-def chat_messages(messages: list[Message], caps: Capabilities, requested: str,
+async def chat_messages(messages: list[Message], caps: Capabilities, requested: str,
                   images: Images) -> list[ChatMessage]:
     """The chat in the internal form; what the model cannot take (`caps`) is a 400."""
     out = []
@@ -145,7 +145,7 @@ def chat_messages(messages: list[Message], caps: Capabilities, requested: str,
         found: list[bytes] = []
         if m.images:
             require(caps, VISION, requested, "images")
-            found = [images.base64(text, f"messages[{i}].images[{j}]", "images")
+            found = [await images.base64(text, f"messages[{i}].images[{j}]", "images")
                      for j, text in enumerate(m.images)]
         calls = None
         if m.tool_calls:
@@ -320,7 +320,7 @@ class OllamaRoutes(Translator):
             raise invalid("images need the model's chat template: raw and template are not "
                           "supported with images", param="images")
         images = self.flow.images()
-        found = [images.base64(text, f"images[{j}]", "images")
+        found = [await images.base64(text, f"images[{j}]", "images")
                  for j, text in enumerate(req.images or [])]
         if req.suffix:
             require(caps, INSERT, req.model, "suffix")
@@ -358,8 +358,8 @@ class OllamaRoutes(Translator):
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
         msg, parser = await self.flow.chat(request, model,
-                                           chat_messages(req.messages, caps, req.model,
-                                                         self.flow.images()),
+                                           await chat_messages(req.messages, caps, req.model,
+                                                               self.flow.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
         return self._turn(model, req, msg, keep,
