@@ -40,25 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serverctl import Server
+from test_lookup import CODE, TEXT
 
 from workers.batch_engine import SPECULATIVE_DEFAULTS
 
-TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "
-        "CPUs, GPUs and NPUs from Intel. The runtime loads a model once and compiles it for the "
-        "chosen device.")
+# NOTE: the grounded text and the code edit are the ones tests/test_lookup.py checks.
 TYPOS = ("The worker loads the modle once and compiles it for the chosen device. Each reqest is "
          "queued untill a slot is free, then its tokens are streamed back to the client as they "
          "are generatd.")
-CODE = '''def load_config(path):
-    with open(path) as f:
-        data = json.load(f)
-    if "workers" not in data:
-        data["workers"] = []
-    for worker in data["workers"]:
-        worker.setdefault("device", "CPU")
-        worker.setdefault("max_queue", 4)
-    return data
-'''
 TASKS = {
     "repeat a text": "Repeat this text exactly:\n" + TEXT,
     "fix a text's typos": "Fix the spelling mistakes in this text and return the corrected "
