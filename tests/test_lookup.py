@@ -80,8 +80,18 @@ def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
 
 def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server) -> None:
     assert "prompt lookup on: up to 5 tokens per step" in lookup.worker_log("llm")
+    # Its arithmetic, as the pipeline got it: f32 without dynamic quantization (on CPU).
+    assert ("'INFERENCE_PRECISION_HINT': 'f32', 'DYNAMIC_QUANTIZATION_GROUP_SIZE': 0"
+            in lookup.worker_log("llm"))
     assert _greedy(lookup.url) == _greedy(plain.url)
     assert _greedy(lookup.url, CODE_EDIT) == _greedy(plain.url, CODE_EDIT)
+
+
+def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Server) -> None:
+    """The llm role's CPU default reaches the pipeline (README: "Single-stream decode")."""
+    log = server.worker_log("llm")
+    assert "OpenVINO properties in effect: {'INFERENCE_PRECISION_HINT': 'f32'," in log
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in log
 
 
 def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -> None:

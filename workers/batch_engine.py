@@ -102,6 +102,8 @@ class BatchEngine(EngineBase):
         sched = scheduler_config(self.spec, self.context_length)
         speculative = bool(self.spec.prompt_lookup or self.draft_path)
         properties = {**default_properties(self.spec.device, speculative), **properties}
+        # NOTE: what the pipeline really gets (the worker logged its own properties only).
+        log.info("OpenVINO properties in effect: %s", properties)
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
         if self.draft_path:
