@@ -30,27 +30,12 @@ import openvino_genai as ov_genai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode import PROMPT, Stamps
+
 from models.registry import package_file
 from workers.gguf_ir import loadable
 
-PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 CACHE = Path("/tmp/npu-proxy-levers")
-
-
-class Stamps(ov_genai.StreamerBase):  # type: ignore[misc]
-    """perf_counter() of every generated token, as the pipeline hands them over."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: list[float] = []
-
-    def write(self, token: Any) -> ov_genai.StreamingStatus:
-        now = time.perf_counter()
-        self.at.extend([now] * (len(token) if isinstance(token, list) else 1))
-        return ov_genai.StreamingStatus.RUNNING
-
-    def end(self) -> None:
-        pass
 
 
 @dataclass

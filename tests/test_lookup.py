@@ -78,6 +78,17 @@ def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
     return str(r.json()["choices"][0]["message"]["content"])
 
 
+def _streamed(url: str) -> str:
+    """The grounded task's text, streamed."""
+    chunks = []
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
+                      json={**GROUNDED, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+
 def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server) -> None:
     assert "prompt lookup on: up to 5 tokens per step" in lookup.worker_log("llm")
     # Its arithmetic, as the pipeline got it: f32 without dynamic quantization (on CPU).
@@ -95,14 +106,7 @@ def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Serv
 
 
 def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -> None:
-    chunks = []
-    with httpx.stream("POST", lookup.url + "/v1/chat/completions", timeout=120,
-                      json={**GROUNDED, "stream": True}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-    assert text == _greedy(lookup.url)
+    assert _streamed(lookup.url) == _greedy(lookup.url)
     r = httpx.post(lookup.url + "/v1/chat/completions", timeout=120, json={
         **GROUNDED, "temperature": 0.9, "seed": 7})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
@@ -131,13 +135,7 @@ def test_greedy_text_is_unchanged_by_a_draft_model(drafted: Server, plain: Serve
 
 
 def test_streaming_works_and_sampling_is_refused_with_a_draft_model(drafted: Server) -> None:
-    chunks = []
-    with httpx.stream("POST", drafted.url + "/v1/chat/completions", timeout=120,
-                      json={**GROUNDED, "stream": True}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    text = _streamed(drafted.url)
     assert text == _greedy(drafted.url)
     # NOTE: OpenVINO GenAI 2026.4 fails the worker's step on a sampled request with a draft
     # model (workers/sampling.py), so such a worker refuses them, and serves on.

@@ -22,6 +22,7 @@ import pytest
 from fakehub import FakeHub
 from PIL import Image
 from serverctl import Server, wait_for
+from test_images import checkerboard
 
 from models.registry import package_file
 
@@ -75,17 +76,6 @@ def client(srv: Server) -> openai.OpenAI:
 def png(color: str | tuple[int, int, int], size: tuple[int, int] = (80, 60)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def checkerboard() -> bytes:
-    img = Image.new("RGB", (64, 64), "white")
-    for x in range(0, 64, 8):
-        for y in range(0, 64, 8):
-            if (x + y) // 8 % 2:
-                img.paste((0, 0, 0), (x, y, x + 8, y + 8))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG")
     return buf.getvalue()
 
 
