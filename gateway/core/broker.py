@@ -27,6 +27,7 @@ from protocol.messages import (
     Heartbeat,
     RequestFrame,
     WorkerExited,
+    WorkerReply,
     WorkerState,
     WorkerStatus,
     encode,
@@ -142,6 +143,10 @@ class Broker:
         self.config = config
         self.ctx = zmq.asyncio.Context()
         self.links: dict[str, WorkerLink] = {}
+        # NOTE: plain (blocking-API) views of the links' PUSH sockets, for sends that never
+        # wait: the asyncio socket answers a NOBLOCK send with a Future (its zmq.Again lands
+        # in that Future, never raised), which costs more than the send on every request.
+        self._push_now: dict[str, zmq.Socket[bytes]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
 
@@ -157,6 +162,7 @@ class Broker:
             connect(sub, self.config, worker_endpoint(self.config, spec.name, "out"))
             link = WorkerLink(spec=spec, push=push, sub=sub)
             self.links[spec.name] = link
+            self._push_now[spec.name] = zmq.Socket.shadow(push.underlying)
             self._tasks.append(asyncio.create_task(self._read(link)))
         self._tasks.append(asyncio.create_task(self._watch()))
         self._tasks.append(asyncio.create_task(self._events()))
@@ -180,7 +186,7 @@ class Broker:
         stream = RequestStream(id=request_id, worker=worker)
         link.requests[request_id] = stream
         try:
-            link.push.send(encode(msg), flags=zmq.NOBLOCK)
+            self._push_now[worker].send(encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again as exc:
             del link.requests[request_id]
             raise WorkerUnavailable(f"worker {worker} is not connected") from exc
@@ -194,33 +200,46 @@ class Broker:
     def send(self, worker: str, msg: msgspec.Struct) -> None:
         """Fire and forget (aborts). Never awaits, so it is safe in a cancelled task."""
         with contextlib.suppress(zmq.ZMQError):
-            self.links[worker].push.send(encode(msg), flags=zmq.NOBLOCK)
+            self._push_now[worker].send(encode(msg), flags=zmq.NOBLOCK)
 
     # --- receiving -----------------------------------------------------------------------
 
     async def _read(self, link: WorkerLink) -> None:
         decoder = reply_decoder()
+        # NOTE: the first frame is awaited, then everything already queued (a batch's
+        # answers, tokens that came while the loop was busy) is taken through a plain view
+        # of the socket, without a Future per frame.
+        sub_now: zmq.Socket[bytes] = zmq.Socket.shadow(link.sub.underlying)
         while True:
-            _topic, raw = await link.sub.recv_multipart()
-            try:
-                msg = decoder.decode(raw)
-            except msgspec.DecodeError as exc:
-                log.error("undecodable frame from %s: %s", link.name, exc)
-                continue
-            if isinstance(msg, Heartbeat):
-                self._on_heartbeat(link, msg)
-                continue
-            stream = link.requests.get(msg.id)
-            if stream is None:
-                continue
-            if msg.seq != stream.next_seq:
-                log.error("frame gap on request_id=%s: expected seq %d, got %d",
-                          msg.id, stream.next_seq, msg.seq)
-                self._fail(link, stream, ErrorCode.INTERNAL,
-                           "frames from the worker were lost; the output would be corrupt")
-                continue
-            stream.next_seq += 1
-            stream.frames.put_nowait(msg)
+            frames = await link.sub.recv_multipart()
+            while True:
+                self._deliver(link, decoder, frames[-1])
+                try:
+                    frames = sub_now.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+
+    def _deliver(self, link: WorkerLink, decoder: msgspec.msgpack.Decoder[WorkerReply],
+                 raw: bytes) -> None:
+        try:
+            msg = decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            log.error("undecodable frame from %s: %s", link.name, exc)
+            return
+        if isinstance(msg, Heartbeat):
+            self._on_heartbeat(link, msg)
+            return
+        stream = link.requests.get(msg.id)
+        if stream is None:
+            return
+        if msg.seq != stream.next_seq:
+            log.error("frame gap on request_id=%s: expected seq %d, got %d",
+                      msg.id, stream.next_seq, msg.seq)
+            self._fail(link, stream, ErrorCode.INTERNAL,
+                       "frames from the worker were lost; the output would be corrupt")
+            return
+        stream.next_seq += 1
+        stream.frames.put_nowait(msg)
 
     def _on_heartbeat(self, link: WorkerLink, beat: Heartbeat) -> None:
         previous = link.heartbeat
