@@ -102,6 +102,13 @@ def inside(root: Path, path: Path) -> bool:
     return True
 
 
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
 class ModelStore:
     """Pulled models and aliases of one cache folder, re-read only when it changed."""
 
@@ -113,6 +120,9 @@ class ModelStore:
         self._manifests: dict[str, Manifest] = {}
         self._aliases: dict[str, str] = {}
         self._created: dict[str, CreatedModel] = {}
+        # NOTE: what _stamp() looks at, as strings: every request resolves a model name and
+        # so stats these three; building the paths each time cost more than the stats.
+        self._watched = (str(root), str(root / ALIASES), str(root / CREATED))
 
     # --- paths ---------------------------------------------------------------------------
 
@@ -145,12 +155,8 @@ class ModelStore:
     # --- reading -------------------------------------------------------------------------
 
     def _stamp(self) -> tuple[int, int, int]:
-        def mtime(p: Path) -> int:
-            try:
-                return p.stat().st_mtime_ns
-            except OSError:
-                return 0
-        return mtime(self.root), mtime(self.root / ALIASES), mtime(self.root / CREATED)
+        root, aliases, created = (_mtime(path) for path in self._watched)
+        return root, aliases, created
 
     def _refresh(self) -> None:
         stamp = self._stamp()
