@@ -29,7 +29,7 @@ from serverctl import Server, wait_for
 
 from models.locate import minilm_ir_folder
 from protocol.config import Config, WorkerSpec
-from protocol.messages import Abort, Embed, Embeddings, Failed, Heartbeat, reply_decoder
+from protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Heartbeat, reply_decoder
 from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
 from workers.embed_engine import EmbedEngine, _fast_counter
 from workers.embed_model import count_tokens, embedding_config
@@ -721,3 +721,42 @@ def test_a_bursts_stragglers_count_with_it_and_a_lone_request_stops_the_waiting(
     started = time.monotonic()
     assert len(eng._gather((time.time(), _request([unique("lone")])))) == 1
     assert time.monotonic() - started < eng.batch_wait
+
+
+def test_tokens_are_counted_while_the_batch_gathers(
+        idle_engine: tuple[EmbedEngine, list[Any], CountingPipe, threading.Thread],
+        tokenizer: Any) -> None:
+    """Each request is counted as it is taken, in the gaps between arrivals, not after the
+    batch is complete; the counts still decide usage and the too-long answer."""
+    eng, frames, _pipe, thread = idle_engine
+    gathering = threading.Event()
+    counted_when: list[bool] = []
+    gather, token_counts = eng._gather, eng._token_counts
+
+    def watched_gather(first: Any) -> Any:
+        gathering.set()
+        try:
+            return gather(first)
+        finally:
+            gathering.clear()
+
+    def watched_counts(texts: list[str]) -> list[int]:
+        counted_when.append(gathering.is_set())
+        return token_counts(texts)
+
+    eng._gather, eng._token_counts = watched_gather, watched_counts  # type: ignore[method-assign]
+    fine = [_request([unique("one"), CAT]), _request([FELINE])]
+    too_long = _request([LONG], truncate=False)
+    for req in (*fine, too_long):
+        eng.submit(req)
+    thread.start()
+    _wait(frames, 3)
+    assert counted_when == [True, True, True]
+    by_id = {f.id: f for f in frames}
+    for req in fine:
+        answer = by_id[req.id]
+        assert isinstance(answer, Embeddings)
+        assert answer.prompt_tokens == count_tokens(tokenizer, req.texts)
+    refused = by_id[too_long.id]
+    assert isinstance(refused, Failed) and refused.code == ErrorCode.PROMPT_TOO_LONG
+    assert eng._counted == {}

@@ -98,6 +98,9 @@ class EmbedEngine:
         self._sizes: deque[int] = deque(maxlen=2)
         # time.time() when the last gathering ended (arrivals are stamped with time.time()).
         self._gathered_at = 0.0
+        # Token counts of the gathering batch's requests by id, counted as each is taken, so
+        # counting overlaps the wait for the next instead of delaying the pipeline call.
+        self._counted: dict[str, list[int]] = {}
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0
@@ -177,6 +180,7 @@ class EmbedEngine:
                     self._fail(req, exc)
             finally:
                 self._busy = 0
+                self._counted.clear()
 
     def _note_burst(self, arrived: float, requests: list[tuple[float, Embed]]) -> None:
         """Learn how many requests a burst brings. A batch whose first request came within
@@ -198,6 +202,7 @@ class EmbedEngine:
         """`first` and the requests queued behind it, up to max_batch texts."""
         batch = [first]
         texts = _size(first[1])
+        self._count_ahead(first[1])
         # NOTE: what queued up while the last batch ran is always taken at once. Once
         # requests are evidently arriving together (a batch of several within TOGETHER_S,
         # or more are queued behind this one), the worker also waits for stragglers, as long
@@ -226,6 +231,7 @@ class EmbedEngine:
                     break
             batch.append(more)
             texts += _size(more[1])
+            self._count_ahead(more[1])
             deadline = min(limit, time.monotonic() + wait)
         return batch
 
@@ -246,12 +252,11 @@ class EmbedEngine:
                                  message="request expired before it started"))
             else:
                 live.append((arrived, req))
-        counts = self._token_counts([t for _, req in live for t in req.texts])
         ready: list[tuple[float, Embed, list[int]]] = []
-        at = 0
         for arrived, req in live:
-            mine = counts[at:at + len(req.texts)]
-            at += len(req.texts)
+            mine = self._counted.pop(req.id, None)
+            if mine is None:
+                mine = self._token_counts(req.texts)
             too_long = [i for i, n in enumerate(mine) if n > self.max_length]
             if too_long and not req.truncate:
                 i = too_long[0]
@@ -333,6 +338,14 @@ class EmbedEngine:
                 fresh[text] = vec
                 self.cache.put(text, vec, missing[text])
         return fresh
+
+    def _count_ahead(self, req: Embed) -> None:
+        """Count a gathered request's tokens now (_serve takes them; a failure to count is
+        left for _serve to meet and answer)."""
+        try:
+            self._counted[req.id] = self._token_counts(req.texts)
+        except Exception:
+            self._counted.pop(req.id, None)
 
     def _token_counts(self, texts: list[str]) -> list[int]:
         counts: list[int] = []
