@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,29 +52,44 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         proc.wait()
 
 
-def free_port() -> int:
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux; a common default else)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port_block(n: int) -> int:
-    """The first of n consecutive free loopback ports."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            socks = []
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
+    """The first of n consecutive free loopback ports, outside the ephemeral range: a port
+    in it that is free now may be taken by any outgoing connection (another test's client,
+    a ZeroMQ peer) before the server binds it, which made a worker's bind fail six times in
+    a row here."""
+    low, high = _ephemeral_range()
+    spans = [(1024, low - n), (high + 1, 65536 - n)]
+    spans = [(a, b) for a, b in spans if b > a]
+    rng = random.Random()
+    for _ in range(200):
+        a, b = rng.choice(spans)
+        base = rng.randrange(a, b)
+        if all(_bindable(port) for port in range(base, base + n)):
+            return base
     raise RuntimeError("no block of free ports")
+
+
+def free_port() -> int:
+    """A free loopback port outside the ephemeral range (see free_port_block)."""
+    return free_port_block(1)
 
 
 def descendants(pid: int) -> set[int]:

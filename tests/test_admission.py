@@ -157,6 +157,15 @@ def burst(url: str, n: int, max_tokens: int) -> list[Outcome]:
         return list(pool.map(lambda _: stream_chat(url, max_tokens), range(n)))
 
 
+def within_bounds(row: dict[str, Any]) -> bool:
+    """At most RUNNING generate, and the worker holds at most RUNNING + QUEUED requests.
+
+    NOTE: not queue <= QUEUED: a request the worker took counts as queued until it starts
+    (in its inbox, being checked, waiting), so right as a burst reaches an idle worker a
+    heartbeat can show 1 running and 3 queued for a moment (seen once in a full run)."""
+    return bool(row["in_flight"] <= RUNNING and row["in_flight"] + row["queue"] <= RUNNING + QUEUED)
+
+
 def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) -> None:
     before = wait_row(srv, lambda r: r["state"] == "ready")
     # 1. Fill the worker with requests that generate until cut: two running, two waiting.
@@ -185,7 +194,7 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
             "model": LLM, "max_tokens": 8, "messages": SHORT})
         assert r.status_code == 529 and int(r.headers["retry-after"]) > 0
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "overloaded_error"
-        assert all(row["in_flight"] <= RUNNING and row["queue"] <= QUEUED for row in rows), rows
+        assert all(within_bounds(row) for row in rows), rows
     finally:
         cut.set()
         held_outcomes = [f.result(timeout=120) for f in held]
@@ -204,7 +213,7 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
         if out.status != 200:
             assert_refused(out)
     assert len(complete) >= RUNNING + QUEUED
-    assert all(row["in_flight"] <= RUNNING and row["queue"] <= QUEUED for row in rows), rows
+    assert all(within_bounds(row) for row in rows), rows
     # 4. Every slot is free again, and the worker was never restarted.
     after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
