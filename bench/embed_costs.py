@@ -37,25 +37,17 @@ from urllib.parse import urlsplit
 
 import msgspec
 import numpy as np
-import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import openvino_genai as ov_genai
-from embeddings import MODEL, make_texts
+from embeddings import MODEL, Direct, make_texts
 from serverctl import MODEL_CACHE, Server
 
 from models.locate import MINILM_IR_FOLDER, minilm_ir_folder
 from protocol.config import Config, WorkerSpec, load_config
-from protocol.messages import Embed, Embeddings, encode, reply_decoder
-from protocol.sockets import (
-    TOPIC_REQUEST,
-    configure_push,
-    configure_sub,
-    connect,
-    worker_endpoint,
-)
+from protocol.messages import Embed, Embeddings
 from workers.embed_engine import EmbedEngine
 from workers.embed_model import embedding_config
 
@@ -81,18 +73,10 @@ class Stages:
         threading.Thread(target=self._pipe_loop, daemon=True).start()
         threading.Thread(target=self.engine.run, args=(self.stop,), daemon=True).start()
         # Straight to the worker: PUSH to its PULL, SUB to its PUB.
-        self.ctx = zmq.Context()
-        self.push = self.ctx.socket(zmq.PUSH)
-        configure_push(self.push)
-        connect(self.push, config, worker_endpoint(config, worker, "in"))
-        self.sub = self.ctx.socket(zmq.SUB)
-        configure_sub(self.sub, TOPIC_REQUEST)
-        connect(self.sub, config, worker_endpoint(config, worker, "out"))
-        self.decoder = reply_decoder()
+        self.direct = Direct(config, worker)
         parts = urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port,
                                                timeout=120)
-        time.sleep(0.5)  # NOTE: lets the SUB subscription reach the worker (slow joiner).
 
     def _frame(self, frame: Any) -> None:
         self.frames.append(frame)
@@ -121,15 +105,7 @@ class Stages:
         assert isinstance(self.frames.pop(), Embeddings)
 
     def zmq_call(self) -> None:
-        rid = uuid.uuid4().hex
-        self.push.send(encode(Embed(id=rid, model=MODEL, texts=[self.text()],
-                                    deadline=time.time() + 60)))
-        while True:
-            _topic, raw = self.sub.recv_multipart()
-            frame = self.decoder.decode(raw)
-            if getattr(frame, "id", None) == rid:
-                assert isinstance(frame, Embeddings), frame
-                return
+        self.direct.run([self.text()])
 
     def _post(self, fmt: str) -> None:
         body = msgspec.json.encode({"model": MODEL, "input": self.text(),
@@ -152,9 +128,7 @@ class Stages:
     def close(self) -> None:
         self.stop.set()
         self.conn.close()
-        self.push.close(0)
-        self.sub.close(0)
-        self.ctx.term()
+        self.direct.close()
 
 
 def gateway_encoding(calls: int = 2000) -> dict[str, float]:

@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 import numpy as np
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -48,12 +50,24 @@ import openvino_genai as ov_genai
 from serverctl import MODEL_CACHE, Server
 
 from models.locate import MINILM_IR_FOLDER, minilm_ir_folder
+from protocol.config import Config
+from protocol.messages import Embed, Embeddings, encode, reply_decoder
+from protocol.sockets import (
+    TOPIC_HEARTBEAT,
+    TOPIC_REQUEST,
+    configure_push,
+    configure_sub,
+    connect,
+    worker_endpoint,
+)
 from workers.embed_model import embedding_config
 
 MODEL = "all-minilm:l6-v2"
 BATCH_SIZES = (1, 8, 32)
 # Seconds each side runs before the other takes its turn.
 BLOCK_S = 0.5
+# Timed calls per side per round of the concurrent-clients figure (after one untimed).
+CONCURRENT_BLOCK = 3
 WORDS = [
     "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "river",
     "stones", "glitter", "under", "pale", "morning", "light", "and", "distant", "bells", "ring",
@@ -114,6 +128,53 @@ class Embedder:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class Direct:
+    """Embed requests pushed straight to an embedding worker's socket and its answers read
+    from its PUB, as the gateway does: the worker process and two ZeroMQ hops, no HTTP."""
+
+    def __init__(self, config: Config, worker: str) -> None:
+        self.ctx = zmq.Context()
+        self.push = self.ctx.socket(zmq.PUSH)
+        configure_push(self.push)
+        connect(self.push, config, worker_endpoint(config, worker, "in"))
+        self.sub = self.ctx.socket(zmq.SUB)
+        configure_sub(self.sub, TOPIC_REQUEST)
+        self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC_HEARTBEAT)
+        connect(self.sub, config, worker_endpoint(config, worker, "out"))
+        self.decoder = reply_decoder()
+        # NOTE: a SUB hears a PUB only once its subscription got there; a heartbeat heard
+        # proves it did (answers published before would be lost).
+        if not self.sub.poll(30_000):
+            raise SystemExit(f"no heartbeat from worker {worker} within 30 s")
+        self.sub.recv_multipart()
+        self.sub.setsockopt(zmq.UNSUBSCRIBE, TOPIC_HEARTBEAT)
+
+    def run(self, texts: list[str]) -> float:
+        """Seconds until each of `texts`, sent as a request of its own all at once, is
+        answered."""
+        started = time.perf_counter()
+        waiting: set[str] = set()
+        for text in texts:
+            rid = uuid.uuid4().hex
+            waiting.add(rid)
+            self.push.send(encode(Embed(id=rid, model=MODEL, texts=[text],
+                                        deadline=time.time() + 60)))
+        while waiting:
+            if not self.sub.poll(60_000):
+                raise RuntimeError(f"{len(waiting)} answers missing after 60 s")
+            frame = self.decoder.decode(self.sub.recv_multipart()[-1])
+            if getattr(frame, "id", None) in waiting:
+                if not isinstance(frame, Embeddings):
+                    raise RuntimeError(f"the worker answered {frame!r}")
+                waiting.discard(frame.id)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.push.close(0)
+        self.sub.close(0)
+        self.ctx.term()
 
 
 def timed(fn: Callable[[list[str]], int], batches: list[list[str]]) -> tuple[int, float]:
@@ -249,50 +310,63 @@ def _scrape_calls(url: str) -> tuple[dict[str, float], float]:
     return calls, misses
 
 
-def concurrent_clients(emb: Embedder, texts: list[str], n: int,
-                       rounds: int) -> dict[str, Any]:
+def concurrent_clients(emb: Embedder, texts: list[str], n: int, rounds: int,
+                       direct: Direct | None = None) -> dict[str, Any]:
     """n concurrent single-text clients through HTTP against one in-process call of n texts.
 
-    Each round embeds n new texts both ways, taking turns (which goes first flips every
-    round); the ratio is the median of the rounds' in-process / HTTP times. Also: the same n
-    texts sent one after the other, in-process as n calls of 1, and through httpx.
+    As in throughput(), the sides take turns in blocks (the order rotates every round) and
+    the first call of a block is not timed, so no side is charged for another's still-spinning
+    threads; every call embeds n new texts. The ratio is the median of the pairs'
+    in-process / HTTP times. With `direct`, a third side sends the same n requests straight
+    to the worker over ZeroMQ (no HTTP): what the worker alone allows. Also: the same n texts
+    sent one after the other, in-process as n calls of 1, and through httpx.
     """
     burst = Burst(emb.url, n)
     burst.open()
     burst.run(texts[:n])  # NOTE: every connection has carried one request before timing.
     calls_before, texts_before = _scrape_calls(emb.url)
-    sent = n
-    conc, local, ratios = [], [], []
+    sides: dict[str, Callable[[list[str]], float]] = {
+        "local": lambda chunk: timed(emb.local, [chunk])[1], "http": burst.run}
+    if direct is not None:
+        sides["direct"] = direct.run
+    names = list(sides)
+    took: dict[str, list[float]] = {name: [] for name in names}
+    ratios: list[float] = []
+    served = 0
+    chunks = iter([texts[i:i + n] for i in range(n, len(texts) - n + 1, n)])
     for r in range(rounds):
-        chunk = texts[n * (r + 1):n * (r + 2)]
-        if len(chunk) < n:
-            raise SystemExit(f"{rounds} rounds of {n} need {n * (rounds + 2)} texts")
-        emb.local(chunk[:1])  # NOTE: not timed (see throughput()).
-        if r % 2 == 0:
-            lo = timed(emb.local, [chunk])[1]
-            ht = burst.run(chunk)
-        else:
-            ht = burst.run(chunk)
-            lo = timed(emb.local, [chunk])[1]
-        sent += n
-        conc.append(ht)
-        local.append(lo)
-        ratios.append(lo / ht)
+        mine: dict[str, list[float]] = {name: [] for name in names}
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for i in range(CONCURRENT_BLOCK + 1):
+                chunk = next(chunks, None)
+                if chunk is None:
+                    raise SystemExit(f"{rounds} rounds of {n} need more texts")
+                spent = sides[name](chunk)
+                served += name != "local"
+                if i:
+                    mine[name].append(spent)
+        for name in names:
+            took[name] += mine[name]
+        ratios += [lo / ht for lo, ht in zip(mine["local"], mine["http"], strict=True)]
     burst.close()
     # NOTE: the worker's counters reach /metrics with its next heartbeat.
     deadline = time.monotonic() + 10
     calls, embedded = _scrape_calls(emb.url)
-    while embedded - texts_before < sent - n and time.monotonic() < deadline:
+    while embedded - texts_before < served * n and time.monotonic() < deadline:
         time.sleep(0.1)
         calls, embedded = _scrape_calls(emb.url)
-    extra = texts[n * (rounds + 2):n * (rounds + 3)]
+    extra, more = next(chunks), next(chunks)
     seq = timed(emb.http, [[t] for t in extra])[1]
     singles = timed(emb.local, [[t] for t in extra])[1]
-    with_httpx = asyncio.run(_httpx_burst(emb.url, texts[n * (rounds + 3):n * (rounds + 4)]))
+    with_httpx = asyncio.run(_httpx_burst(emb.url, more))
     made = {k: v - calls_before.get(k, 0.0) for k, v in calls.items()}
-    return {"concurrent": statistics.median(conc), "local_batch": statistics.median(local),
+    local = statistics.median(took["local"])
+    return {"concurrent": statistics.median(took["http"]), "local_batch": local,
+            "direct": statistics.median(took["direct"]) if direct is not None else None,
+            "direct_ratio": (statistics.median([lo / d for lo, d in zip(
+                took["local"], took["direct"], strict=True)]) if direct is not None else None),
             "ratio": statistics.median(ratios), "ratios": ratios,
-            "calls_per_burst": sum(made.values()) / max(1, rounds),
+            "calls_per_burst": sum(made.values()) / served,
             "sizes": ", ".join(f"{int(v)} of {k}" for k, v in made.items() if v),
             "sequential": seq, "local_singles": singles, "httpx": with_httpx}
 
@@ -332,7 +406,8 @@ def main() -> int:
         try:
             print(f"model {MODEL} ({folder}); {args.rounds} alternating rounds of "
                   f"~{args.seconds:.1f} s per side")
-            formats = ("base64", "float") if args.format == "both" else (args.format,)
+            formats: tuple[str, ...] = (("base64", "float") if args.format == "both"
+                                        else (args.format,))
             if args.only_concurrent:
                 formats = ()
             for fmt in formats:
@@ -353,17 +428,28 @@ def main() -> int:
                   "0.95 needs a fixed cost under 1/19 of the pipeline's time per call")
             n = args.concurrency
             rounds = max(10, 5 * args.rounds)
-            got = concurrent_clients(emb, texts[4096:], n, rounds)
+            # NOTE: straight to the worker only on a private server (its sockets are known).
+            direct = Direct(server.config, "embed") if server is not None else None
+            try:
+                got = concurrent_clients(emb, texts[4096:], n, rounds, direct)
+            finally:
+                if direct is not None:
+                    direct.close()
             spread = sorted(got["ratios"])
             print(f"\n{n} concurrent single-text clients through HTTP vs one in-process call "
-                  f"of {n} texts ({rounds} alternating rounds, medians):")
+                  f"of {n} texts ({rounds} alternating rounds of {CONCURRENT_BLOCK} timed calls "
+                  "per side, medians):")
             print(f"  in-process, one call of {n}: {got['local_batch'] * 1e3:7.1f} ms "
                   f"({n / got['local_batch']:.1f} texts/s)")
             print(f"  HTTP, {n} concurrent clients: {got['concurrent'] * 1e3:7.1f} ms "
                   f"({n / got['concurrent']:.1f} texts/s), "
                   f"{got['calls_per_burst']:.1f} pipeline calls per burst")
+            if got["direct"] is not None:
+                print(f"  straight to the worker over ZeroMQ, {n} requests at once (no HTTP): "
+                      f"{got['direct'] * 1e3:.1f} ms, ratio {got['direct_ratio']:.3f} "
+                      "(what the worker process allows)")
             print(f"  the server's pipeline calls by texts per call: {got['sizes']}")
-            print(f"  ratio {got['ratio']:.3f} (rounds' quartiles {spread[len(spread) // 4]:.2f}"
+            print(f"  ratio {got['ratio']:.3f} (pairs' quartiles {spread[len(spread) // 4]:.2f}"
                   f"-{spread[3 * len(spread) // 4]:.2f}; target >= 0.9)")
             print(f"  for scale, once each: the same {n} one after the other over HTTP "
                   f"{got['sequential'] * 1e3:.1f} ms, in-process as {n} calls of 1 "
