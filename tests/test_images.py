@@ -203,7 +203,7 @@ def test_a_large_image_is_decoded_off_the_event_loop() -> None:
     async def decode(text: str) -> int:
         here = threading.get_ident()
         loop_threads.clear()
-        await images_mod._off_loop(text, spy, text, "f", LIMITS, "p")
+        await images_mod._off_loop(spy, text, "f", LIMITS, "p")
         return sum(t != here for t in loop_threads)
 
     noisy = io.BytesIO()

@@ -173,11 +173,14 @@ class TokenBytes:
     """A token's exact bytes, as it stands in the text: its vocabulary entry, or nothing for
     a special token (end of turn...), which decoding leaves out of the text."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, pieces: list[bytes] | None = None) -> None:
         self.tokenizer = tokenizer
+        # NOTE: the verified byte table (byte_pieces), when the model has one, answers
+        # __call__ without decoding each new token twice.
+        self.pieces = pieces
         self._vocab: dict[int, bytes] | None = None
         self._special: dict[int, bool] = {}
-        self._size: int | None = None
+        self._size: int | None = None if pieces is None else len(pieces)
 
     def _entries(self) -> dict[int, bytes]:
         if self._vocab is None:
@@ -197,6 +200,8 @@ class TokenBytes:
         return self._entries().get(token, b"")
 
     def __call__(self, token: int) -> bytes:
+        if self.pieces is not None:
+            return self.pieces[token] if 0 <= token < len(self.pieces) else b""
         special = self._special.get(token)
         if special is None:
             # NOTE: a piece of a split character decodes to "" either way; a special token

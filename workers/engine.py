@@ -164,9 +164,9 @@ class Prompting:
             tokenizer.set_chat_template(chat_template)
         self.context_length = context_length
         self.token_chars = longest_token(tokenizer)
-        self.token_bytes = TokenBytes(tokenizer)
         # Each token's bytes, where joining them is exactly the tokenizer's decode.
         self.pieces = byte_pieces(tokenizer)
+        self.token_bytes = TokenBytes(tokenizer, self.pieces)
 
     def detokenizer(self) -> ByteDetokenizer | Detokenizer:
         """A new request's incremental detokenizer."""

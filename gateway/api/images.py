@@ -37,7 +37,6 @@ import io
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx
@@ -233,12 +232,12 @@ async def _read(resp: httpx.Response, field: str, param: str, limits: ImageLimit
 OFF_LOOP_CHARS = 256 * 1024
 
 
-async def _off_loop(text: str, decode: Callable[[str, str, ImageLimits, str], bytes],
-                    *args: Any) -> bytes:
-    """`decode(*args)`, in a worker thread when `text` is large."""
+async def _off_loop(decode: Callable[[str, str, ImageLimits, str], bytes], text: str,
+                    field: str, limits: ImageLimits, param: str) -> bytes:
+    """`decode(text, ...)`, in a worker thread when `text` is large."""
     if len(text) < OFF_LOOP_CHARS:
-        return decode(*args)
-    return await asyncio.to_thread(decode, *args)
+        return decode(text, field, limits, param)
+    return await asyncio.to_thread(decode, text, field, limits, param)
 
 
 class Images:
@@ -260,7 +259,7 @@ class Images:
         self._one_more(field, param)
         if not isinstance(text, str):
             raise _bad(field, param, "an image must be a base64 string")
-        return await _off_loop(text, decode_base64_image, text, field, self.limits, param)
+        return await _off_loop(decode_base64_image, text, field, self.limits, param)
 
     async def url(self, url: object, field: str, param: str) -> bytes:
         """A data URL or an http(s) URL, as OpenAI sends it."""
@@ -268,6 +267,6 @@ class Images:
         if not isinstance(url, str):
             raise _bad(field, param, "an image URL must be a string")
         if url.startswith("data:"):
-            return await _off_loop(url, decode_data_url, url, field, self.limits, param)
+            return await _off_loop(decode_data_url, url, field, self.limits, param)
         _http_url(url, field, param)
         return await fetch_image(url, field, self.limits, param)
