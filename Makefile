@@ -25,6 +25,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/python deploy/ns_tree.py >/dev/null
 	$(BIN)/mypy
 
 bench: setup

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serverctl import Server
 
-from models.registry import package_file
-from protocol.config import WorkerSpec
-from workers.batch_engine import default_properties, scheduler_config
-from workers.gguf_ir import loadable
+from npu_proxy.models.registry import package_file
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.workers.batch_engine import default_properties, scheduler_config
+from npu_proxy.workers.gguf_ir import loadable
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 

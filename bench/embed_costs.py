@@ -45,11 +45,11 @@ import openvino_genai as ov_genai
 from embeddings import MODEL, Direct, make_texts
 from serverctl import MODEL_CACHE, Server
 
-from models.locate import MINILM_IR_FOLDER, minilm_ir_folder
-from protocol.config import Config, WorkerSpec, load_config
-from protocol.messages import Embed, Embeddings
-from workers.embed_engine import EmbedEngine
-from workers.embed_model import embedding_config
+from npu_proxy.models.locate import MINILM_IR_FOLDER, minilm_ir_folder
+from npu_proxy.protocol.config import Config, WorkerSpec, load_config
+from npu_proxy.protocol.messages import Embed, Embeddings
+from npu_proxy.workers.embed_engine import EmbedEngine
+from npu_proxy.workers.embed_model import embedding_config
 
 
 class Stages:
@@ -65,7 +65,7 @@ class Stages:
                                   self._frame)
         self.engine.pipe = pipe
         self.engine.tokenizer = ov_genai.Tokenizer(str(folder))
-        from workers.embed_engine import _fast_counter
+        from npu_proxy.workers.embed_engine import _fast_counter
         self.engine.fast_tokenizer = _fast_counter(folder, self.engine.tokenizer)
         self.stop = threading.Event()
         self.jobs: queue.SimpleQueue[list[str]] = queue.SimpleQueue()

@@ -49,10 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openvino_genai as ov_genai
 from serverctl import MODEL_CACHE, Server
 
-from models.locate import MINILM_IR_FOLDER, minilm_ir_folder
-from protocol.config import Config
-from protocol.messages import Embed, Embeddings, encode, reply_decoder
-from protocol.sockets import (
+from npu_proxy.models.locate import MINILM_IR_FOLDER, minilm_ir_folder
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import Embed, Embeddings, encode, reply_decoder
+from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,
     configure_push,
@@ -60,7 +60,7 @@ from protocol.sockets import (
     connect,
     worker_endpoint,
 )
-from workers.embed_model import embedding_config
+from npu_proxy.workers.embed_model import embedding_config
 
 MODEL = "all-minilm:l6-v2"
 BATCH_SIZES = (1, 8, 32)

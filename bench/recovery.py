@@ -37,9 +37,9 @@ def in_process_load(cache: Path) -> float:
     token, in a fresh interpreter that has already imported OpenVINO GenAI."""
     code = f"""
 import time, pathlib, openvino_genai as g
-from models.locate import locate
-from protocol.config import Config
-from workers.gguf_ir import loadable
+from npu_proxy.models.locate import locate
+from npu_proxy.protocol.config import Config
+from npu_proxy.workers.gguf_ir import loadable
 cache = pathlib.Path({str(cache)!r})
 path = loadable(str(locate(Config(), "smollm2:135m").path), cache)
 start = time.monotonic()

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openvino_genai as ov_genai
 from serverctl import MODEL_CACHE, Server
 
-from models.locate import MINILM_RERANK_FOLDER
-from workers.rerank_model import MAX_PAIR_LENGTH, rerank_config
+from npu_proxy.models.locate import MINILM_RERANK_FOLDER
+from npu_proxy.workers.rerank_model import MAX_PAIR_LENGTH, rerank_config
 
 MODEL = "all-minilm-rerank:l6-v2"
 DOCUMENT_COUNTS = (8, 32, 128)

@@ -12,9 +12,9 @@ from pathlib import Path
 from hypercorn.asyncio import serve
 from hypercorn.config import Config as HypercornConfig
 
-from gateway.app import Gateway
-from protocol.config import read_config_file
-from protocol.logs import setup_logging
+from npu_proxy.gateway.app import Gateway
+from npu_proxy.protocol.config import read_config_file
+from npu_proxy.protocol.logs import setup_logging
 
 log = logging.getLogger("gateway")
 
@@ -51,7 +51,7 @@ async def _serve(config_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway")
+    parser = argparse.ArgumentParser(prog="python -m npu_proxy.gateway")
     parser.add_argument("--config", required=True, type=Path)
     args = parser.parse_args(argv)
     try:

@@ -13,30 +13,30 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.routing import Router as StarletteRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.anthropic import AnthropicRoutes
-from gateway.api.auth import ApiKeyMiddleware
-from gateway.api.common import accept_request_id
-from gateway.api.embeddings import EmbeddingRoutes
-from gateway.api.flow import Flow
-from gateway.api.http_policy import HttpPolicyMiddleware
-from gateway.api.limits import BodyLimitMiddleware
-from gateway.api.model_admin import ModelRoutes
-from gateway.api.model_create import BLOBS_PREFIX, CreateRoutes
-from gateway.api.ollama import OllamaRoutes
-from gateway.api.ollama_models import ModelCatalog
-from gateway.api.openai import OpenAIRoutes
-from gateway.api.openapi import OpenAPIRoute
-from gateway.api.rerank import RerankRoutes
-from gateway.api.response_store import ResponseStore
-from gateway.api.responses import ResponsesRoutes
-from gateway.api.status import StatusRoutes
-from gateway.api.tokenizer import TokenizerRoutes
-from gateway.api.tools import Tooling
-from gateway.core.broker import Broker
-from gateway.core.health import HealthRoutes
-from gateway.core.metrics import Metrics, MetricsMiddleware
-from gateway.core.router import Router
-from protocol.config import Config
+from npu_proxy.gateway.admin.create import BLOBS_PREFIX, CreateRoutes
+from npu_proxy.gateway.admin.manage import ModelRoutes
+from npu_proxy.gateway.api.anthropic import AnthropicRoutes
+from npu_proxy.gateway.api.embeddings import EmbeddingRoutes
+from npu_proxy.gateway.api.ollama.routes import OllamaRoutes
+from npu_proxy.gateway.api.openai import OpenAIRoutes
+from npu_proxy.gateway.api.request_path import RequestPath
+from npu_proxy.gateway.api.rerank import RerankRoutes
+from npu_proxy.gateway.api.responses.routes import ResponsesRoutes
+from npu_proxy.gateway.api.responses.store import ResponseStore
+from npu_proxy.gateway.api.tokenizer import TokenizerRoutes
+from npu_proxy.gateway.content.tools import Tooling
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.gateway.core.health import HealthRoutes
+from npu_proxy.gateway.core.metrics import Metrics, MetricsMiddleware
+from npu_proxy.gateway.core.router import Router
+from npu_proxy.gateway.http.auth import ApiKeyMiddleware
+from npu_proxy.gateway.http.body_limit import BodyLimitMiddleware
+from npu_proxy.gateway.http.policy import HttpPolicyMiddleware
+from npu_proxy.gateway.http.util import accept_request_id
+from npu_proxy.gateway.pages.openapi import OpenAPIRoute
+from npu_proxy.gateway.pages.status import StatusRoutes
+from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Gateway:
         # NOTE: one catalog, so each model's files are described (hashed) once for all APIs.
         self.catalog = ModelCatalog(self.router)
         self.tooling = Tooling(self.catalog)
-        self.flow = Flow(self.router, self.tooling)
+        self.requests = RequestPath(self.router, self.tooling)
         self.responses = ResponseStore.from_config(config)
         self.status = StatusRoutes(config, self.broker, self.metrics)
 
@@ -122,16 +122,16 @@ class Gateway:
         routes: list[Any] = [
             *HealthRoutes(self.config, self.broker, self.metrics).routes(),
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
-            *OpenAIRoutes(self.flow).routes(),
-            *ResponsesRoutes(self.flow, self.responses).routes(),
-            *AnthropicRoutes(self.flow).routes(),
+            *OpenAIRoutes(self.requests).routes(),
+            *ResponsesRoutes(self.requests, self.responses).routes(),
+            *AnthropicRoutes(self.requests).routes(),
             *ModelRoutes(self.router).routes(),
             *CreateRoutes(self.router).routes(),
-            *OllamaRoutes(self.flow, self.catalog, browser=self.status.page).routes(),
+            *OllamaRoutes(self.requests, self.catalog, browser=self.status.page).routes(),
             *self.status.routes(),
-            *EmbeddingRoutes(self.flow).routes(),
-            *RerankRoutes(self.flow).routes(),
-            *TokenizerRoutes(self.flow).routes(),
+            *EmbeddingRoutes(self.requests).routes(),
+            *RerankRoutes(self.requests).routes(),
+            *TokenizerRoutes(self.requests).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

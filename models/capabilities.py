@@ -6,7 +6,7 @@ Each capability is what this server does with the model, not what its weights mi
 - `completion`: a text-generation model (`kind` "llm"); `embedding`: an embedding model;
   `rerank`: a reranking model (`kind` "rerank", POST /v1/rerank).
 - `tools`: every text-generation model takes tools, natively when its template has a `tools`
-  slot (`native_tools`), else through the fallback prompt (gateway/api/tools.py).
+  slot (`native_tools`), else through the fallback prompt (gateway/content/tools.py).
 - `insert` (a `suffix`, fill-in-the-middle): off. The chat templates served here (Hugging
   Face Jinja) have no suffix slot, and the gateway renders no fill-in-the-middle prompt; a
   model made another way (e.g. /api/create with a template that fills `.Suffix`) may set it
@@ -17,7 +17,7 @@ Each capability is what this server does with the model, not what its weights mi
 - `thinking`: the chat template shows how the model thinks (`reasoning_format`): it writes
   `<think>` (or cuts a past answer at `</think>`) or switches `enable_thinking` (Qwen3,
   DeepSeek-R1, QwQ...), or it has harmony's analysis channel (gpt-oss). The gateway then
-  splits the reasoning from the answer (gateway/api/reasoning.py).
+  splits the reasoning from the answer (gateway/content/reasoning.py).
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from models.pull import file_hashes
-from models.registry import ModelNameError, canonical
-from models.store import Manifest, ManifestFile, ModelStore
-from protocol.config import Config
+from npu_proxy.models.pull import file_hashes
+from npu_proxy.models.registry import ModelNameError, canonical
+from npu_proxy.models.store import Manifest, ManifestFile, ModelStore
+from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
 

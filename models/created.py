@@ -8,7 +8,7 @@ from a created model copies its record (its base or blob, its settings under the
 so a record never points at another record and deleting one never breaks another.
 
 Pure data: where records live is models/store.py's (`created/<folder>.json`), applying their
-settings to a request is the gateway's (gateway/api/profiles.py).
+settings to a request is the gateway's (gateway/content/created_model.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CreatedModel(msgspec.Struct, omit_defaults=True):
     parent: str = ""  # what `from` named (Ollama's details.parent_model)
     system: str | None = None
     template: str | None = None
-    # Ollama option name -> value, checked at creation (gateway/api/profiles.py).
+    # Ollama option name -> value, checked at creation (gateway/content/created_model.py).
     parameters: dict[str, Any] = {}
     messages: list[CreatedMessage] = []
     license: list[str] = []

@@ -26,15 +26,15 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.registry import (
+from npu_proxy.models.registry import (
     ModelSourceMissing,
     alias_table,
     embedded,
     normalize,
     package_file,
 )
-from models.store import ModelStore, StoreError
-from protocol.config import Config
+from npu_proxy.models.store import ModelStore, StoreError
+from npu_proxy.protocol.config import Config
 
 # The folder in the model cache that the embedded all-MiniLM-L6-v2 is converted into.
 MINILM_IR_FOLDER = "all-minilm-l6-v2"

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from models.registry import (
+from npu_proxy.models.registry import (
     ModelNameError,
     ModelSource,
     PullTarget,
@@ -45,8 +45,8 @@ from models.registry import (
     library_entry,
     lookup,
 )
-from models.store import Manifest, ManifestFile, ModelStore, inside, safe_relative
-from protocol.config import Config
+from npu_proxy.models.store import Manifest, ManifestFile, ModelStore, inside, safe_relative
+from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
         return plan.target.source.kind
     try:
         if plan.format == "gguf":
-            from models.facts import read_gguf_header
+            from npu_proxy.models.facts import read_gguf_header
 
             arch = read_gguf_header(folder / plan.entry).metadata.get("general.architecture")
             return "embed" if arch in EMBED_ARCHS else "llm"

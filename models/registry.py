@@ -20,8 +20,8 @@ from typing import Literal
 
 import msgspec
 
-from models.portable import component_problem
-from protocol.config import ModelSource as ModelSource
+from npu_proxy.models.portable import component_problem
+from npu_proxy.protocol.config import ModelSource as ModelSource
 
 
 class ModelEntry(msgspec.Struct, frozen=True):

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import msgspec
 
-from models.blobs import parse_digest
-from models.created import CreatedModel
-from models.portable import path_problem
-from models.registry import ModelNameError, canonical
+from npu_proxy.models.blobs import parse_digest
+from npu_proxy.models.created import CreatedModel
+from npu_proxy.models.portable import path_problem
+from npu_proxy.models.registry import ModelNameError, canonical
 
 log = logging.getLogger(__name__)
 

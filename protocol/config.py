@@ -229,7 +229,7 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # log_backups older files (<name>.log.1 is the newest of them).
     log_max_bytes: int = 10 * 1024 * 1024
     log_backups: int = 3
-    # --- who may talk to the HTTP port (gateway/api/http_policy.py, gateway/api/auth.py).
+    # --- who may talk to the HTTP port (gateway/http/policy.py, gateway/http/auth.py).
     # The key every route that does work or shows state wants (Bearer or x-api-key); "" =
     # none. A bind to anything but loopback needs one, or allow_unauthenticated_remote.
     api_key: str = ""
@@ -257,7 +257,7 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     embedding_max_batch: int = 64
     embedding_batch_wait: float = 0.015
     # --- limits: each is answered before anything reaches a worker, in the caller's API's
-    # error shape (gateway/api/limits.py, gateway/api/flow.py, gateway/api/embeddings.py).
+    # error shape (gateway/api/limits.py, gateway/api/request_path.py, gateway/api/embeddings.py).
     # A request body larger than this many bytes is refused with 413, whether it declares its
     # length (Content-Length) or not (chunked). NOTE: 32 MiB is what Anthropic's own Messages
     # API accepts, so every request Claude Code builds (long sessions, pasted screenshots as
@@ -283,7 +283,7 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # Rerank: documents in one request, and characters in the query and in each document.
     max_rerank_documents: int = 1000
     max_rerank_chars: int = 100_000
-    # Images in chats (gateway/api/images.py), each checked before anything reaches a worker:
+    # Images in chats (gateway/content/images.py), each checked before anything reaches a worker:
     # its bytes once decoded, its pixels (width x height, read from the header) and the images
     # of one request. NOTE: 20 MiB is Anthropic's own per-image cap when sent through its API
     # (and its base64, 27 MiB, fits max_body_bytes); 40 megapixels takes any phone photo or

@@ -14,10 +14,10 @@ from typing import TypeVar
 import msgspec
 import zmq
 
-from protocol.config import Config
-from protocol.keys import KeysError
-from protocol.sockets import connect, control_endpoint
-from protocol.states import ProcessState
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.keys import KeysError
+from npu_proxy.protocol.sockets import connect, control_endpoint
+from npu_proxy.protocol.states import ProcessState
 
 # --- commands (CLI, gateway -> supervisor) -----------------------------------------------
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from protocol.config import Config
+from npu_proxy.protocol.config import Config
 
 PAIRS = ("server", "client")
 

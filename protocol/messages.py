@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from protocol.states import ProcessState
+from npu_proxy.protocol.states import ProcessState
 
 
 class ErrorCode(enum.IntEnum):
@@ -38,7 +38,7 @@ WorkerState = ProcessState
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True):
-    """The one internal parameter set every API is mapped to (see gateway/api/params.py)."""
+    """The one internal parameter set every API is mapped to (see gateway/content/params.py)."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -71,7 +71,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     # The message's images: each an image file's own bytes (PNG, JPEG, WebP, GIF, BMP), in the
-    # order the client sent them, checked by the gateway (gateway/api/images.py); only a `vlm`
+    # order the client sent them, checked by the gateway (gateway/content/images.py); only a `vlm`
     # worker takes them (workers/vlm_engine.py).
     images: list[bytes] = []
 

@@ -26,8 +26,8 @@ from typing import Any, Literal
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from protocol.config import Config
-from protocol.keys import Keys, load_keys, public_key, worker_clients
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.keys import Keys, load_keys, public_key, worker_clients
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _guard(ctx: zmq.Context[Any], config: Config, keys: Keys) -> None:
             return
         # NOTE: the handler is a Python thread: while native code holds the GIL (a long
         # compile) new connections wait for it; connections already made are not affected.
-        auth = ThreadAuthenticator(ctx, log=logging.getLogger("protocol.sockets.zap"))
+        auth = ThreadAuthenticator(ctx, log=logging.getLogger(__name__ + ".zap"))
         auth.start()
         auth.configure_curve_callback("local", _Allowed(frozenset([keys.client_public])))
         auth.configure_curve_callback("workers", _Allowed(worker_clients(config, keys)))

@@ -17,8 +17,8 @@ import threading
 import time
 from collections import deque
 
-from protocol.states import Event, ProcessState, transition
-from supervisor.logfiles import RotatingLog, tee
+from npu_proxy.protocol.states import Event, ProcessState, transition
+from npu_proxy.supervisor.logfiles import RotatingLog, tee
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,15 @@ from typing import Any
 import click
 import msgspec
 
-from protocol.config import Config, is_loopback_host, redacted
-from protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
-from protocol.logs import setup_logging
-from supervisor.cli_common import call, config_options, load
-from supervisor.doctor import doctor
-from supervisor.logfiles import follow as follow_lines
-from supervisor.logfiles import tail
-from supervisor.models_cli import convert, models, pull, rm
-from supervisor.service_cli import service
+from npu_proxy.protocol.config import Config, is_loopback_host, redacted
+from npu_proxy.protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
+from npu_proxy.protocol.logs import setup_logging
+from npu_proxy.supervisor.cli_common import call, config_options, load
+from npu_proxy.supervisor.doctor import doctor
+from npu_proxy.supervisor.logfiles import follow as follow_lines
+from npu_proxy.supervisor.logfiles import tail
+from npu_proxy.supervisor.models_cli import convert, models, pull, rm
+from npu_proxy.supervisor.service_cli import service
 
 
 @click.group()
@@ -46,9 +46,9 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
         call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
-    from supervisor.devices import discover
-    from supervisor.runtime_dir import RuntimeDirError
-    from supervisor.service import CannotStart, Supervisor
+    from npu_proxy.supervisor.devices import discover
+    from npu_proxy.supervisor.runtime_dir import RuntimeDirError
+    from npu_proxy.supervisor.service import CannotStart, Supervisor
 
     # NOTE: None, not False, without the flag: the file or environment may allow it.
     opt_out = True if allow_remote else None
@@ -82,8 +82,8 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
 def keys(**kw: Any) -> None:
     """Make this instance's CURVE keys for ZeroMQ over tcp (if missing) and say which file
     goes where when a gateway uses another host's workers."""
-    from protocol.keys import KeysError, ensure_keys
-    from supervisor.runtime_dir import RuntimeDirError, prepare_runtime_dir
+    from npu_proxy.protocol.keys import KeysError, ensure_keys
+    from npu_proxy.supervisor.runtime_dir import RuntimeDirError, prepare_runtime_dir
 
     config = load(**kw)
     try:
@@ -186,7 +186,7 @@ def logs(worker: str, lines: int, follow: bool, **kw: Any) -> None:
 def show_config(**kw: Any) -> None:
     """Print the effective configuration as TOML (with the devices found here; the API key
     shown as <redacted>)."""
-    from supervisor.devices import discover
+    from npu_proxy.supervisor.devices import discover
 
     config = redacted(load(**kw, devices=discover()))
     click.echo(msgspec.toml.encode(_everything(config)).decode())

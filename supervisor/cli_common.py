@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from protocol import control
-from protocol.config import Config, ConfigError, load_config
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import Config, ConfigError, load_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R", bound=msgspec.Struct)

@@ -22,11 +22,11 @@ from typing import Any, Literal
 import click
 import msgspec
 
-from models.locate import NotLocated, Origin, locate
-from models.registry import ModelSourceMissing
-from protocol import control
-from protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
-from supervisor.cli_common import config_options, load
+from npu_proxy.models.locate import NotLocated, Origin, locate
+from npu_proxy.models.registry import ModelSourceMissing
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
+from npu_proxy.supervisor.cli_common import config_options, load
 
 Status = Literal["ok", "warn", "fail"]
 # Free space below this in the model cache is worth a warning (a 7B INT4 model is ~4 GB).
@@ -76,7 +76,7 @@ class ProbeError(Exception):
 def _probe(args: list[str], timeout: float) -> Any:
     """One `python -m workers.probe` run; its JSON line."""
     try:
-        done = subprocess.run([sys.executable, "-m", "workers.probe", *args],
+        done = subprocess.run([sys.executable, "-m", "npu_proxy.workers.probe", *args],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ProbeError(f"no answer within {timeout:.0f} s") from exc

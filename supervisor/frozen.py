@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = ["-c", *args[2:]]
         exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
         return
-    from supervisor.cli import main as cli_main
+    from npu_proxy.supervisor.cli import main as cli_main
 
     sys.argv = [sys.argv[0], *args]
     cli_main()

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from models.registry import (
+from npu_proxy.models.registry import (
     EMBEDDED,
     LIBRARY,
     ModelNameError,
@@ -20,11 +20,11 @@ from models.registry import (
     canonical,
     embedded,
 )
-from models.store import ModelStore
-from protocol.config import Config
-from protocol.control import ControlError, Load, Loaded, NoSupervisor, Status, StatusReply
-from protocol.control import call as control_call
-from supervisor.cli_common import call, config_options, load
+from npu_proxy.models.store import ModelStore
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.control import ControlError, Load, Loaded, NoSupervisor, Status, StatusReply
+from npu_proxy.protocol.control import call as control_call
+from npu_proxy.supervisor.cli_common import call, config_options, load
 
 
 def _size(n: int) -> str:
@@ -74,8 +74,8 @@ def pull(name: str, **kw: Any) -> None:
     NAME is a registry name (tinyllama, qwen2.5:0.5b, phi3:mini, bge-small, ... or a
     [models] entry of the config file), hf.co/org/repo[:file.gguf] or org/repo. An
     interrupted pull resumes where it stopped when run again."""
-    from models.pull import PullError
-    from models.pull import pull as do_pull
+    from npu_proxy.models.pull import PullError
+    from npu_proxy.models.pull import pull as do_pull
 
     config = load(**kw)
     bars = _Bars()
@@ -211,7 +211,7 @@ def convert(repo: str, weight_format: str, sym: bool, group_size: int | None,
 
     For NPU: --weight-format int4 --sym --group-size -1 --ratio 1.0. Needs the optional
     extra: pip install 'npu-proxy[convert]'."""
-    from models.convert import ConvertError, convert_repo
+    from npu_proxy.models.convert import ConvertError, convert_repo
 
     config = load(**kw)
     try:

@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from models.locate import locate
-from models.registry import ModelSourceMissing
-from protocol import control
-from protocol.config import Config, ConfigError, WorkerSpec, dump_config
-from protocol.control import (
+from npu_proxy.models.locate import locate
+from npu_proxy.models.registry import ModelSourceMissing
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import Config, ConfigError, WorkerSpec, dump_config
+from npu_proxy.protocol.control import (
     ChildStatus,
     Command,
     Load,
@@ -40,8 +40,8 @@ from protocol.control import (
     StatusReply,
     Stop,
 )
-from protocol.keys import KeysError, ensure_keys, load_keys, public_key, worker_clients
-from protocol.messages import (
+from npu_proxy.protocol.keys import KeysError, ensure_keys, load_keys, public_key, worker_clients
+from npu_proxy.protocol.messages import (
     Heartbeat,
     WorkerExited,
     WorkerState,
@@ -49,7 +49,7 @@ from protocol.messages import (
     encode,
     reply_decoder,
 )
-from protocol.sockets import (
+from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     Endpoint,
     bind,
@@ -61,10 +61,10 @@ from protocol.sockets import (
     term,
     worker_endpoint,
 )
-from protocol.states import Event, ProcessState, reported, silence_allowed
-from supervisor.children import Child
-from supervisor.logfiles import RotatingLog
-from supervisor.runtime_dir import prepare_runtime_dir
+from npu_proxy.protocol.states import Event, ProcessState, reported, silence_allowed
+from npu_proxy.supervisor.children import Child
+from npu_proxy.supervisor.logfiles import RotatingLog
+from npu_proxy.supervisor.runtime_dir import prepare_runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +179,12 @@ class Supervisor:
         python = sys.executable
         if not self.config.worker_only:
             self.children["gateway"] = Child(
-                "gateway", "gateway", [python, "-m", "gateway", "--config", str(config_path)],
+                "gateway", "gateway",
+                [python, "-m", "npu_proxy.gateway", "--config", str(config_path)],
                 self._log("gateway"), self.echo)
         for spec in self.config.local_workers():
             child = Child(spec.name, spec.role,
-                          [python, "-m", "workers", "--config", str(workers_path),
+                          [python, "-m", "npu_proxy.workers", "--config", str(workers_path),
                            "--worker", spec.name],
                           self._log(spec.name), self.echo)
             child.model = spec.model_name

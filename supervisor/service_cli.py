@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-from supervisor import service_unit
-from supervisor.cli_common import load
+from npu_proxy.supervisor import service_unit
+from npu_proxy.supervisor.cli_common import load
 
 
 def current_command() -> list[str]:
@@ -26,7 +26,7 @@ def current_command() -> list[str]:
     if argv0.name.startswith("npx-supervisor"):
         found = shutil.which(sys.argv[0]) if not argv0.is_absolute() else str(argv0)
         return [str(Path(found or argv0).absolute())]
-    return [sys.executable, "-m", "supervisor.cli"]
+    return [sys.executable, "-m", "npu_proxy.supervisor.cli"]
 
 
 def _config_home() -> Path:
@@ -92,7 +92,7 @@ def install(config_file: Path | None, system: bool, run_as: str | None, no_start
     config = load(config_file, None, None, None, None)
     stop_timeout = service_unit.stop_timeout(config.grace_period)
     if sys.platform == "win32":
-        from supervisor import winservice
+        from npu_proxy.supervisor import winservice
 
         spec = winservice.service_spec(current_command(), config_file, stop_timeout)
         if dry_run:
@@ -141,7 +141,7 @@ def install(config_file: Path | None, system: bool, run_as: str | None, no_start
 def uninstall(system: bool, dry_run: bool) -> None:
     """Stop and disable the service and remove its unit."""
     if sys.platform == "win32":
-        from supervisor import winservice
+        from npu_proxy.supervisor import winservice
 
         if not dry_run:
             click.echo(winservice.uninstall(winservice.default_manager()))
@@ -163,7 +163,7 @@ def uninstall(system: bool, dry_run: bool) -> None:
 def status(system: bool) -> None:
     """Show whether the service is installed and what systemd says of it."""
     if sys.platform == "win32":
-        from supervisor import winservice
+        from npu_proxy.supervisor import winservice
 
         click.echo(winservice.default_manager().status(winservice.SERVICE_NAME))
         return

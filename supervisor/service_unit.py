@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.config import Config
+from npu_proxy.protocol.config import Config
 
 UNIT_NAME = "npu-proxy.service"
 SYSTEM_UNIT_DIR = Path("/etc/systemd/system")

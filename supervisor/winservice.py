@@ -93,8 +93,8 @@ def control_shutdown(config_file: str) -> Callable[[], None]:
     """What `npx-supervisor stop` does, for the supervisor of this configuration."""
 
     def shutdown() -> None:
-        from protocol import control
-        from protocol.config import ConfigError, load_config
+        from npu_proxy.protocol import control
+        from npu_proxy.protocol.config import ConfigError, load_config
 
         try:
             config = load_config(Path(config_file) if config_file else None)

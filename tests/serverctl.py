@@ -17,8 +17,8 @@ import httpx
 import tomli_w
 import zmq
 
-from protocol import control
-from protocol.config import default_workers, load_config
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import default_workers, load_config
 
 SUPERVISOR = str(Path(sys.executable).parent / "npx-supervisor")
 # The ZeroMQ transport of test servers that name none: `NPU_PROXY_TEST_TRANSPORT=tcp make

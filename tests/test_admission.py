@@ -26,7 +26,7 @@ import pytest
 import zmq
 from serverctl import Server
 
-from protocol.messages import (
+from npu_proxy.protocol.messages import (
     ChatMessage,
     ErrorCode,
     Failed,
@@ -37,7 +37,7 @@ from protocol.messages import (
     encode,
     reply_decoder,
 )
-from protocol.sockets import configure_sub, connect, worker_endpoint
+from npu_proxy.protocol.sockets import configure_sub, connect, worker_endpoint
 
 LLM = "smollm2:135m"
 RUNNING = 2

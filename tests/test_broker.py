@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from gateway.core.broker import Broker, WorkerUnavailable
-from protocol.config import Config, WorkerSpec
-from protocol.messages import (
+from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
     Delta,
     Embed,
     Failed,
@@ -22,7 +22,7 @@ from protocol.messages import (
     WorkerState,
     encode,
 )
-from protocol.sockets import (
+from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,
     bind,

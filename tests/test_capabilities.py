@@ -11,7 +11,7 @@ import openai
 import pytest
 from capcheck import check_capabilities
 
-from models.capabilities import capabilities
+from npu_proxy.models.capabilities import capabilities
 
 LLM = "smollm2:135m"
 EMBED = "all-minilm:l6-v2"

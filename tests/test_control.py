@@ -10,11 +10,11 @@ from typing import get_args
 import pytest
 import zmq
 
-from protocol import control
-from protocol.config import Config, WorkerSpec
-from protocol.sockets import bind, control_endpoint
-from protocol.states import ProcessState
-from supervisor.service import Refusal, Supervisor
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.sockets import bind, control_endpoint
+from npu_proxy.protocol.states import ProcessState
+from npu_proxy.supervisor.service import Refusal, Supervisor
 
 COMMANDS: list[control.Command] = [
     control.Ping(), control.Status(), control.Start(worker="llm"), control.Stop(worker="llm"),

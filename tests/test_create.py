@@ -21,7 +21,7 @@ import ollama
 import pytest
 from serverctl import Server, wait_for
 
-from models.registry import package_file
+from npu_proxy.models.registry import package_file
 
 LLM = "smollm2:135m"
 SYSTEM = ("You are Captain Redbeard, a pirate of the seven seas. Answer every question the "

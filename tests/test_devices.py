@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 from serverctl import Server
 
-from protocol.config import default_workers, load_config
-from supervisor.devices import discover
+from npu_proxy.protocol.config import default_workers, load_config
+from npu_proxy.supervisor.devices import discover
 
 
 def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:

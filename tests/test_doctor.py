@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 from serverctl import MODEL_CACHE, SUPERVISOR, Server, free_port
 
-from supervisor.devices import discover
+from npu_proxy.supervisor.devices import discover
 
 
 def _config(tmp: Path, **settings: Any) -> Path:

@@ -27,12 +27,20 @@ from langchain_openai import OpenAIEmbeddings
 from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server, wait_for
 
-from models.locate import minilm_ir_folder
-from protocol.config import Config, WorkerSpec
-from protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Heartbeat, reply_decoder
-from protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
-from workers.embed_engine import EmbedEngine, _fast_counter
-from workers.embed_model import count_tokens, embedding_config
+from npu_proxy.models.locate import minilm_ir_folder
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
+    Abort,
+    Embed,
+    Embeddings,
+    ErrorCode,
+    Failed,
+    Heartbeat,
+    reply_decoder,
+)
+from npu_proxy.protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
+from npu_proxy.workers.embed_engine import EmbedEngine, _fast_counter
+from npu_proxy.workers.embed_model import count_tokens, embedding_config
 
 EMBED = "all-minilm:l6-v2"
 LLM = "smollm2:135m"

@@ -12,12 +12,12 @@ import openvino as ov
 import openvino_genai as ov_genai
 import pytest
 
-from models.locate import locate
-from models.store import GGUF_IR, Manifest, ManifestFile, ModelStore
-from protocol.config import Config
-from workers import gguf_ir
-from workers.batch_engine import default_properties
-from workers.gguf_ir import ir_folder, loadable
+from npu_proxy.models.locate import locate
+from npu_proxy.models.store import GGUF_IR, Manifest, ManifestFile, ModelStore
+from npu_proxy.protocol.config import Config
+from npu_proxy.workers import gguf_ir
+from npu_proxy.workers.batch_engine import default_properties
+from npu_proxy.workers.gguf_ir import ir_folder, loadable
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
@@ -34,7 +34,7 @@ def _greedy(path: str) -> tuple[str, str]:
 def test_converted_once_then_loaded_as_ir(tmp_path: Path,
                                           caplog: pytest.LogCaptureFixture) -> None:
     gguf = locate(Config(), "smollm2:135m").path
-    caplog.set_level(logging.INFO, logger="workers.gguf_ir")
+    caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
     first = loadable(str(gguf), tmp_path)
     assert "converting" in caplog.text
     folder = Path(first)

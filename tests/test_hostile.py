@@ -17,11 +17,11 @@ import httpx
 import pytest
 from serverctl import Server
 
-from gateway.api.ollama_template import render
-from gateway.api.reasoning import ReasoningSplitter, split_text
-from gateway.api.tools import CallParser, Tool, parse_calls
-from gateway.core.errors import GatewayError
-from models.capabilities import ReasoningFormat, Style
+from npu_proxy.gateway.api.ollama.template import render
+from npu_proxy.gateway.content.reasoning import ReasoningSplitter, split_text
+from npu_proxy.gateway.content.tools import CallParser, Tool, parse_calls
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.models.capabilities import ReasoningFormat, Style
 
 SIZE = 100_000
 TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})]

@@ -1,4 +1,4 @@
-"""Images in requests (gateway/api/images.py): decoding and checks, each API's translation of
+"""Images in requests (gateway/content/images.py): decoding and checks, each API's translation of
 its image fields, and the 400s a user sees.
 
 Three layers without a vision model:
@@ -40,13 +40,12 @@ import pytest
 from PIL import Image
 from serverctl import Server
 
-from gateway.api import anthropic as anthropic_api
-from gateway.api import images as images_mod
-from gateway.api import ollama as ollama_api
-from gateway.api import openai as openai_api
-from gateway.api import responses as responses_api
-from gateway.api.dialects import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Dialect
-from gateway.api.images import (
+from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api import openai as openai_api
+from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.responses import routes as responses_api
+from npu_proxy.gateway.content import images as images_mod
+from npu_proxy.gateway.content.images import (
     MAX_REDIRECTS,
     ImageLimits,
     Images,
@@ -55,10 +54,11 @@ from gateway.api.images import (
     decode_data_url,
     fetch_image,
 )
-from gateway.core.errors import GatewayError
-from models.capabilities import Capabilities
-from protocol.config import Config
-from protocol.messages import ChatMessage
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.wire import ANTHROPIC, OLLAMA, OPENAI, RESPONSES, Dialect
+from npu_proxy.models.capabilities import Capabilities
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import ChatMessage
 
 LLM = "smollm2:135m"
 LIMITS = ImageLimits()
@@ -866,7 +866,7 @@ def test_ollama_python_examples_run(vlm_server: Server, tmp_path: Path, script: 
 def test_a_configured_alias_finds_a_model_by_its_bare_name(tmp_path: Path) -> None:
     """`model_aliases = {"llama3.2-vision" = "tiny-vlm"}`: the target is served as
     `tiny-vlm:latest`, which the alias must reach (the examples above depend on it)."""
-    from gateway.core.model_table import ModelTable
+    from npu_proxy.gateway.core.model_table import ModelTable
 
     config = msgspec.convert({"model_cache": str(tmp_path),
                               "model_aliases": {EXAMPLE_MODEL: VLM}}, Config)

@@ -8,8 +8,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Match, Route
 from starlette.testclient import TestClient
 
-from gateway.app import Gateway, IndexedRouter
-from protocol.config import Config
+from npu_proxy.gateway.app import Gateway, IndexedRouter
+from npu_proxy.protocol.config import Config
 
 
 def _answer(name: str) -> Route:

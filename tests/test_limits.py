@@ -283,7 +283,7 @@ def test_the_body_limit_is_exact(low: Server, chunked: bool) -> None:
 
 
 def test_the_limits_are_in_the_configuration(tmp_path: Path) -> None:
-    from protocol.config import Config, load_config
+    from npu_proxy.protocol.config import Config, load_config
 
     defaults = Config()
     assert defaults.max_body_bytes == 32 * 1024 * 1024

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from models.locate import (
+from npu_proxy.models.locate import (
     MINILM_IR_FOLDER,
     NotLocated,
     Origin,
     locate,
     minilm_ir_folder,
 )
-from models.registry import ModelSourceMissing
-from models.store import Manifest, ManifestFile, ModelStore
-from protocol.config import Config, ModelSource
+from npu_proxy.models.registry import ModelSourceMissing
+from npu_proxy.models.store import Manifest, ManifestFile, ModelStore
+from npu_proxy.protocol.config import Config, ModelSource
 
 
 def _config(tmp_path: Path, **fields: Any) -> Config:

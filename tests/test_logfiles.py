@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from serverctl import SUPERVISOR
 
-from supervisor.logfiles import MAX_LINE, RotatingLog, follow, tail, tee
+from npu_proxy.supervisor.logfiles import MAX_LINE, RotatingLog, follow, tail, tee
 
 
 def test_rotation_keeps_size_and_backups(tmp_path: Path) -> None:

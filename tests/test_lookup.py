@@ -16,8 +16,8 @@ import httpx
 import pytest
 from serverctl import Server
 
-from protocol.config import ConfigError, load_config
-from workers.batch_engine import SPECULATIVE_DEFAULTS
+from npu_proxy.protocol.config import ConfigError, load_config
+from npu_proxy.workers.batch_engine import SPECULATIVE_DEFAULTS
 
 # An input-grounded task: the answer repeats much of the prompt, which is what lookup uses.
 TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from models import facts as modelinfo
-from models.facts import (
+from npu_proxy.models import facts as modelinfo
+from npu_proxy.models.facts import (
     GGUFError,
     ModelInfoError,
     SkippedArray,

@@ -22,12 +22,12 @@ import pytest
 from fakehub import FakeHub
 from serverctl import Server
 
-from gateway.core.broker import Broker
-from gateway.core.errors import GatewayError
-from gateway.core.model_table import ModelTable, ServedModel
-from gateway.core.switching import Switcher
-from models.registry import package_file
-from protocol.config import Config, WorkerSpec, load_config
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.model_table import ModelTable, ServedModel
+from npu_proxy.gateway.core.switching import Switcher
+from npu_proxy.models.registry import package_file
+from npu_proxy.protocol.config import Config, WorkerSpec, load_config
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT = "smollm2:135m"

@@ -24,10 +24,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server, free_port, stop_process, wait_for
 
-from gateway.core.broker import Broker
-from gateway.core.metrics import Metrics, api_of
-from protocol.config import Config, WorkerSpec
-from protocol.messages import Heartbeat, WorkerExited, WorkerState
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.metrics import Metrics, api_of
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import Heartbeat, WorkerExited, WorkerState
 
 LLM = "smollm2:135m"
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

@@ -21,13 +21,13 @@ import pytest
 from langchain_ollama import ChatOllama
 from serverctl import Server
 
-from gateway.api.ollama import format_schema
-from gateway.api.ollama_models import parse_keep_alive
-from gateway.api.ollama_template import render
-from gateway.api.openai import JsonSchemaSpec, ResponseFormat, _response_schema
-from gateway.api.params import json_schema_text, ollama_params, openai_params
-from gateway.core.errors import GatewayError
-from models.registry import package_file
+from npu_proxy.gateway.api.ollama.routes import format_schema
+from npu_proxy.gateway.api.ollama.template import render
+from npu_proxy.gateway.api.openai import JsonSchemaSpec, ResponseFormat, _response_schema
+from npu_proxy.gateway.content.params import json_schema_text, ollama_params, openai_params
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.keep_alive import parse_keep_alive
+from npu_proxy.models.registry import package_file
 
 LLM = "smollm2:135m"
 EMBED = "all-minilm:l6-v2"

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from gateway.api.openapi import BODILESS, RAW_BODIES, REQUEST_BODIES
-from gateway.app import Gateway
-from protocol.config import load_config
+from npu_proxy.gateway.app import Gateway
+from npu_proxy.gateway.pages.openapi import BODILESS, RAW_BODIES, REQUEST_BODIES
+from npu_proxy.protocol.config import load_config
 
 LLM = "smollm2:135m"
 EMBED = "all-minilm:l6-v2"

@@ -66,10 +66,15 @@ def test_wheel_holds_every_module_and_the_command(wheel: Path) -> None:
         names = set(zf.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = zf.read(entry_points).decode()
-    source = {str(p.relative_to(ROOT)) for package in PACKAGES
+    source = {f"npu_proxy/{p.relative_to(ROOT)}" for package in PACKAGES
               for p in (ROOT / package).rglob("*.py")}
     assert source - names == set(), "modules missing from the wheel"
-    assert "npx-supervisor = supervisor.cli:main" in scripts
+    assert "npx-supervisor = npu_proxy.supervisor.cli:main" in scripts
+    # NOTE: installed into a user's environment, the wheel takes one import name: no
+    # `models` or `protocol` of its own to shadow theirs (or another package's).
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(
+        (".dist-info", ".data"))}
+    assert tops == {"npu_proxy"}
 
 
 def _config(tmp: Path) -> tuple[Path, str]:
@@ -172,16 +177,16 @@ def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["-c", "import sys; print('code', sys.argv[1:])", "x"], "code ['x']"),
-    (["-m", "gateway", "--help"], "usage: python -m gateway [-h] --config"),
-    (["-m", "workers", "--help"], "usage: python -m workers [-h] --config"),
+    (["-m", "npu_proxy.gateway", "--help"], "usage: python -m npu_proxy.gateway [-h] --config"),
+    (["-m", "npu_proxy.workers", "--help"], "usage: python -m npu_proxy.workers [-h] --config"),
     (["--help"], "Usage: "),
 ])
 def test_frozen_entry_point_runs_children_as_python_would(args: list[str],
                                                            expected: str) -> None:
-    """In the executable, `npu-proxy -m gateway ...` is what the supervisor runs for a child
-    (its sys.executable is the executable); anything else is the npx-supervisor CLI."""
+    """In the executable, `npu-proxy -m npu_proxy.gateway ...` is what the supervisor runs for a
+    child (its sys.executable is the executable); anything else is the npx-supervisor CLI."""
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from supervisor.frozen import main; main()", *args],
+        [sys.executable, "-c", "from npu_proxy.supervisor.frozen import main; main()", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
@@ -204,7 +209,7 @@ def test_pyinstaller_folder_serves_the_embedded_models(tmp_path: Path) -> None:
     # NOTE: the source copy goes, so the executable can only use what it carries.
     shutil.rmtree(src)
     env = _clean_env(PATH="/usr/bin:/bin")
-    # doctor runs the probe as `npu-proxy -m workers.probe` and finds the model inside.
+    # doctor runs the probe as `npu-proxy -m npu_proxy.workers.probe` and finds the model inside.
     config, _ = _config(tmp_path)
     doctor = subprocess.run([str(exe), "doctor", "--no-selftest", "--config", str(config)],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)

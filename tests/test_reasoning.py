@@ -1,12 +1,12 @@
-"""The reasoning splitter (gateway/api/reasoning.py) on recorded outputs of thinking models,
+"""The reasoning splitter (gateway/content/reasoning.py) on recorded outputs of thinking models,
 whole and streamed in every split, and the formats read from chat templates."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.api.reasoning import ReasoningSplitter, split_text
-from models.capabilities import ReasoningFormat, Style, reasoning_format
+from npu_proxy.gateway.content.reasoning import ReasoningSplitter, split_text
+from npu_proxy.models.capabilities import ReasoningFormat, Style, reasoning_format
 
 THINK = ReasoningFormat(Style.THINK)
 OPENED = ReasoningFormat(Style.THINK, opened=True)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from serverctl import MODEL_CACHE, Server
 
-from models.locate import MINILM_RERANK_FOLDER
+from npu_proxy.models.locate import MINILM_RERANK_FOLDER
 
 RERANK = "all-minilm-rerank:l6-v2"
 EMBED = "all-minilm:l6-v2"

@@ -18,10 +18,10 @@ import jsonschema
 import openai
 import pytest
 
-from gateway.api.response_store import ResponseStore
-from gateway.api.responses_reply import ResponseReply
-from gateway.core.errors import GatewayError
-from protocol.messages import Accepted, ChatMessage, Delta
+from npu_proxy.gateway.api.responses.reply import ResponseReply
+from npu_proxy.gateway.api.responses.store import ResponseStore
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.protocol.messages import Accepted, ChatMessage, Delta
 
 LLM = "smollm2:135m"
 ASK = "What is the weather in Paris?"

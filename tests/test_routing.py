@@ -15,7 +15,7 @@ import openvino_genai as ov_genai
 import pytest
 from serverctl import Server, free_port_block
 
-from models.registry import package_file
+from npu_proxy.models.registry import package_file
 
 LLM = "smollm2:135m"
 NPU_LIMIT = 256

@@ -19,8 +19,8 @@ import pytest
 import tomli_w
 from serverctl import SUPERVISOR, Server, alive, descendants, wait_for
 
-from supervisor import winservice
-from supervisor.service_unit import TEMPLATE, render_unit
+from npu_proxy.supervisor import winservice
+from npu_proxy.supervisor.service_unit import TEMPLATE, render_unit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_UNIT = ROOT / "deploy" / "systemd" / "npu-proxy.service"

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server
 
-from gateway.core.broker import WorkerLink
-from protocol.config import WorkerSpec
-from protocol.messages import Heartbeat, WorkerState, WorkerStatus
-from protocol.states import (
+from npu_proxy.gateway.core.broker import WorkerLink
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import Heartbeat, WorkerState, WorkerStatus
+from npu_proxy.protocol.states import (
     TRANSITIONS,
     Event,
     ProcessState,

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 from serverctl import Server, wait_for
 
-from gateway.core.recent import Recent
+from npu_proxy.gateway.core.recent import Recent
 
 LLM = "smollm2:135m"
 KEY = "status-key-456"

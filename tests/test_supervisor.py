@@ -9,7 +9,7 @@ import httpx
 import pytest
 from serverctl import Server, alive, descendants
 
-from protocol.config import ConfigError, load_config
+from npu_proxy.protocol.config import ConfigError, load_config
 
 
 def test_sigterm_leaves_no_process(tmp_path: Path) -> None:

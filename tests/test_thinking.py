@@ -20,7 +20,7 @@ import pytest
 from capcheck import check_capabilities
 from serverctl import Server
 
-from models.locate import locate
+from npu_proxy.models.locate import locate
 
 MODEL = "thinker:test"
 LLM = "smollm2:135m"

@@ -19,7 +19,14 @@ import openai
 import pytest
 from ollama._utils import convert_function_to_tool
 
-from gateway.api.tools import CallParser, Tool, ToolChoice, ToolRequest, call_schema, parse_calls
+from npu_proxy.gateway.content.tools import (
+    CallParser,
+    Tool,
+    ToolChoice,
+    ToolRequest,
+    call_schema,
+    parse_calls,
+)
 
 LLM = "smollm2:135m"
 GREEDY: dict[str, Any] = {"temperature": 0}

@@ -24,7 +24,7 @@ from PIL import Image
 from serverctl import Server, wait_for
 from test_images import checkerboard
 
-from models.registry import package_file
+from npu_proxy.models.registry import package_file
 
 MODEL = "tiny-vlm"
 # SmolLM2 served from its GGUF (no worker runs it): a text-only model.

@@ -18,12 +18,12 @@ import zmq
 from serverctl import Server, free_port_block
 from zmq.utils.monitor import recv_monitor_message
 
-from models.registry import package_file
-from protocol import control
-from protocol.config import Config, WorkerSpec
-from protocol.keys import KeysError, ensure_keys, load_keys
-from protocol.messages import ChatMessage, Generate, SamplingParams, encode
-from protocol.sockets import (
+from npu_proxy.models.registry import package_file
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.keys import KeysError, ensure_keys, load_keys
+from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, encode
+from npu_proxy.protocol.sockets import (
     bind,
     connect,
     request_limit,

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.locate import Origin, configured_template, locate
-from models.registry import sampling_defaults
-from protocol.config import read_config_file
-from protocol.logs import setup_logging
-from workers.process import WorkerProcess
+from npu_proxy.models.locate import Origin, configured_template, locate
+from npu_proxy.models.registry import sampling_defaults
+from npu_proxy.protocol.config import read_config_file
+from npu_proxy.protocol.logs import setup_logging
+from npu_proxy.workers.process import WorkerProcess
 
 if TYPE_CHECKING:
-    from workers.engine import Engine
+    from npu_proxy.workers.engine import Engine
 
 log = logging.getLogger("workers")
 
@@ -26,22 +26,22 @@ def _build_engine(proc: WorkerProcess) -> Engine:
     path = found.path
     log.info("loading %s (%s, %s) on %s", spec.model_name, path, found.origin.value, spec.device)
     if spec.role == "embed":
-        from workers.embed_engine import EmbedEngine
+        from npu_proxy.workers.embed_engine import EmbedEngine
 
         return EmbedEngine(proc.config, spec, str(path), proc.emit,
                            build_minilm=found.origin is Origin.EMBEDDED_IR)
     if spec.role == "rerank":
-        from workers.rerank_engine import RerankEngine
+        from npu_proxy.workers.rerank_engine import RerankEngine
 
         return RerankEngine(spec, str(path), proc.emit, proc.config.model_cache_path(),
                             build_minilm=found.origin is Origin.EMBEDDED_IR)
-    from models.facts import describe_model
-    from workers.batch_engine import BatchEngine
-    from workers.gguf_ir import loadable
-    from workers.serial_engine import SerialEngine
+    from npu_proxy.models.facts import describe_model
+    from npu_proxy.workers.batch_engine import BatchEngine
+    from npu_proxy.workers.gguf_ir import loadable
+    from npu_proxy.workers.serial_engine import SerialEngine
 
     context = describe_model(path, cache_dir=proc.config.model_cache_path()).context_length
-    from workers.vlm_engine import VlmEngine
+    from npu_proxy.workers.vlm_engine import VlmEngine
 
     kind: type[SerialEngine | BatchEngine] = BatchEngine
     if spec.role == "npu":
@@ -59,7 +59,7 @@ def _build_engine(proc: WorkerProcess) -> Engine:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers")
+    parser = argparse.ArgumentParser(prog="python -m npu_proxy.workers")
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--worker", required=True)
     args = parser.parse_args(argv)

@@ -21,10 +21,10 @@ from typing import Any
 import openvino as ov
 import openvino_genai as ov_genai
 
-from protocol.config import WorkerSpec
-from protocol.messages import ErrorCode, Failed, SamplingParams
-from workers.engine import Emit, EngineBase, Prepared, Prompting
-from workers.sampling import generation_config
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import ErrorCode, Failed, SamplingParams
+from npu_proxy.workers.engine import Emit, EngineBase, Prepared, Prompting
+from npu_proxy.workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import openvino_genai as ov_genai
 
-from protocol.config import Config, WorkerSpec
-from protocol.messages import (
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
     EMBED_BATCH_CLASSES,
     Abort,
     Embed,
@@ -30,13 +30,13 @@ from protocol.messages import (
     Timings,
     embed_batch_class,
 )
-from workers.embed_model import (
+from npu_proxy.workers.embed_model import (
     MAX_SEQ_LENGTH,
     count_tokens,
     embedding_config,
     ensure_minilm_ir,
 )
-from workers.engine import Emit
+from npu_proxy.workers.engine import Emit
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import openvino_genai
 
-from models.registry import ModelSourceMissing, package_file
+from npu_proxy.models.registry import ModelSourceMissing, package_file
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import msgspec
 import numpy as np
 import openvino_genai as ov_genai
 
-from protocol.config import WorkerSpec
-from protocol.messages import (
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
     Delta,
@@ -48,8 +48,8 @@ from protocol.messages import (
     Tokenize,
     TokenLogprob,
 )
-from workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
-from workers.sampling import generation_config
+from npu_proxy.workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
+from npu_proxy.workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
 

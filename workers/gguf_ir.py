@@ -18,8 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
-from models.store import CONVERTED_FROM as COMPLETE
-from models.store import GGUF_IR
+from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
+from npu_proxy.models.store import GGUF_IR
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def _rewrite(folder: Path) -> None:
     """The saved graph through workers/ir_fusion.py, saved in its place."""
     import openvino as ov
 
-    from workers.ir_fusion import optimize
+    from npu_proxy.workers.ir_fusion import optimize
 
     model = ov.Core().read_model(folder / "openvino_model.xml")
     optimize(model)

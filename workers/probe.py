@@ -82,7 +82,7 @@ def selftest(device: str, model: str, tokens: int, cache_dir: str) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.probe")
+    parser = argparse.ArgumentParser(prog="python -m npu_proxy.workers.probe")
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("info")
     test = sub.add_parser("selftest")

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-from protocol.config import Config, WorkerSpec
-from protocol.messages import (
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
     Abort,
     Detokenize,
     Embed,
@@ -34,7 +34,7 @@ from protocol.messages import (
     encode,
     request_decoder,
 )
-from protocol.sockets import (
+from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,
     bind,
@@ -46,7 +46,7 @@ from protocol.sockets import (
 if TYPE_CHECKING:
     # NOTE: for types only: the engine modules import OpenVINO (about 0.5 s here), which
     # build_engine() does after the heartbeat thread has started.
-    from workers.engine import Engine
+    from npu_proxy.workers.engine import Engine
 
 log = logging.getLogger(__name__)
 

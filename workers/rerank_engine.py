@@ -21,10 +21,10 @@ from typing import Any
 
 import openvino_genai as ov_genai
 
-from protocol.config import WorkerSpec
-from protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
-from workers.engine import Emit
-from workers.rerank_model import (
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.rerank_model import (
     MAX_PAIR_LENGTH,
     ensure_minilm_rerank_ir,
     pair_safe_folder,

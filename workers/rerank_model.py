@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import openvino_genai
 
-from models.registry import ModelSourceMissing
-from workers.embed_model import build_from_minilm
+from npu_proxy.models.registry import ModelSourceMissing
+from npu_proxy.workers.embed_model import build_from_minilm
 
 logger = logging.getLogger(__name__)
 

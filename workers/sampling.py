@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openvino_genai as ov_genai
 
-from protocol.messages import SamplingParams
+from npu_proxy.protocol.messages import SamplingParams
 
 # NOTE: a request that names no limit still must end; Ollama's own default is unlimited
 # (until the context is full), so the cap is the context left after the prompt.

@@ -17,8 +17,8 @@ from typing import Any
 import openvino as ov
 import openvino_genai as ov_genai
 
-from protocol.messages import ErrorCode, Failed
-from workers.engine import Active, EngineBase, Prepared, Prompting, Request, TokenStreamer
+from npu_proxy.protocol.messages import ErrorCode, Failed
+from npu_proxy.workers.engine import Active, EngineBase, Prepared, Prompting, Request, TokenStreamer
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ import openvino as ov
 import openvino_genai as ov_genai
 from PIL import Image
 
-from protocol.config import WorkerSpec
-from protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
-from workers.batch_engine import BatchEngine, scheduler_config
-from workers.engine import Active, Emit, Prepared, Prompting, TokenStreamer
-from workers.sampling import generation_config
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
+from npu_proxy.workers.batch_engine import BatchEngine, scheduler_config
+from npu_proxy.workers.engine import Active, Emit, Prepared, Prompting, TokenStreamer
+from npu_proxy.workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The script PyInstaller freezes: every role of npu-proxy in one executable."""
 
-from supervisor.frozen import main
+from npu_proxy.supervisor.frozen import main
 
 if __name__ == "__main__":
     main()

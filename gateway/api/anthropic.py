@@ -4,19 +4,19 @@ Translates the Messages wire format to a Generate request and the worker's outpu
 message object or the named SSE events (`message_start`, `content_block_start`,
 `content_block_delta` with `text_delta`/`input_json_delta`, `content_block_stop`,
 `message_delta`, `message_stop`; `ping` after the start). Decoding, dispatch, streaming and
-errors are the shared request path (gateway/api/flow.py); the error shape (503 as 529), the
-`error` event mid-stream and the event framing are ANTHROPIC in gateway/api/dialects.py. Tools
-(gateway/api/tools.py) and sampling (gateway/api/params.py) are shared too.
+errors are the shared request path (gateway/api/request_path.py); the error shape (503 as 529), the
+`error` event mid-stream and the event framing are ANTHROPIC in gateway/http/wire.py. Tools
+(gateway/content/tools.py) and sampling (gateway/content/params.py) are shared too.
 
 Decisions:
-- `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/api/auth.py when an
+- `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/http/auth.py when an
   api_key is configured); `anthropic-version`, `anthropic-beta` and `?beta=true` are ignored.
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
 - `system` text blocks are joined; `cache_control`, `metadata` and thinking blocks in a
   history are ignored; documents are a 400. `image` blocks (a base64 source, or a url source
   where the server fetches URLs) on a model with vision go with their user message, or with
-  the tool message of the tool_result holding them (gateway/api/images.py checks them).
+  the tool message of the tool_result holding them (gateway/content/images.py checks them).
 - `thinking` (`{"type": "enabled", ...}`) on a thinking model gives its reasoning as a
   `thinking` block (signature "") before the text, streamed as `thinking_delta`s; without it
   the template's `enable_thinking` is false and any reasoning is left out, as Claude does.
@@ -38,13 +38,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import new_id, unless_disconnected
-from gateway.api.flow import Translator, Turn
-from gateway.api.images import Images
-from gateway.api.ollama_models import require
-from gateway.api.params import anthropic_params, json_schema_text
-from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
-from gateway.api.tools import (
+from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.content.images import Images
+from npu_proxy.gateway.content.params import anthropic_params, json_schema_text
+from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
+from npu_proxy.gateway.content.tools import (
     CallParser,
     ToolCall,
     ToolRequest,
@@ -53,11 +51,14 @@ from gateway.api.tools import (
     fragments,
     history_call,
 )
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from gateway.core.router import Generation
-from models.capabilities import VISION, Capabilities
-from protocol.messages import ChatMessage
+from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.ids import new_id
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.router import Generation
+from npu_proxy.gateway.http.util import unless_disconnected
+from npu_proxy.models.capabilities import VISION, Capabilities
+from npu_proxy.protocol.messages import ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class MessagesRequest(CountRequest):
     output_config: dict[str, Any] | None = None
 
 
-# --- models (GET /v1/models, shared with OpenAI: gateway/api/dialects.py tells them apart) -
+# --- models (GET /v1/models, shared with OpenAI: gateway/http/wire.py tells them apart) -
 
 
 def model_info(name: str, created: int) -> dict[str, Any]:
@@ -448,11 +449,11 @@ class MessageReply:
 # --- routes ------------------------------------------------------------------------------
 
 
-class AnthropicRoutes(Translator):
+class AnthropicRoutes(DialectRoutes):
     def routes(self) -> list[Route]:
         return [
-            self.flow.post("/v1/messages", MessagesRequest, self.messages),
-            self.flow.post("/v1/messages/count_tokens", CountRequest, self.count_tokens),
+            self.requests.post("/v1/messages", MessagesRequest, self.messages),
+            self.requests.post("/v1/messages/count_tokens", CountRequest, self.count_tokens),
         ]
 
     async def _thinking(self, model: ServedModel, req: CountRequest,
@@ -460,7 +461,7 @@ class AnthropicRoutes(Translator):
         """`thinking` enabled (or adaptive) shows the reasoning; else the template's
         enable_thinking is false. The same for count_tokens, so its count is input_tokens."""
         want = (req.thinking or {}).get("type") in ("enabled", "adaptive")
-        thinking = await self.flow.thinking(model, want, req.model, None)
+        thinking = await self.requests.thinking(model, want, req.model, None)
         return thinking, template_vars(want) if thinking is not None else None
 
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
@@ -468,14 +469,14 @@ class AnthropicRoutes(Translator):
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
         caps = await self.catalog.capabilities(model)
         _, variables = await self._thinking(model, req)
-        msg = await self.flow.tokenize(request, model,
+        msg = await self.requests.tokenize(request, model,
                                        await chat_messages(req.system, req.messages, caps,
-                                                           req.model, self.flow.images()),
+                                                           req.model, self.requests.images()),
                                        tool_request(req), template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
 
-    async def messages(self, request: Request, req: MessagesRequest) -> Turn:
+    async def messages(self, request: Request, req: MessagesRequest) -> Dispatch:
         params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
                                   top_p=req.top_p, top_k=req.top_k,
                                   stop_sequences=req.stop_sequences)
@@ -483,10 +484,10 @@ class AnthropicRoutes(Translator):
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
         thinking, variables = await self._thinking(model, req)
-        msg, parser = await self.flow.chat(request, model,
+        msg, parser = await self.requests.chat(request, model,
                                            await chat_messages(req.system, req.messages, caps,
-                                                               req.model, self.flow.images()),
+                                                               req.model, self.requests.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)
-        return Turn(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply)

@@ -3,7 +3,7 @@
 Both translate their wire format to one Embed request; the worker answers with raw
 little-endian float32 bytes and a shape, which are read with numpy and written as JSON
 floats or (OpenAI base64) sent on as the very same bytes. Decoding and errors in each API's
-shape are the shared request path (gateway/api/flow.py); an embedding is not watched for a
+shape are the shared request path (gateway/api/request_path.py); an embedding is not watched for a
 client that goes away (it is one short batch, not a stream).
 """
 
@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import dumps, request_id, request_key
-from gateway.api.flow import Flow, Translator
-from gateway.api.ollama_models import parse_keep_alive
-from gateway.core.errors import GatewayError, invalid
-from gateway.core.model_table import ServedModel
-from gateway.core.router import Embedded
-from protocol.messages import Embed, Embeddings
+from npu_proxy.gateway.api.request_path import DialectRoutes, RequestPath
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.keep_alive import parse_keep_alive
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.router import Embedded
+from npu_proxy.gateway.http.util import dumps, request_id, request_key
+from npu_proxy.protocol.messages import Embed, Embeddings
 
 # --- request shapes ----------------------------------------------------------------------
 
@@ -89,19 +89,19 @@ def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
     raise invalid(f"'{param}' must be a string or a list of strings", param=param)
 
 
-class EmbeddingRoutes(Translator):
-    def __init__(self, flow: Flow) -> None:
-        super().__init__(flow)
-        self.config = flow.router.config
+class EmbeddingRoutes(DialectRoutes):
+    def __init__(self, requests: RequestPath) -> None:
+        super().__init__(requests)
+        self.config = requests.router.config
         # NOTE: a model's vector size is learnt from its first answer; until then a
         # `dimensions` request is checked against the answer instead of before it.
         self._dims: dict[str, int] = {}
 
     def routes(self) -> list[Route]:
         return [
-            self.flow.post("/v1/embeddings", OpenAIEmbeddingRequest, self.openai_embeddings),
-            self.flow.post("/api/embed", OllamaEmbedRequest, self.ollama_embed),
-            self.flow.post("/api/embeddings", OllamaEmbeddingsRequest, self.ollama_embeddings),
+            self.requests.post("/v1/embeddings", OpenAIEmbeddingRequest, self.openai_embeddings),
+            self.requests.post("/api/embed", OllamaEmbedRequest, self.ollama_embed),
+            self.requests.post("/api/embeddings", OllamaEmbeddingsRequest, self.ollama_embeddings),
         ]
 
     # --- shared --------------------------------------------------------------------------

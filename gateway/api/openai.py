@@ -2,10 +2,11 @@
 
 Translates the wire format to a Generate request and the worker's output back to OpenAI's
 JSON bodies and SSE chunks. Decoding, dispatch, streaming and errors are the shared request
-path (gateway/api/flow.py); the error shape and SSE framing are OPENAI in gateway/api/dialects.py.
+path (gateway/api/request_path.py); the error shape and SSE framing are OPENAI in
+gateway/http/wire.py.
 /v1/models answers in Anthropic's shape when Anthropic's SDK asks (dialect_for).
 
-A thinking model's reasoning (gateway/api/reasoning.py) is the message's and the deltas'
+A thinking model's reasoning (gateway/content/reasoning.py) is the message's and the deltas'
 `reasoning_content` and `reasoning` (vLLM's fields); vLLM's `chat_template_kwargs` reach the
 chat template (`enable_thinking: false` switches thinking off, and leaves the reasoning out),
 and its `structured_outputs.regex` (or `guided_regex`) constrains the output to a regex.
@@ -21,16 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import anthropic as anthropic_api
-from gateway.api import logprobs as lp
-from gateway.api.common import new_id, now
-from gateway.api.dialects import ANTHROPIC, dialect_for
-from gateway.api.flow import Translator, Turn
-from gateway.api.images import Images
-from gateway.api.ollama_models import require
-from gateway.api.params import json_schema_text, openai_params
-from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
-from gateway.api.tools import (
+from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.content import logprobs as lp
+from npu_proxy.gateway.content.images import Images
+from npu_proxy.gateway.content.params import json_schema_text, openai_params
+from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
+from npu_proxy.gateway.content.tools import (
     CallParser,
     ToolCall,
     ToolRequest,
@@ -40,11 +38,14 @@ from gateway.api.tools import (
     openai_tools,
     split_calls,
 )
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from gateway.core.router import Generation
-from models.capabilities import INSERT, VISION, Capabilities
-from protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.ids import new_id, now
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.router import Generation
+from npu_proxy.gateway.http.wire import ANTHROPIC, dialect_for
+from npu_proxy.models.capabilities import INSERT, VISION, Capabilities
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
 
@@ -419,13 +420,13 @@ class CompletionReply(_Reply):
 # --- routes ------------------------------------------------------------------------------
 
 
-class OpenAIRoutes(Translator):
+class OpenAIRoutes(DialectRoutes):
     def routes(self) -> list[Route]:
         return [
-            self.flow.post("/v1/chat/completions", ChatRequest, self.chat),
-            self.flow.post("/v1/completions", CompletionRequest, self.completions),
-            self.flow.get("/v1/models", self.list_models),
-            self.flow.get("/v1/models/{model_id:path}", self.get_model),
+            self.requests.post("/v1/chat/completions", ChatRequest, self.chat),
+            self.requests.post("/v1/completions", CompletionRequest, self.completions),
+            self.requests.get("/v1/models", self.list_models),
+            self.requests.get("/v1/models/{model_id:path}", self.get_model),
         ]
 
     async def _model_card(self, model: ServedModel) -> dict[str, Any]:
@@ -449,7 +450,7 @@ class OpenAIRoutes(Translator):
             return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
         return JSONResponse(await self._model_card(model))
 
-    async def chat(self, request: Request, req: ChatRequest) -> Turn:
+    async def chat(self, request: Request, req: ChatRequest) -> Dispatch:
         if not req.messages:
             raise invalid("'messages' is a required property and must be non-empty",
                           param="messages")
@@ -462,19 +463,19 @@ class OpenAIRoutes(Translator):
         params.regex = _regex(req)
         tools = tool_request(req)
         messages = await chat_messages(req.messages, await self.catalog.capabilities(model),
-                                       req.model, self.flow.images())
-        thinking = await self.flow.thinking(model, _enable_thinking(req), req.model,
+                                       req.model, self.requests.images())
+        thinking = await self.requests.thinking(model, _enable_thinking(req), req.model,
                                             "chat_template_kwargs")
         effort = req.reasoning_effort if thinking is not None else None
-        msg, parser = await self.flow.chat(request, model, messages, tools, params,
+        msg, parser = await self.requests.chat(request, model, messages, tools, params,
                                            requested=req.model,
                                            template_vars=template_vars(None, effort,
                                                                        req.chat_template_kwargs))
         reply = ChatReply(req.model, _include_usage(req), parser,
                           tools is not None and tools.named, top, thinking)
-        return Turn(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply)
 
-    async def completions(self, request: Request, req: CompletionRequest) -> Turn:
+    async def completions(self, request: Request, req: CompletionRequest) -> Dispatch:
         _check_common(req)
         top = _completion_logprobs(req)
         if req.prompt is None:
@@ -487,8 +488,8 @@ class OpenAIRoutes(Translator):
             require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
         params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
         params.logprobs = top is not None
-        msg = await self.flow.generate(request, model, params, requested=req.model,
+        msg = await self.requests.generate(request, model, params, requested=req.model,
                                        prompt=prompts[0])
         reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "",
                                 top)
-        return Turn(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply)

@@ -7,7 +7,7 @@ one Reranked frame); the answer lists the best `top_n` by `relevance_score`, hig
 each with its `index` in the request and, unless turned off, its `document.text`. `usage`
 has `total_tokens`, the tokens of every query-document pair the model read. `truncate` (an
 extension, as on the embedding routes) set to false makes an over-long pair a 400 instead of
-cutting it. Errors are in OpenAI's shape on all three paths (gateway/api/dialects.py).
+cutting it. Errors are in OpenAI's shape on all three paths (gateway/http/wire.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api.common import dumps, request_id, request_key
-from gateway.api.flow import Translator
-from gateway.core.errors import GatewayError, invalid
-from protocol.messages import Rerank
+from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.http.util import dumps, request_id, request_key
+from npu_proxy.protocol.messages import Rerank
 
 PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
@@ -62,9 +62,9 @@ def _documents(value: Any) -> list[str]:
     return texts
 
 
-class RerankRoutes(Translator):
+class RerankRoutes(DialectRoutes):
     def routes(self) -> list[Route]:
-        return [self.flow.post(path, RerankRequest, self.rerank) for path in PATHS]
+        return [self.requests.post(path, RerankRequest, self.rerank) for path in PATHS]
 
     def _check(self, req: RerankRequest) -> tuple[str, list[str]]:
         if not isinstance(req.query, str):

@@ -9,7 +9,7 @@ generation does here (no tokens added beyond the template's), so a prompt's coun
 `{prompt}`, special tokens included. `chat_template_kwargs` (vLLM's) are the chat template's
 extra variables, as on /v1/chat/completions. llama.cpp's spellings are accepted as well (`content`,
 `add_special`) and `/detokenize` also answers its `content`. Errors are OpenAI's shape
-(gateway/api/dialects.py).
+(gateway/http/wire.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import openai as openai_api
-from gateway.api.common import request_id, request_key, unless_disconnected
-from gateway.api.flow import Translator
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from protocol.messages import Detokenize
+from npu_proxy.gateway.api import openai as openai_api
+from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
+from npu_proxy.protocol.messages import Detokenize
 
 # NOTE: no vocabulary comes near it; bounds ids before they cross to the worker as int64.
 MAX_TOKEN_ID = 2**31 - 1
@@ -53,12 +53,12 @@ class DetokenizeRequest(msgspec.Struct):
     tokens: list[int] = []
 
 
-class TokenizerRoutes(Translator):
+class TokenizerRoutes(DialectRoutes):
     def routes(self) -> list[Route]:
         routes = []
         for prefix in ("", "/v1"):
-            routes.append(self.flow.post(prefix + "/tokenize", TokenizeRequest, self.tokenize))
-            routes.append(self.flow.post(prefix + "/detokenize", DetokenizeRequest,
+            routes.append(self.requests.post(prefix + "/tokenize", TokenizeRequest, self.tokenize))
+            routes.append(self.requests.post(prefix + "/detokenize", DetokenizeRequest,
                                          self.detokenize))
         return routes
 
@@ -78,10 +78,10 @@ class TokenizerRoutes(Translator):
             caps = await self.catalog.capabilities(model)
             messages = await openai_api.chat_messages(req.messages, caps,
                                                       req.model or model.name,
-                                                      self.flow.images())
+                                                      self.requests.images())
             tools = openai_api.tool_request(openai_api.ChatRequest(
                 tools=req.tools, tool_choice=req.tool_choice))
-        msg = await self.flow.tokenize(request, model, messages, tools, prompt=prompt,
+        msg = await self.requests.tokenize(request, model, messages, tools, prompt=prompt,
                                        want_tokens=True, add_special_tokens=special,
                                        add_generation_prompt=req.add_generation_prompt,
                                        template_vars=req.chat_template_kwargs or None)

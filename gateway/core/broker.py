@@ -20,8 +20,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from protocol.config import Config, WorkerSpec
-from protocol.messages import (
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
     Heartbeat,
@@ -34,14 +34,14 @@ from protocol.messages import (
     event_decoder,
     reply_decoder,
 )
-from protocol.sockets import (
+from npu_proxy.protocol.sockets import (
     configure_push,
     configure_sub,
     connect,
     events_endpoint,
     worker_endpoint,
 )
-from protocol.states import ProcessState, observed, reported, silence_allowed, transition
+from npu_proxy.protocol.states import ProcessState, observed, reported, silence_allowed, transition
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.messages import ErrorCode, Failed
+from npu_proxy.protocol.messages import ErrorCode, Failed
 
 
 class GatewayError(Exception):

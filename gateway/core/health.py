@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.core.broker import Broker, WorkerLink
-from gateway.core.metrics import LLM_ROLES, Metrics
-from protocol.config import Config, WorkerSpec
-from protocol.states import ProcessState
+from npu_proxy.gateway.core.broker import Broker, WorkerLink
+from npu_proxy.gateway.core.metrics import LLM_ROLES, Metrics
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.states import ProcessState
 
 
 def _describe(link: WorkerLink) -> str:

@@ -27,12 +27,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.core.broker import Broker
-from gateway.core.recent import Recent
-from gateway.core.router import Generation
-from protocol.config import Config
-from protocol.messages import Heartbeat, WorkerExited, WorkerState, embed_batch_label
-from protocol.states import ProcessState
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.recent import Recent
+from npu_proxy.gateway.core.router import Generation
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import Heartbeat, WorkerExited, WorkerState, embed_batch_label
+from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,18 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from models.created import CreatedModel
-from models.locate import NotLocated, locate
-from models.registry import (
+from npu_proxy.models.created import CreatedModel
+from npu_proxy.models.locate import NotLocated, locate
+from npu_proxy.models.registry import (
     ModelSourceMissing,
     alias_table,
     normalize,
 )
-from models.store import ModelStore
-from protocol.config import Config, WorkerSpec
+from npu_proxy.models.store import ModelStore
+from npu_proxy.protocol.config import Config, WorkerSpec
 
 if TYPE_CHECKING:
-    from gateway.core.broker import Broker
+    from npu_proxy.gateway.core.broker import Broker
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The last minutes of the gateway's work, for the status page (gateway/api/status.py).
+"""The last minutes of the gateway's work, for the status page (gateway/pages/status.py).
 
 Fed by gateway/core/metrics.py at the same hooks that feed its Prometheus families (tokens,
 TTFT, worker exits and errors, 5xx answers), so both say the same; everything here is bounded

@@ -20,12 +20,12 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
-from gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
-from gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
-from gateway.core.switching import Switcher
-from protocol.config import Config
-from protocol.messages import (
+from npu_proxy.gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
+from npu_proxy.gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
+from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
+from npu_proxy.gateway.core.switching import Switcher
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
     Delta,

@@ -25,16 +25,16 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from gateway.core.errors import GatewayError, unavailable
-from gateway.core.model_table import ROLE_KIND
-from protocol import control
-from protocol.config import Config, WorkerSpec
-from protocol.messages import WorkerState
-from protocol.states import ProcessState
+from npu_proxy.gateway.core.errors import GatewayError, unavailable
+from npu_proxy.gateway.core.model_table import ROLE_KIND
+from npu_proxy.protocol import control
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import WorkerState
+from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
-    from gateway.core.broker import Broker
-    from gateway.core.model_table import ModelTable, ServedModel
+    from npu_proxy.gateway.core.broker import Broker
+    from npu_proxy.gateway.core.model_table import ModelTable, ServedModel
 
 log = logging.getLogger(__name__)
 

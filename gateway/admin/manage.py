@@ -8,7 +8,7 @@ manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `strea
 answered once at the end. A client that goes away cancels the pull; the next pull resumes.
 
 /api/copy makes an alias in the cache's alias store (no files copied); /api/delete removes a
-pulled model, a model made by /api/create (gateway/api/model_create.py) or an alias, first
+pulled model, a model made by /api/create (gateway/admin/create.py) or an alias, first
 switching a worker that runs it back to its configured model. Built-in defaults, workers'
 configured models and the base of a created model cannot be deleted (400).
 """
@@ -25,11 +25,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps
-from gateway.core.errors import GatewayError, invalid, model_not_found
-from gateway.core.router import Router
-from models.pull import Progress, PullError, PullPlan, plan_pull, run_pull
-from models.registry import ModelNameError, canonical, embedded
+from npu_proxy.gateway.core.errors import GatewayError, invalid, model_not_found
+from npu_proxy.gateway.core.router import Router
+from npu_proxy.gateway.http.util import decode_body, dumps
+from npu_proxy.models.pull import Progress, PullError, PullPlan, plan_pull, run_pull
+from npu_proxy.models.registry import ModelNameError, canonical, embedded
 
 log = logging.getLogger(__name__)
 

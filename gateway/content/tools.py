@@ -45,11 +45,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.api.common import new_id
-from gateway.api.ollama_models import ModelCatalog
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.ids import new_id
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """API key check for every route that does work or shows state, answered in the calling
-API's own error shape (gateway/api/dialects.py decides which API a request speaks).
+API's own error shape (gateway/http/wire.py decides which API a request speaks).
 
 Off unless `api_key` is configured. Clients send the key as `Authorization: Bearer` (OpenAI,
 Ollama behind a proxy, Prometheus' `authorization: credentials:`) or `x-api-key`
@@ -7,7 +7,7 @@ Ollama behind a proxy, Prometheus' `authorization: credentials:`) or `x-api-key`
 readiness (`/health/ready`, which load balancers ask without a key, and which names no pid,
 model or error) and Ollama's (`/`, `/api/version`). `/metrics`, `/health/devices` (pids,
 errors) and every model and inference route want the key. CORS preflights never carry it;
-gateway/api/http_policy.py answers them before this check.
+gateway/http/policy.py answers them before this check.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.api.dialects import dialect_for
-from gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.wire import dialect_for
 
 OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/health/ready"})
 

@@ -1,25 +1,20 @@
-"""Small helpers shared by the API modules."""
+"""What every route handler does with Starlette's request: its ids, its JSON body, the client
+leaving, and the JSON it answers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
 
-from gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.ids import new_id
 
 T = TypeVar("T")
-
-
-def new_id(prefix: str = "") -> str:
-    """An id the APIs hand out: requests, completions, messages, tool calls."""
-    return prefix + uuid.uuid4().hex[:24]
 
 
 def accept_request_id(sent: str) -> str:
@@ -94,9 +89,20 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def now() -> int:
-    return int(time.time())
-
-
 def dumps(obj: Any) -> bytes:
     return msgspec.json.encode(obj)
+
+
+def wants_html(request: Request) -> bool:
+    """A browser's navigation: a GET whose Accept names text/html (not with q=0)."""
+    if request.method != "GET":
+        return False
+    for part in request.headers.get("accept", "").split(","):
+        media, *params = (p.strip().lower() for p in part.split(";"))
+        if media == "text/html":
+            q = next((p[2:] for p in params if p.startswith("q=")), "1")
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False

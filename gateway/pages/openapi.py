@@ -16,16 +16,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.api import anthropic as anthropic_api
-from gateway.api import embeddings as embed_api
-from gateway.api import model_admin as models_api
-from gateway.api import model_create as create_api
-from gateway.api import ollama as ollama_api
-from gateway.api import openai as openai_api
-from gateway.api import rerank as rerank_api
-from gateway.api import responses as responses_api
-from gateway.api import status as status_api
-from gateway.api import tokenizer as tokenizer_api
+from npu_proxy.gateway.admin import create as create_api
+from npu_proxy.gateway.admin import manage as models_api
+from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api import embeddings as embed_api
+from npu_proxy.gateway.api import openai as openai_api
+from npu_proxy.gateway.api import rerank as rerank_api
+from npu_proxy.gateway.api import tokenizer as tokenizer_api
+from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.responses import routes as responses_api
+from npu_proxy.gateway.pages import status as status_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {

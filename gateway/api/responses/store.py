@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from protocol.config import Config
-from protocol.messages import ChatMessage
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import ChatMessage
 
 
 @dataclass(frozen=True)

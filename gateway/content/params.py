@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.core.errors import invalid
-from protocol.messages import SamplingParams
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.protocol.messages import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ PARAMETER, MESSAGE and LICENSE become `system`, `template`, `parameters`, `messa
 
 A created model is a small record in the model cache (models/created.py, models/store.py):
 listed, shown, copied, deleted and switched to like any other, and its settings apply to
-every request for it (gateway/api/profiles.py). Everything is checked before anything is
+every request for it (gateway/content/created_model.py). Everything is checked before anything is
 written, so a refusal is a plain 400/404 `{"error": ...}`; the answer is Ollama's progress
 lines (`{"status": ...}`, the last `{"status": "success"}`) or, with `stream: false`, the
 last one alone.
@@ -35,15 +35,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.common import decode_body, dumps
-from gateway.api.model_admin import NDJSON, checked_name
-from gateway.api.profiles import check_parameters
-from gateway.core.errors import GatewayError, invalid
-from gateway.core.router import Router
-from models.blobs import BlobError, BlobUpload, parse_digest
-from models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
-from models.facts import ModelInfoError, read_gguf_header
-from models.store import STAGING, safe_relative
+from npu_proxy.gateway.admin.manage import NDJSON, checked_name
+from npu_proxy.gateway.content.created_model import check_parameters
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.router import Router
+from npu_proxy.gateway.http.util import decode_body, dumps
+from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
+from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
+from npu_proxy.models.facts import ModelInfoError, read_gguf_header
+from npu_proxy.models.store import STAGING, safe_relative
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.core.errors import invalid
-from protocol.messages import TokenLogprob
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.protocol.messages import TokenLogprob
 
 # OpenAI's and Ollama's bound on top_logprobs; OpenAI completions' bound on logprobs.
 MAX_TOP = 20

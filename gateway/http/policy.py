@@ -31,9 +31,9 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.dialects import dialect_for
-from gateway.core.errors import GatewayError
-from protocol.config import Config
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.wire import dialect_for
+from npu_proxy.protocol.config import Config
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})

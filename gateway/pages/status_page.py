@@ -2,7 +2,7 @@
 
 Each is self-contained (inline CSS and a small inline script); their Content-Security-Policy
 allows exactly those inline blocks by hash. The page's only connection is its event stream,
-the form's the JSON POST of the key, both on the same origin (gateway/api/status.py). Data
+the form's the JSON POST of the key, both on the same origin (gateway/pages/status.py). Data
 from the server is put into the page as text (`textContent`), never as markup.
 """
 

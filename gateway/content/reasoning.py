@@ -14,7 +14,7 @@ the same result. Only a possible marker's prefix (a few characters) or a harmony
 back, and each character is looked at a bounded number of times: linear in the output.
 
 NOTE: the splitting is done here, in the gateway, not with OpenVINO GenAI's ReasoningParser in
-the worker: the gateway already parses streamed deltas (tool calls, gateway/api/tools.py), a
+the worker: the gateway already parses streamed deltas (tool calls, gateway/content/tools.py), a
 reasoning parser must run before that one, and the same code then serves every worker and
 every API while the gateway stays free of OpenVINO.
 """
@@ -25,8 +25,8 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from models.capabilities import CHANNEL, CLOSE, OPEN, ReasoningFormat, Style
-from protocol.messages import Delta
+from npu_proxy.models.capabilities import CHANNEL, CLOSE, OPEN, ReasoningFormat, Style
+from npu_proxy.protocol.messages import Delta
 
 MESSAGE, START = "<|message|>", "<|start|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")

@@ -1,18 +1,18 @@
 """The one request path of every API: decode, translate, dispatch, then stream or collect.
 
-A dialect's handler (a method of its `Translator`) only translates. It takes the decoded body
+A dialect's handler (a method of its `DialectRoutes`) only translates. It takes the decoded body
 and returns either a finished Response (answered without a generation: a load request, a token
-count, embeddings) or a `Turn`: the model and Generate request to dispatch, whether to stream,
+count, embeddings) or a `Dispatch`: the model and Generate request to dispatch, whether to stream,
 and a `Reply` that renders the worker's output as the API's stream events or as one body. A
-chat's Generate request is made the one way (`Flow.chat`: tools prepared by
-gateway/api/tools.py, the request's id and deadline), and every Generate or Tokenize request
+chat's Generate request is made the one way (`RequestPath.chat`: tools prepared by
+gateway/content/tools.py, the request's id and deadline), and every Generate or Tokenize request
 is first held to the limits (gateway/api/limits.py: messages, tools, prompt length, output
 beyond the context), after what a model made by /api/create adds to it (its system prompt,
-messages and parameters: gateway/api/profiles.py). The rest is here, once:
+messages and parameters: gateway/content/created_model.py). The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
 - the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
-- a stream is framed, ended and typed the dialect's way (gateway/api/dialects.py); otherwise
+- a stream is framed, ended and typed the dialect's way (gateway/http/wire.py); otherwise
   the output is collected, under the same watch, and rendered as one JSON body;
 - a GatewayError before the first byte is the API's error response (status, Retry-After);
   after it, the API's error event is the stream's last.
@@ -30,26 +30,26 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.api.common import (
+from npu_proxy.gateway.api.limits import Limits
+from npu_proxy.gateway.content.created_model import with_messages, with_params
+from npu_proxy.gateway.content.images import ImageLimits, Images
+from npu_proxy.gateway.content.reasoning import Thinking
+from npu_proxy.gateway.content.schema_check import check_regex, check_schema
+from npu_proxy.gateway.content.tools import CallParser, Tooling, ToolRequest
+from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.router import Generation, Router
+from npu_proxy.gateway.http.util import (
     decode_body,
     dumps,
     request_id,
     request_key,
     unless_disconnected,
 )
-from gateway.api.dialects import Dialect, dialect_for
-from gateway.api.images import ImageLimits, Images
-from gateway.api.limits import Limits
-from gateway.api.ollama_models import require
-from gateway.api.profiles import with_messages, with_params
-from gateway.api.reasoning import Thinking
-from gateway.api.schema_check import check_regex, check_schema
-from gateway.api.tools import CallParser, Tooling, ToolRequest
-from gateway.core.errors import GatewayError
-from gateway.core.model_table import ServedModel
-from gateway.core.router import Generation, Router
-from models.capabilities import THINKING, TOOLS
-from protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
+from npu_proxy.gateway.http.wire import Dialect, dialect_for
+from npu_proxy.models.capabilities import THINKING, TOOLS
+from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 B = TypeVar("B", bound=msgspec.Struct)
 
@@ -65,7 +65,7 @@ class Reply(Protocol):
 
 
 @dataclass
-class Turn:
+class Dispatch:
     """A request translated: what to dispatch, and how to answer with the output."""
 
     model: ServedModel
@@ -80,11 +80,11 @@ class Turn:
             self.ended()
 
 
-Translate = Callable[[Request, B], Awaitable[Response | Turn]]
+Translate = Callable[[Request, B], Awaitable[Response | Dispatch]]
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-class Flow:
+class RequestPath:
     def __init__(self, router: Router, tooling: Tooling) -> None:
         self.router = router
         self.tooling = tooling
@@ -92,7 +92,7 @@ class Flow:
         self.image_limits = ImageLimits.from_config(router.config)
 
     def images(self) -> Images:
-        """A request's images: counted, decoded and checked (gateway/api/images.py)."""
+        """A request's images: counted, decoded and checked (gateway/content/images.py)."""
         return Images(self.image_limits)
 
     def post(self, path: str, body: type[B], translate: Translate[B]) -> Route:
@@ -151,7 +151,7 @@ class Flow:
 
     async def thinking(self, model: ServedModel, want: bool | None, requested: str,
                        param: str | None) -> Thinking | None:
-        """What the request does with the model's reasoning (gateway/api/reasoning.py): None
+        """What the request does with the model's reasoning (gateway/content/reasoning.py): None
         for a model that does not think. `want` is the client's choice (None: the model's
         default, which shows it); asked for on a model that does not think, it is the
         capability's 400, unless `param` is None (an API whose clients ask for it anyway)."""
@@ -212,16 +212,16 @@ class Flow:
         return await _whole(request, dialect, turn, gen)
 
 
-class Translator:
+class DialectRoutes:
     """What each API's routes stand on: the shared request path and the router below it."""
 
-    def __init__(self, flow: Flow) -> None:
-        self.flow = flow
-        self.router = flow.router
-        self.catalog = flow.tooling.catalog
+    def __init__(self, requests: RequestPath) -> None:
+        self.requests = requests
+        self.router = requests.router
+        self.catalog = requests.tooling.catalog
 
 
-async def _stream(dialect: Dialect, turn: Turn, gen: Generation) -> AsyncIterator[bytes]:
+async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIterator[bytes]:
     try:
         async for event in turn.reply.events(gen):
             yield dialect.frame(event)
@@ -234,7 +234,7 @@ async def _stream(dialect: Dialect, turn: Turn, gen: Generation) -> AsyncIterato
         yield dialect.end
 
 
-async def _whole(request: Request, dialect: Dialect, turn: Turn, gen: Generation) -> Response:
+async def _whole(request: Request, dialect: Dialect, turn: Dispatch, gen: Generation) -> Response:
     headers = gen.headers()
     try:
         parts = await unless_disconnected(request, _collect(gen))

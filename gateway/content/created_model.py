@@ -6,7 +6,7 @@ conversation, and parameters. They apply the way Ollama applies a Modelfile's:
   with role system wins);
 - the MESSAGE history before the request's messages (after the system prompt);
 - each parameter where the request leaves that option unset (request options win).
-The shared request path (gateway/api/flow.py) calls `with_messages` and `with_params` for
+The shared request path (gateway/api/request_path.py) calls `with_messages` and `with_params` for
 every chat, generate and token count, so the OpenAI and Anthropic APIs see the same model
 as Ollama's.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import msgspec
 
-from gateway.api.params import OLLAMA_IGNORED, OllamaOptions, ollama_params
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.gateway.content.params import OLLAMA_IGNORED, OllamaOptions, ollama_params
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 _KNOWN = frozenset(OllamaOptions.__struct_fields__) | OLLAMA_IGNORED
 

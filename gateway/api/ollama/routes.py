@@ -2,29 +2,30 @@
 
 Translates Ollama's wire format to a Generate request and the worker's output back to
 Ollama's NDJSON chunks (streaming is the default) or one JSON object with `stream: false`.
-Decoding, dispatch, streaming and errors are the shared request path (gateway/api/flow.py), and
-the sampling options go through the one mapping in gateway/api/params.py. Errors are
+Decoding, dispatch, streaming and errors are the shared request path
+(gateway/api/request_path.py), and the sampling options go through the one mapping in
+gateway/content/params.py. Errors are
 `{"error": "..."}`; a failure after the stream started is written as a last `{"error": "..."}`
-line (OLLAMA in gateway/api/dialects.py).
+line (OLLAMA in gateway/http/wire.py).
 
 Decisions where Ollama's semantics do not carry over:
 - `template` (a Go template) is rendered here for the subset single-prompt templates use
-  (gateway/api/ollama_template.py) and the result is sent raw; other templates are a 400.
+  (gateway/api/ollama/template.py) and the result is sent raw; other templates are a 400.
   A model made by /api/create with such a TEMPLATE has it applied the same way; its SYSTEM,
-  MESSAGE and PARAMETER settings apply to every request (gateway/api/profiles.py).
+  MESSAGE and PARAMETER settings apply to every request (gateway/content/created_model.py).
 - `suffix`, `images` and `think` are a 400 unless the model has the capability (insert,
   vision, thinking: models/capabilities.py), the same facts /api/show reports. `images`
   (base64, as the ollama client sends a path's file) are decoded and checked by
-  gateway/api/images.py; on /api/generate they go with the prompt as one user message, so
+  gateway/content/images.py; on /api/generate they go with the prompt as one user message, so
   `raw` and `template` (which bypass the chat template) are a 400 with images.
 - A thinking model's reasoning is `message.thinking` (/api/chat) or `thinking`
-  (/api/generate), split from the answer by gateway/api/reasoning.py; `think: false` leaves
+  (/api/generate), split from the answer by gateway/content/reasoning.py; `think: false` leaves
   it out and sets the template's `enable_thinking` to false; absent, the model thinks.
 - `context` (token ids of an earlier /api/generate exchange) is accepted and ignored, and the
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
 - Ollama has no tool_choice: tools given means "auto"; the extension `options.tool_choice`
-  ("required", "none" or a function name) forces a call (gateway/api/tools.py).
+  ("required", "none" or a function name) forces a call (gateway/content/tools.py).
 - keep_alive is reported by /api/ps, but a worker's configured model stays loaded; only a model
   a worker was switched to is unloaded when it runs out (gateway/core/switching.py). Load and
   unload requests are answered at once.
@@ -42,16 +43,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from gateway.api import logprobs as lp
-from gateway.api.common import dumps, request_id
-from gateway.api.flow import Flow, Handler, Translator, Turn
-from gateway.api.images import Images
-from gateway.api.ollama_models import ModelCatalog, parse_keep_alive, require, utc_now
-from gateway.api.ollama_template import render, supported
-from gateway.api.params import json_schema_text, ollama_params
-from gateway.api.reasoning import Thinking, pieces, split_parts, template_vars
-from gateway.api.status import wants_html
-from gateway.api.tools import (
+from npu_proxy.gateway.api.ollama import models as ollama_models
+from npu_proxy.gateway.api.ollama.models import utc_now
+from npu_proxy.gateway.api.ollama.template import render, supported
+from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch, Handler, RequestPath
+from npu_proxy.gateway.content import logprobs as lp
+from npu_proxy.gateway.content.images import Images
+from npu_proxy.gateway.content.params import json_schema_text, ollama_params
+from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
+from npu_proxy.gateway.content.tools import (
     CallParser,
     ToolCall,
     ToolRequest,
@@ -60,11 +60,14 @@ from gateway.api.tools import (
     openai_tools,
     split_calls,
 )
-from gateway.core.errors import invalid
-from gateway.core.model_table import ServedModel
-from gateway.core.router import Generation
-from models.capabilities import INSERT, VISION, Capabilities
-from protocol.messages import ChatMessage, Finished, Generate, SamplingParams
+from npu_proxy.gateway.core.catalog import ModelCatalog, require
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.keep_alive import parse_keep_alive
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.router import Generation
+from npu_proxy.gateway.http.util import dumps, request_id, wants_html
+from npu_proxy.models.capabilities import INSERT, VISION, Capabilities
+from npu_proxy.protocol.messages import ChatMessage, Finished, Generate, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +162,7 @@ async def chat_messages(messages: list[Message], caps: Capabilities, requested: 
 
 def tool_request(req: ChatRequest) -> ToolRequest | None:
     """Ollama has no tool_choice: tools mean "auto", unless the `options.tool_choice`
-    extension forces a call (see gateway/api/tools.py)."""
+    extension forces a call (see gateway/content/tools.py)."""
     choice = (req.options or {}).get("tool_choice")
     if not req.tools:
         return None
@@ -271,12 +274,12 @@ class OllamaReply:
 # --- routes ------------------------------------------------------------------------------
 
 
-class OllamaRoutes(Translator):
-    def __init__(self, flow: Flow, catalog: ModelCatalog,
+class OllamaRoutes(DialectRoutes):
+    def __init__(self, requests: RequestPath, catalog: ModelCatalog,
                  browser: Handler | None = None) -> None:
-        super().__init__(flow)
+        super().__init__(requests)
         self.catalog = catalog
-        # What `GET /` shows a browser (the status page, gateway/api/status.py).
+        # What `GET /` shows a browser (the status page, gateway/pages/status.py).
         self.browser = browser
 
     def routes(self) -> list[Route]:
@@ -284,10 +287,10 @@ class OllamaRoutes(Translator):
             Route("/", self.root, methods=["GET", "HEAD"]),
             Route("/api/version", self.version, methods=["GET", "HEAD"]),
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
-            self.flow.post("/api/show", ShowRequest, self.show),
+            self.requests.post("/api/show", ShowRequest, self.show),
             Route("/api/ps", self.ps, methods=["GET", "HEAD"]),
-            self.flow.post("/api/generate", GenerateRequest, self.generate),
-            self.flow.post("/api/chat", ChatRequest, self.chat),
+            self.requests.post("/api/generate", GenerateRequest, self.generate),
+            self.requests.post("/api/chat", ChatRequest, self.chat),
         ]
 
     async def root(self, request: Request) -> Response:
@@ -299,16 +302,19 @@ class OllamaRoutes(Translator):
         return JSONResponse({"version": OLLAMA_VERSION})
 
     async def tags(self, request: Request) -> Response:
-        return Response(dumps(await self.catalog.tags()), media_type="application/json")
+        body = await ollama_models.tags(self.catalog)
+        return Response(dumps(body), media_type="application/json")
 
     async def ps(self, request: Request) -> Response:
-        return Response(dumps(await self.catalog.ps()), media_type="application/json")
+        body = await ollama_models.ps(self.catalog)
+        return Response(dumps(body), media_type="application/json")
 
     async def show(self, request: Request, req: ShowRequest) -> Response:
         model = self.router.resolve(req.model or req.name)
-        return Response(dumps(await self.catalog.show(model)), media_type="application/json")
+        body = await ollama_models.show(self.catalog, model)
+        return Response(dumps(body), media_type="application/json")
 
-    async def generate(self, request: Request, req: GenerateRequest) -> Response | Turn:
+    async def generate(self, request: Request, req: GenerateRequest) -> Response | Dispatch:
         rid = request_id(request)
         model, keep, params, caps = await self._common(req)
         if req.images:
@@ -319,7 +325,7 @@ class OllamaRoutes(Translator):
         if req.images and (req.raw or req.template):
             raise invalid("images need the model's chat template: raw and template are not "
                           "supported with images", param="images")
-        images = self.flow.images()
+        images = self.requests.images()
         found = [await images.base64(text, f"images[{j}]", "images")
                  for j, text in enumerate(req.images or [])]
         if req.suffix:
@@ -346,20 +352,20 @@ class OllamaRoutes(Translator):
             messages = [ChatMessage(role="user", content=req.prompt or "", images=found)]
             if req.system:
                 messages.insert(0, ChatMessage(role="system", content=req.system))
-        msg = await self.flow.generate(request, model, params, requested=req.model,
+        msg = await self.requests.generate(request, model, params, requested=req.model,
                                        messages=messages, prompt=prompt,
                                        template_vars=variables)
         return self._turn(model, req, msg, keep,
                           OllamaReply(req.model, False, None, _logprobs(req), thinking))
 
-    async def chat(self, request: Request, req: ChatRequest) -> Response | Turn:
+    async def chat(self, request: Request, req: ChatRequest) -> Response | Dispatch:
         model, keep, params, caps = await self._common(req)
         thinking, variables = await self._thinking(model, req)
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
-        msg, parser = await self.flow.chat(request, model,
+        msg, parser = await self.requests.chat(request, model,
                                            await chat_messages(req.messages, caps, req.model,
-                                                               self.flow.images()),
+                                                               self.requests.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
         return self._turn(model, req, msg, keep,
@@ -388,7 +394,7 @@ class OllamaRoutes(Translator):
             raise invalid(f"think must be true, false or one of {', '.join(EFFORTS)}, not "
                           f"{think!r}", param="think")
         want = None if think in (None, "") else think is not False
-        thinking = await self.flow.thinking(model, want, req.model, "think")
+        thinking = await self.requests.thinking(model, want, req.model, "think")
         if thinking is None:
             return None, None
         effort = think if isinstance(think, str) and think else None
@@ -404,8 +410,8 @@ class OllamaRoutes(Translator):
         return Response(dumps(body), media_type="application/json")
 
     def _turn(self, model: ServedModel, req: GenerateRequest | ChatRequest, msg: Generate,
-              keep: float, reply: OllamaReply) -> Turn:
+              keep: float, reply: OllamaReply) -> Dispatch:
         """keep_alive counts from the request's start, and again from its end."""
         touch = functools.partial(self.router.switcher.touch, model.name, keep)
         touch()
-        return Turn(model, msg, req.stream is not False, reply, ended=touch)
+        return Dispatch(model, msg, req.stream is not False, reply, ended=touch)

@@ -1,7 +1,8 @@
 """The live status page for browsers, its event stream and its snapshot.
 
 - `GET /` asked for HTML (a browser navigating: its Accept names text/html) is the page;
-  anything else there keeps Ollama's plain answer (gateway/api/ollama.py asks `wants_html`).
+  anything else there keeps Ollama's plain answer (gateway/api/ollama/routes.py asks
+  `wants_html`).
 - `GET /status/events` (text/event-stream): the snapshot as a `data:` event whenever it
   changed, looked at once a second; a comment line when nothing changed for a while, to keep
   proxies from closing the stream. It ends when the client goes away or the gateway stops
@@ -14,7 +15,7 @@ The snapshot: every worker (gateway/core/health.py's row, as /health/devices sho
 tokens/s, finished generations and their median TTFT over the last 1 and 5 minutes and the
 latest errors (gateway/core/recent.py), and how many pages are open.
 
-With an API key set, all of them want it: in a header like every route (gateway/api/auth.py
+With an API key set, all of them want it: in a header like every route (gateway/http/auth.py
 leaves /status* to this module), or, since a browser's EventSource sends no headers, as the
 HttpOnly SameSite=Strict cookie the login sets. The cookie holds a token derived from the key,
 not the key, and only these routes accept it. Without the key, `GET /` in a browser is the
@@ -38,15 +39,15 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from gateway.api.auth import _sent_key
-from gateway.api.common import decode_body, dumps
-from gateway.api.dialects import dialect_for
-from gateway.api.status_page import LOGIN, LOGIN_HEADERS, PAGE, PAGE_HEADERS
-from gateway.core.broker import Broker
-from gateway.core.errors import GatewayError
-from gateway.core.health import worker_rows
-from gateway.core.metrics import Metrics
-from protocol.config import Config
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.health import worker_rows
+from npu_proxy.gateway.core.metrics import Metrics
+from npu_proxy.gateway.http.auth import _sent_key
+from npu_proxy.gateway.http.util import decode_body, dumps
+from npu_proxy.gateway.http.wire import dialect_for
+from npu_proxy.gateway.pages.status_page import LOGIN, LOGIN_HEADERS, PAGE, PAGE_HEADERS
+from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +63,6 @@ ROW_FIELDS = ("name", "role", "device", "model", "state", "up", "pid", "restarts
 
 class LoginRequest(msgspec.Struct):
     key: str
-
-
-def wants_html(request: Request) -> bool:
-    """A browser's navigation: a GET whose Accept names text/html (not with q=0)."""
-    if request.method != "GET":
-        return False
-    for part in request.headers.get("accept", "").split(","):
-        media, *params = (p.strip().lower() for p in part.split(";"))
-        if media == "text/html":
-            q = next((p[2:] for p in params if p.startswith("q=")), "1")
-            try:
-                return float(q) > 0
-            except ValueError:
-                return False
-    return False
 
 
 def cookie_token(api_key: str) -> str:
@@ -145,7 +131,7 @@ class StatusRoutes:
         return dialect_for(request.scope).error_response(exc)
 
     async def login(self, request: Request) -> Response:
-        # NOTE: JSON, not an HTML form: gateway/api/http_policy.py refuses the body types a
+        # NOTE: JSON, not an HTML form: gateway/http/policy.py refuses the body types a
         # foreign page may post without a preflight.
         try:
             key = (await decode_body(request, LoginRequest)).key

@@ -2,16 +2,16 @@
 
 Translates a request (`input` as a string or items, `instructions`, flat function `tools`,
 `text.format`, `max_output_tokens`, `previous_response_id`) into the one chat request every
-API makes (gateway/api/flow.py `Flow.chat`); the answer is rendered by
-gateway/api/responses_reply.py and kept, when `store` (default true), in the bounded memory
-of gateway/api/response_store.py. Errors are OpenAI's shape; the stream's named SSE events
-are the RESPONSES dialect (gateway/api/dialects.py).
+API makes (gateway/api/request_path.py `RequestPath.chat`); the answer is rendered by
+gateway/api/responses/reply.py and kept, when `store` (default true), in the bounded memory
+of gateway/api/responses/store.py. Errors are OpenAI's shape; the stream's named SSE events
+are the RESPONSES dialect (gateway/http/wire.py).
 
 Input items: messages (roles user, assistant, system, developer; content a string or parts
 `input_text`/`output_text`), `function_call` (an assistant's call: consecutive ones make one
 assistant turn) and `function_call_output` (the tool's answer); `reasoning` items are
 skipped. `input_image` parts (`image_url`: a data URL, or an http(s) URL where the server
-fetches URLs) go with their message on a model with vision (gateway/api/images.py checks
+fetches URLs) go with their message on a model with vision (gateway/content/images.py checks
 them); elsewhere they are the capability's 400. Files (and `file_id` images), hosted
 tools, `background`, `conversation` and prompt templates are refused with a 400 that says
 so.
@@ -26,17 +26,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.flow import Flow, Translator, Turn
-from gateway.api.images import Images
-from gateway.api.ollama_models import require
-from gateway.api.params import json_schema_text, openai_params
-from gateway.api.reasoning import template_vars
-from gateway.api.response_store import ResponseStore
-from gateway.api.responses_reply import ResponseReply
-from gateway.api.tools import ToolRequest, history_call, responses_choice, responses_tools
-from gateway.core.errors import GatewayError, invalid
-from models.capabilities import VISION, Capabilities
-from protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch, RequestPath
+from npu_proxy.gateway.api.responses.reply import ResponseReply
+from npu_proxy.gateway.api.responses.store import ResponseStore
+from npu_proxy.gateway.content.images import Images
+from npu_proxy.gateway.content.params import json_schema_text, openai_params
+from npu_proxy.gateway.content.reasoning import template_vars
+from npu_proxy.gateway.content.tools import (
+    ToolRequest,
+    history_call,
+    responses_choice,
+    responses_tools,
+)
+from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.models.capabilities import VISION, Capabilities
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -258,16 +263,16 @@ def _text_echo(text: TextConfig | None) -> dict[str, Any]:
 # --- routes ------------------------------------------------------------------------------
 
 
-class ResponsesRoutes(Translator):
-    def __init__(self, flow: Flow, store: ResponseStore) -> None:
-        super().__init__(flow)
+class ResponsesRoutes(DialectRoutes):
+    def __init__(self, requests: RequestPath, store: ResponseStore) -> None:
+        super().__init__(requests)
         self.store = store
 
     def routes(self) -> list[Route]:
         return [
-            self.flow.post("/v1/responses", ResponsesRequest, self.create),
-            self.flow.get("/v1/responses/{response_id}", self.retrieve),
-            self.flow.delete("/v1/responses/{response_id}", self.delete),
+            self.requests.post("/v1/responses", ResponsesRequest, self.create),
+            self.requests.get("/v1/responses/{response_id}", self.retrieve),
+            self.requests.delete("/v1/responses/{response_id}", self.delete),
         ]
 
     def _not_found(self, response_id: str) -> GatewayError:
@@ -286,10 +291,10 @@ class ResponsesRoutes(Translator):
             raise self._not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
-    async def create(self, request: Request, req: ResponsesRequest) -> Turn:
+    async def create(self, request: Request, req: ResponsesRequest) -> Dispatch:
         _refuse_unsupported(req)
         items = req.input if isinstance(req.input, list) else []
-        self.flow.limits.check_items(len(items), len(req.tools or []))
+        self.requests.limits.check_items(len(items), len(req.tools or []))
         history: list[ChatMessage] = []
         if req.previous_response_id is not None:
             prior = self.store.get(req.previous_response_id)
@@ -301,7 +306,7 @@ class ResponsesRoutes(Translator):
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
         conversation = history + await input_messages(req.input, caps, req.model,
-                                                      self.flow.images())
+                                                      self.requests.images())
         if not conversation:
             raise invalid("input is required (a string or a non-empty list of items)",
                           param="input")
@@ -330,12 +335,12 @@ class ResponsesRoutes(Translator):
         effort = req.reasoning.effort if req.reasoning is not None else None
         # NOTE: clients send reasoning.effort to any model; it is never a 400 here.
         want = False if effort == "none" else None
-        thinking = await self.flow.thinking(model, want, req.model, None)
+        thinking = await self.requests.thinking(model, want, req.model, None)
         variables = template_vars(want, effort if effort in ("low", "medium", "high") else None
                                   ) if thinking is not None else None
-        msg, parser = await self.flow.chat(request, model, system + conversation,
+        msg, parser = await self.requests.chat(request, model, system + conversation,
                                            request_tools, params, requested=req.model,
                                            template_vars=variables)
         reply = ResponseReply(echo, parser, self.store if store else None, conversation,
                               thinking)
-        return Turn(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply)

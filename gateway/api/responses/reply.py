@@ -1,9 +1,9 @@
 """The Responses API's answer: one response object, or its sequence of named events.
 
 A response's `output` is a list of items: a thinking model's `reasoning` item first (its
-reasoning as one `reasoning_text` content part, gateway/api/reasoning.py), at most one `message`
+reasoning as one `reasoning_text` content part, gateway/content/reasoning.py), at most one `message`
 (the text, as one `output_text` part) and then one `function_call` item per call the parser
-found (gateway/api/tools.py; calls are held back by the parser, so they go out after the text).
+found (gateway/content/tools.py; calls are held back by the parser, so they go out after the text).
 
 A stream, every event numbered by `sequence_number` from 0:
 
@@ -29,13 +29,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.api.common import new_id, now
-from gateway.api.reasoning import Thinking, pieces, reasoning_tokens, split_parts
-from gateway.api.response_store import ResponseStore
-from gateway.api.tools import CallParser, ToolCall, fragments, history_call, split_calls
-from gateway.core.errors import GatewayError
-from gateway.core.router import Generation
-from protocol.messages import ChatMessage
+from npu_proxy.gateway.api.responses.store import ResponseStore
+from npu_proxy.gateway.content.reasoning import Thinking, pieces, reasoning_tokens, split_parts
+from npu_proxy.gateway.content.tools import (
+    CallParser,
+    ToolCall,
+    fragments,
+    history_call,
+    split_calls,
+)
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.ids import new_id, now
+from npu_proxy.gateway.core.router import Generation
+from npu_proxy.protocol.messages import ChatMessage
 
 Event = dict[str, Any]
 

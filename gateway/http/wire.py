@@ -5,7 +5,8 @@
 `/tokenize` and `/detokenize`, and the rest (`/api/*`, `/`) Ollama's. `/v1/models*` belongs to
 both OpenAI and Anthropic; Anthropic's SDKs send `anthropic-version` on every request and
 OpenAI's never do, so that header decides.
-The auth middleware, /v1/models and the shared request path (gateway/api/flow.py) all ask it.
+The auth middleware, /v1/models and the shared request path (gateway/api/request_path.py)
+all ask it.
 
 A `Dialect` holds what every route of its API shares: the error body (`{"error": {...}}`,
 `{"type": "error", ...}` or `{"error": "..."}`) and status, Retry-After, and how a stream is
@@ -22,8 +23,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
-from gateway.api.common import dumps
-from gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.util import dumps
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"

@@ -42,8 +42,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 from PIL import Image
 
-from gateway.core.errors import GatewayError, invalid
-from protocol.config import Config
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.protocol.config import Config
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 MAX_REDIRECTS = 5

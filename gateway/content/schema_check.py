@@ -5,7 +5,7 @@ schema it cannot compile throws there and leaves the pipeline unusable: every re
 worker fails and the worker restarts. Measured: not JSON, a root that is not an object, an
 unknown or mistyped `type`, an unresolved `$ref`, a pattern that is not a regex, `minimum`
 above `maximum` (or minItems above maxItems), and an empty `enum`/`anyOf` each did that. So
-every schema (response formats and tool parameters alike, see gateway/api/flow.py) is walked
+every schema (response formats and tool parameters alike, see gateway/api/request_path.py) is walked
 here once, in time linear in its size, and refused with a 400 naming what is wrong.
 """
 
@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from gateway.core.errors import invalid
+from npu_proxy.gateway.core.errors import invalid
 
 TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 _SCHEMA = ("not", "additionalProperties", "items", "additionalItems", "contains",
