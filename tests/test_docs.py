@@ -26,7 +26,8 @@ EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, .
 
 def prose_lines(path: Path) -> list[str]:
     """The file's lines outside fenced code blocks (where `#` and `[x](y)` are not markup)."""
-    lines, fenced = [], False
+    lines: list[str] = []
+    fenced = False
     for line in path.read_text(encoding="utf-8").splitlines():
         if FENCE.match(line):
             fenced = not fenced
@@ -49,7 +50,7 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     """Every heading's anchor; a repeated heading gets -1, -2, ... as on GitHub."""
     seen: dict[str, int] = {}
-    out = set()
+    out: set[str] = set()
     for line in prose_lines(path):
         m = HEADING.match(line)
         if not m:
@@ -62,7 +63,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def links(path: Path) -> list[str]:
-    found = []
+    found: list[str] = []
     for line in prose_lines(path):
         # NOTE: `[x](y)` inside inline code is text, not a link.
         line = INLINE_CODE.sub("", line)
@@ -88,7 +89,7 @@ def test_readme_is_a_front_page() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path) -> None:
-    broken = []
+    broken: list[str] = []
     for target in links(page):
         if not target or EXTERNAL.match(target):
             continue
