@@ -34,6 +34,7 @@ from npu_proxy.gateway.http.auth import ApiKeyMiddleware
 from npu_proxy.gateway.http.body_limit import BodyLimitMiddleware
 from npu_proxy.gateway.http.policy import HttpPolicyMiddleware
 from npu_proxy.gateway.http.util import accept_request_id
+from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.gateway.pages.openapi import OpenAPIRoute
 from npu_proxy.gateway.pages.status import StatusRoutes
 from npu_proxy.protocol.config import Config
@@ -162,8 +163,5 @@ class Gateway:
         # read to its end too (see BodyLimitMiddleware), and inside the metrics and request
         # ids, so a 413 is counted and carries its X-Request-ID.
         inner = BodyLimitMiddleware(inner, self.config.max_body_bytes, exempt=(BLOBS_PREFIX,))
-        return RequestIdMiddleware(MetricsMiddleware(inner, self.metrics, starlette.routes))
-
-
-def build_app(config: Config) -> ASGIApp:
-    return Gateway(config).app()
+        return RequestIdMiddleware(
+            MetricsMiddleware(inner, self.metrics, starlette.routes, api_label))

@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server, free_port, stop_process, wait_for
 
 from npu_proxy.gateway.core.broker import Broker
-from npu_proxy.gateway.core.metrics import Metrics, api_of
+from npu_proxy.gateway.core.metrics import Metrics
+from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import Heartbeat, WorkerExited, WorkerState
 
@@ -420,8 +421,14 @@ def test_restart_and_cache_counters_follow_process_incarnations() -> None:
 
 
 def test_api_labels() -> None:
+    """The metrics' api label is the dialect the error shapes use (one decision)."""
+    def api_of(path: str) -> str:
+        return api_label({"type": "http", "path": path, "headers": []})
+
     assert api_of("/v1/chat/completions") == "openai"
     assert api_of("/v1/messages") == "anthropic"
     assert api_of("/v1/messages/count_tokens") == "anthropic"
+    assert api_of("/v1/responses") == "responses"
+    assert api_of("/tokenize") == "openai" and api_of("/v2/rerank") == "openai"
     assert api_of("/api/chat") == "ollama" and api_of("/") == "ollama"
     assert api_of("/metrics") == "other" and api_of("/health/ready") == "other"

@@ -50,16 +50,6 @@ LLM_ROLES = ("llm", "npu", "vlm")
 QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
 
 
-def api_of(path: str) -> str:
-    if path.startswith("/v1/messages"):
-        return "anthropic"
-    if path.startswith("/v1/"):
-        return "openai"
-    if path == "/" or path.startswith("/api/"):
-        return "ollama"
-    return "other"
-
-
 def exit_reason(returncode: int) -> str:
     """A short, bounded label for why a worker process ended."""
     if returncode == 0:
@@ -344,10 +334,13 @@ class MetricsMiddleware:
     route are counted as "unmatched".
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, routes: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: list[BaseRoute],
+                 api_of: Callable[[Scope], str]) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
+        # The `api` label: the request's API as the error shapes decide it (http/wire.py).
+        self.api_of = api_of
 
     def _endpoint(self, scope: Scope) -> str:
         # NOTE: Starlette's router records the route it matched in the scope; matching the
@@ -388,7 +381,7 @@ class MetricsMiddleware:
                  elapsed: float) -> None:
         path = str(scope.get("path", ""))
         endpoint = self._endpoint(scope)
-        api = api_of(path)
+        api = "other" if endpoint == "unmatched" else self.api_of(scope)
         self.metrics.requests.labels(endpoint, api, str(status)).inc()
         self.metrics.request_duration.labels(endpoint, api).observe(elapsed)
         state = scope.get("state", {})

@@ -26,6 +26,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from npu_proxy.gateway.core.errors import GatewayError, unavailable
+from npu_proxy.gateway.core.keep_alive import DEFAULT_KEEP_ALIVE
 from npu_proxy.gateway.core.model_table import ROLE_KIND
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEEP_ALIVE = 300.0
 CONTROL_TIMEOUT = 10.0
 REAP_INTERVAL = 0.5
 

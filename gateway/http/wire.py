@@ -153,3 +153,16 @@ def dialect_for(scope: Scope) -> Dialect:
             return ANTHROPIC
         return OPENAI
     return OLLAMA
+
+
+# The server's own routes, which speak no client API: the `other` of the metrics' api label.
+SERVER_PATHS = ("/health", "/metrics", "/status", "/openapi.json")
+
+
+def api_label(scope: Scope) -> str:
+    """The `api` label of a request's metrics: the API `dialect_for` says it speaks, or
+    "other" for the server's own routes (health, metrics, the status page)."""
+    path: str = scope.get("path", "")
+    if path.startswith(SERVER_PATHS):
+        return "other"
+    return dialect_for(scope).name
