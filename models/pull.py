@@ -417,7 +417,7 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
         return plan.target.source.kind
     try:
         if plan.format == "gguf":
-            from npu_proxy.models.facts import read_gguf_header
+            from npu_proxy.models.gguf import read_gguf_header
 
             arch = read_gguf_header(folder / plan.entry).metadata.get("general.architecture")
             return "embed" if arch in EMBED_ARCHS else "llm"

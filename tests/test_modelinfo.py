@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from npu_proxy.models import digests
 from npu_proxy.models import facts as modelinfo
 from npu_proxy.models.facts import (
     GGUFError,
@@ -100,7 +101,7 @@ def test_digest_cache_survives_restart_without_rehashing(
 
     monkeypatch.setattr(modelinfo, "_details", {})
     monkeypatch.setattr(modelinfo, "_caches", {})
-    monkeypatch.setattr(modelinfo, "_hash_file", no_hashing)
+    monkeypatch.setattr(digests, "_hash_file", no_hashing)
     assert describe_model(smollm2, cache_dir=tmp_path).digest == first.digest
 
 

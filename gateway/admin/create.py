@@ -42,7 +42,7 @@ from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, dumps
 from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
 from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
-from npu_proxy.models.facts import ModelInfoError, read_gguf_header
+from npu_proxy.models.gguf import ModelInfoError, read_gguf_header
 from npu_proxy.models.store import STAGING, safe_relative
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,184 @@
+"""The GGUF file header, read in pure Python (format v2/v3, either byte order): its metadata
+keys and the tensor count by type, without loading any tensor. Arrays longer than a bound are
+not materialised (their length is kept).
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import msgspec
+
+GGUF_MAGIC = b"GGUF"
+# NOTE: arrays longer than this (token lists, merges, scores) are not materialised; Ollama
+# uses the same cut-off for /api/show without `verbose`.
+DEFAULT_MAX_ARRAY_LEN = 1024
+# llama.cpp `enum llama_ftype` (llama.h); 4-6 and 33-35 are retired but may appear in old files.
+GGUF_FILE_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 5: "Q4_2", 6: "Q4_3",
+    7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L",
+    14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS",
+    20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+    33: "Q4_0_4_4", 34: "Q4_0_4_8", 35: "Q4_0_8_8", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
+}  # fmt: skip
+# ggml `enum ggml_type` (ggml.h), used only when general.file_type is missing.
+GGML_TENSOR_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
+    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
+    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
+    30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+}  # fmt: skip
+
+# GGUF value types -> struct codes; 8 = string, 9 = array.
+_SCALAR_CODES: dict[int, str] = {
+    0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d",
+}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+
+
+class ModelInfoError(Exception):
+    """The path is neither a readable GGUF file nor an OpenVINO IR folder."""
+
+
+class GGUFError(ModelInfoError):
+    """The GGUF header is malformed, truncated or of an unsupported version."""
+
+
+class SkippedArray(msgspec.Struct, frozen=True):
+    """Stands in for a GGUF array too long to materialise; its length is kept."""
+
+    item_type: int
+    length: int
+
+
+class GGUFHeader(msgspec.Struct, frozen=True):
+    version: int
+    tensor_count: int
+    metadata: dict[str, object]
+    parameter_count: int
+    # ggml tensor type -> number of elements stored in that type
+    elements_by_type: dict[int, int]
+
+
+def _shortest_float32(value: float) -> float:
+    """1e-05 rather than 9.999999747378752e-06: the shortest decimal that is the same float32."""
+    packed = struct.pack("<f", value)
+    for digits in range(6, 10):
+        candidate = float(f"{value:.{digits}g}")
+        if struct.pack("<f", candidate) == packed:
+            return candidate
+    return value
+
+
+class _Reader:
+    def __init__(self, buf: mmap.mmap, endian: str) -> None:
+        self.buf, self.pos, self.endian = buf, 0, endian
+        self._structs: dict[str, struct.Struct] = {}
+
+    def scalar(self, code: str) -> int | float | bool:
+        s = self._structs.get(code)
+        if s is None:
+            s = self._structs[code] = struct.Struct(self.endian + code)
+        try:
+            (value,) = s.unpack_from(self.buf, self.pos)
+        except struct.error as exc:
+            raise GGUFError(f"truncated header at byte {self.pos}") from exc
+        self.pos += s.size
+        if code == "f":
+            return _shortest_float32(value)
+        return value  # type: ignore[no-any-return]
+
+    def u32(self) -> int:
+        return int(self.scalar("I"))
+
+    def u64(self) -> int:
+        return int(self.scalar("Q"))
+
+    def advance(self, n: int) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError(f"truncated header at byte {self.pos} (needs {n} more bytes)")
+        self.pos += n
+
+    def string(self) -> str:
+        n = self.u64()
+        start = self.pos
+        self.advance(n)
+        return self.buf[start : self.pos].decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, max_array_len: int) -> object:
+        if vtype in _SCALAR_CODES:
+            return self.scalar(_SCALAR_CODES[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise GGUFError(f"unknown value type {vtype} at byte {self.pos}")
+        item_type, length = self.u32(), self.u64()
+        if length > max_array_len:
+            self.skip_items(item_type, length)
+            return SkippedArray(item_type, length)
+        return [self.value(item_type, max_array_len) for _ in range(length)]
+
+    def skip_items(self, item_type: int, length: int) -> None:
+        if item_type in _SCALAR_CODES:
+            self.advance(struct.calcsize(_SCALAR_CODES[item_type]) * length)
+        elif item_type == _STRING:
+            u64 = struct.Struct(self.endian + "Q")
+            buf, pos, end = self.buf, self.pos, len(self.buf)
+            try:
+                for _ in range(length):
+                    pos += 8 + u64.unpack_from(buf, pos)[0]
+            except struct.error as exc:
+                raise GGUFError(f"truncated string array at byte {pos}") from exc
+            if pos > end:
+                raise GGUFError("string array runs past the end of the file")
+            self.pos = pos
+        elif item_type == _ARRAY:
+            for _ in range(length):
+                self.skip_items(self.u32(), self.u64())
+        else:
+            raise GGUFError(f"unknown array item type {item_type} at byte {self.pos}")
+
+
+def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) -> GGUFHeader:
+    """Parse a GGUF v2/v3 header: metadata and the tensor info table, never tensor data."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size < 24:
+            raise GGUFError(f"{path}: too small to be a GGUF file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != GGUF_MAGIC:
+                raise GGUFError(f"{path}: bad magic {bytes(buf[:4])!r}")
+            # NOTE: a big-endian file stores the version byte-swapped, so its low half is 0.
+            (version,) = struct.unpack_from("<I", buf, 4)
+            endian = "<"
+            if version & 0xFFFF == 0:
+                endian = ">"
+                (version,) = struct.unpack_from(">I", buf, 4)
+            if version not in (2, 3):
+                raise GGUFError(f"{path}: unsupported GGUF version {version}")
+            r = _Reader(buf, endian)
+            r.pos = 8
+            tensor_count, kv_count = r.u64(), r.u64()
+            metadata: dict[str, object] = {}
+            for _ in range(kv_count):
+                key = r.string()
+                metadata[key] = r.value(r.u32(), max_array_len)
+            parameters = 0
+            by_type: dict[int, int] = {}
+            for _ in range(tensor_count):
+                r.advance(r.u64())  # tensor name
+                n_dims = r.u32()
+                if n_dims > 8:
+                    raise GGUFError(f"{path}: tensor with {n_dims} dimensions")
+                dims = [r.u64() for _ in range(n_dims)]
+                ggml_type = r.u32()
+                r.advance(8)  # data offset
+                elements = math.prod(dims)
+                parameters += elements
+                by_type[ggml_type] = by_type.get(ggml_type, 0) + elements
+    return GGUFHeader(version, tensor_count, metadata, parameters, by_type)
