@@ -71,8 +71,11 @@ from npu_proxy.protocol.messages import ChatMessage, Finished, Generate, Samplin
 
 log = logging.getLogger(__name__)
 
+# The Ollama release whose API surface this server implements (docs/api.md "Ollama's
+# version"): its native /api routes and its OpenAI compatibility including /v1/responses
+# (Ollama 0.13.3; Codex CLI's Ollama provider wants >= 0.13.4 before it uses it).
 # NOTE: numeric only; Open WebUI parses it as integers and some clients require >= 0.6.4.
-OLLAMA_VERSION = "0.12.0"
+OLLAMA_VERSION = "0.13.4"
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}
 ROLES = ("system", "user", "assistant", "tool")
 EFFORTS = ("low", "medium", "high")
