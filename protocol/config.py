@@ -66,6 +66,14 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # regular expression: a test hook that makes a tiny model answer in a given shape (e.g.
     # `<think>…</think>answer`) through any API.
     force_regex: str = ""
+    # Once this many tokens were generated, hold the GIL on the engine thread for
+    # spin_seconds while spinning the CPU, once per process: what a long prefill inside one
+    # pipeline step looks like from outside (silent heartbeats, but computing).
+    spin_after_tokens: int | None = None
+    spin_seconds: float = 0.0
+    # Once this many tokens were generated, hold the GIL for good without using the CPU: a
+    # deadlock inside a native call.
+    freeze_after_tokens: int | None = None
 
 
 class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

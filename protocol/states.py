@@ -162,7 +162,11 @@ def silence_allowed(blocking: bool, stalled_for: float, heartbeat_timeout: float
     (the llm role's ContinuousBatchingPipeline.step(): a long prompt's prefill took 5-13 s in
     one step on 2 CPU cores), so its heartbeat thread cannot run until the call returns. Its
     silence is then time without progress, judged by stall_timeout like any busy worker that
-    makes none, instead of getting a healthy worker killed after heartbeat_timeout.
+    makes none, instead of getting a healthy worker killed after heartbeat_timeout. The
+    supervisor, which can read the worker's CPU time from the OS, shortens this to
+    heartbeat_timeout for a silent worker that is not computing (stopped or deadlocked:
+    supervisor/liveness.py) and tells the gateway (`UNRESPONSIVE`), which then fails the
+    worker's requests and routes nothing more to it.
     """
     if blocking:
         return max(0.0, stall_timeout - stalled_for)

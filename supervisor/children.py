@@ -17,7 +17,9 @@ import threading
 import time
 from collections import deque
 
-from npu_proxy.protocol.states import Event, ProcessState, transition
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.states import Event, ProcessState, silence_allowed, transition
+from npu_proxy.supervisor.liveness import STOPPED, CpuWatch
 from npu_proxy.supervisor.logfiles import RotatingLog, tee
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class Child:
         self.stalled_for = 0.0
         # What the last heartbeat said (protocol/states.py silence_allowed).
         self.blocking = False
+        # The current process's CPU time, sampled while it serves (supervisor/liveness.py).
+        self.cpu: CpuWatch | None = None
         self.model = ""
         self.device = ""
 
@@ -85,6 +89,7 @@ class Child:
         self.heartbeat_at = 0.0
         self.stalled_for = 0.0
         self.blocking = False
+        self.cpu = None
         self.expected_exit = False
         self.kill_at = 0.0
         log.info("started %s pid %d", self.name, self.proc.pid)
@@ -96,6 +101,44 @@ class Child:
             log.debug("%s: %s -> %s (%s)", self.name, self.state.label, new.label, event.value)
             self.state = new
         return new
+
+    def hang_reason(self, spec: WorkerSpec, now: float) -> str | None:
+        """Why this worker counts as hung now (the supervisor then kills it), or None."""
+        if self.state.loading:
+            # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
+            # while loading only the load deadline applies.
+            if now - self.started_at > spec.load_timeout:
+                return f"stuck {self.state.label} for more than {spec.load_timeout:.0f} s"
+            return None
+        cpu = self._sample_cpu(spec, now)
+        silent = now - self.heartbeat_at if self.heartbeat_at else 0.0
+        if silent > silence_allowed(self.blocking, self.stalled_for, spec.heartbeat_timeout,
+                                    spec.stall_timeout):
+            if self.blocking:
+                return (f"no progress for {self.stalled_for + silent:.0f} s while busy "
+                        "(silent inside one pipeline step)")
+            stopped = f", {STOPPED}" if cpu is not None and cpu.stopped else ""
+            return f"no heartbeat for {silent:.1f} s{stopped}"
+        if self.blocking and silent > spec.heartbeat_timeout and cpu is not None:
+            # NOTE: silent inside a pipeline step, as a long prefill is, but not computing:
+            # stopped or deadlocked. Waiting for stall_timeout would hold its requests (and
+            # every request routed to it meanwhile) for minutes.
+            why = cpu.hung(spec.heartbeat_timeout)
+            if why is not None:
+                return f"hung: no heartbeat for {silent:.1f} s while busy, {why}"
+        if self.stalled_for > spec.stall_timeout:
+            return f"no progress for {self.stalled_for:.0f} s while busy"
+        return None
+
+    def _sample_cpu(self, spec: WorkerSpec, now: float) -> CpuWatch | None:
+        """The serving process's CPU time, sampled now and then (supervisor/liveness.py)."""
+        pid = self.pid
+        if pid is None or not self.state.serving:
+            return None
+        if self.cpu is None or self.cpu.pid != pid:
+            self.cpu = CpuWatch(pid, keep=spec.heartbeat_timeout)
+        self.cpu.sample(now)
+        return self.cpu
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

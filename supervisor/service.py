@@ -61,7 +61,7 @@ from npu_proxy.protocol.sockets import (
     term,
     worker_endpoint,
 )
-from npu_proxy.protocol.states import Event, ProcessState, reported, silence_allowed
+from npu_proxy.protocol.states import Event, ProcessState, reported
 from npu_proxy.supervisor.children import Child
 from npu_proxy.supervisor.logfiles import RotatingLog
 from npu_proxy.supervisor.runtime_dir import prepare_runtime_dir
@@ -300,26 +300,11 @@ class Supervisor:
                 child.spawn()
 
     def _check_deadlines(self, child: Child, now: float) -> None:
-        spec = self.config.worker(child.name)
         if child.state == ProcessState.UNRESPONSIVE:
             return  # NOTE: already killed; waiting for the exit
-        if child.state.loading:
-            # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
-            # while loading only the load deadline applies.
-            if now - child.started_at > spec.load_timeout:
-                self._kill(child, f"stuck {child.state.label} for more than "
-                           f"{spec.load_timeout:.0f} s", hung=True)
-        elif child.heartbeat_at and now - child.heartbeat_at > silence_allowed(
-                child.blocking, child.stalled_for, spec.heartbeat_timeout, spec.stall_timeout):
-            silent = now - child.heartbeat_at
-            if child.blocking:
-                self._kill(child, f"no progress for {child.stalled_for + silent:.0f} s while "
-                           "busy (silent inside one pipeline step)", hung=True)
-            else:
-                self._kill(child, f"no heartbeat for {silent:.1f} s", hung=True)
-        elif child.stalled_for > spec.stall_timeout:
-            self._kill(child, f"no progress for {child.stalled_for:.0f} s while busy",
-                       hung=True)
+        reason = child.hang_reason(self.config.worker(child.name), now)
+        if reason is not None:
+            self._kill(child, reason, hung=True)
 
     def _kill(self, child: Child, reason: str, hung: bool = False) -> None:
         log.error("killing %s: %s", child.name, reason)

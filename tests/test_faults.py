@@ -4,6 +4,7 @@ server down, and every request in flight on a lost worker ends promptly with an 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server, alive
+from serverctl import Server, alive, wait_for
 
 LLM = "smollm2:135m"
 SHORT = [{"role": "user", "content": "Tell me a long story about a brave knight."}]
@@ -254,5 +255,116 @@ def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
         row = server.wait_state("llm", ("starting", "loading", "warming", "ready"),
                                 timeout=60, check=lambda c: c["pid"] not in (None, old))
         assert "no progress" in row["last_error"]
+    finally:
+        server.stop()
+
+
+def device_row(server: Server, worker: str) -> dict[str, Any]:
+    rows = httpx.get(server.url + "/health/devices", timeout=10).json()["workers"]
+    return dict(next(w for w in rows if w["name"] == worker))
+
+
+def _hung_server(tmp_path: Path, faults: dict[str, Any] | None = None) -> Server:
+    """One llm worker with a short heartbeat timeout and a stall timeout far beyond the
+    clients' own (120 s), so a stream that ends did so by the hang detection, not the stall."""
+    return Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "heartbeat_timeout": 3.0, "stall_timeout": 600.0,
+         "faults": faults or {}}], backoff_initial=0.5).start()
+
+
+def _lost_and_restarted(server: Server, stream: Stream, old: int) -> list[tuple[str, int]]:
+    """Waits for the worker to serve again from a new process; the (state, pid) changes
+    /health/devices showed meanwhile. The stream must have ended with an error by then."""
+    seen: list[tuple[str, int]] = []
+
+    def restarted() -> bool:
+        row = device_row(server, "llm")
+        now = (row["state"], row["pid"])
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        return row["state"] == "ready" and row["pid"] not in (None, old)
+
+    try:
+        wait_for(restarted, timeout=120, every=0.05)
+    except AssertionError:
+        raise AssertionError(f"llm never came back; /health/devices showed {seen}") from None
+    stream.future.result(timeout=120)
+    return seen
+
+
+def test_worker_stopped_mid_stream_is_lost_within_the_heartbeat_timeout(
+        tmp_path: Path) -> None:
+    """SIGSTOP while streaming: the worker's last heartbeat says it is inside a pipeline step
+    (`blocking`), where a long prefill is silent too; its CPU time, read by the supervisor,
+    tells the two apart. Before that, only the stall timeout (here 600 s) ended such a stream."""
+    server = _hung_server(tmp_path)
+    old = pid_of(server, "llm")
+    try:
+        stream = Stream(server.url, SHORT, 4000)
+        stream.wait_tokens(3)
+        assert device_row(server, "llm")["state"] == "busy"
+        os.kill(old, signal.SIGSTOP)
+        seen = _lost_and_restarted(server, stream, old)
+        err = stream.error()
+        assert err is not None, stream.events[-3:]
+        message = err[1]["error"]["message"]
+        assert "llm" in message and "unresponsive" in message and "stopped" in message
+        assert stream.text()  # what came before the hang was delivered
+        # Busy, then out of service (unresponsive, backoff, starting...), then a new process.
+        assert seen[0] == ("busy", old)
+        assert any(state not in ("busy", "ready") for state, _ in seen)
+        assert seen[-1][0] == "ready" and seen[-1][1] != old
+        assert not alive(old)
+        row = server.children()["llm"]
+        assert row["restarts"] == 1 and "hung" in row["last_error"]
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": LLM, "messages": SHORT, "max_tokens": 3})
+        assert r.status_code == 200
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old, signal.SIGCONT)
+        server.stop()
+
+
+def test_worker_deadlocked_holding_the_gil_is_lost_within_the_heartbeat_timeout(
+        tmp_path: Path) -> None:
+    """Hung inside a native call with the GIL held (a fault hook): not stopped, but using no
+    CPU; the threads waiting for the GIL use a little, below what the supervisor counts."""
+    server = _hung_server(tmp_path, {"freeze_after_tokens": 4})
+    old = pid_of(server, "llm")
+    try:
+        stream = Stream(server.url, SHORT, 4000)
+        seen = _lost_and_restarted(server, stream, old)
+        err = stream.error()
+        assert err is not None, stream.events[-3:]
+        message = err[1]["error"]["message"]
+        assert "unresponsive" in message and "CPU" in message
+        assert seen[-1][0] == "ready" and seen[-1][1] != old
+        assert "hung" in server.children()["llm"]["last_error"]
+    finally:
+        server.stop()
+
+
+def test_worker_computing_inside_a_long_step_is_not_killed(tmp_path: Path) -> None:
+    """Silent for four heartbeat timeouts while computing with the GIL held (a fault hook
+    that spins, as a long prefill inside ContinuousBatchingPipeline.step() does): busy, not
+    hung; the stream completes from the same process."""
+    timeout = 2.0
+    server = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "heartbeat_timeout": timeout, "stall_timeout": 600.0,
+         "faults": {"spin_after_tokens": 4, "spin_seconds": 4 * timeout}}]).start()
+    try:
+        old = pid_of(server, "llm")
+        stream = Stream(server.url, SHORT, 30)
+        # The gateway has not heard the worker for twice its heartbeat timeout...
+        row = wait_for(lambda: (r := device_row(server, "llm"))["heartbeat_age"] is not None
+                       and r["heartbeat_age"] > 2 * timeout and r, timeout=60)
+        # ...and still counts it as serving, as the supervisor does.
+        assert row["state"] == "busy" and row["up"] and row["pid"] == old
+        stream.future.result(timeout=120)
+        assert stream.error() is None
+        assert stream.events[-1][1]["choices"][0]["finish_reason"] == "length"
+        kid = server.children()["llm"]
+        assert kid["pid"] == old and kid["restarts"] == 0 and kid["last_error"] == ""
     finally:
         server.stop()

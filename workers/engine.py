@@ -17,9 +17,11 @@ taken and their bounded wait queue), the prompt checks (`Prompting`), the test f
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -221,6 +223,7 @@ class FaultInjector:
         self.faults = spec.faults
         self.tokens = 0
         self._gapped: set[str] = set()
+        self._spun = False
 
     def gap_due(self, rid: str, tokens: int) -> bool:
         """True once per request, when its frames should skip a sequence number."""
@@ -245,10 +248,19 @@ class FaultInjector:
     def on_tokens(self, n: int) -> None:
         f = self.faults
         if f.exit_after_tokens is None and f.abort_after_tokens is None and (
-            f.stall_after_tokens is None
+            f.stall_after_tokens is None and f.spin_after_tokens is None
+            and f.freeze_after_tokens is None
         ):
             return
         self.tokens += n
+        if f.spin_after_tokens is not None and self.tokens >= f.spin_after_tokens:
+            self._spin_with_gil(f.spin_seconds)
+        if f.freeze_after_tokens is not None and self.tokens >= f.freeze_after_tokens:
+            log.error("fault hook: holding the GIL for good after %d tokens", self.tokens)
+            # NOTE: a foreign call through PyDLL keeps the GIL: no other thread runs again.
+            libc = ctypes.PyDLL(None)
+            while True:
+                libc.pause()
         if f.exit_after_tokens is not None and self.tokens >= f.exit_after_tokens:
             log.error("fault hook: exiting after %d tokens", self.tokens)
             os._exit(3)
@@ -259,6 +271,24 @@ class FaultInjector:
             log.error("fault hook: stalling after %d tokens", self.tokens)
             while True:
                 time.sleep(3600)
+
+
+    def _spin_with_gil(self, seconds: float) -> None:
+        """Busy on this thread for `seconds` with the GIL held throughout, once."""
+        if self._spun:
+            return
+        self._spun = True
+        log.error("fault hook: spinning %.1f s with the GIL held", seconds)
+        # NOTE: a thread waiting for the GIL asks for it after one switch interval; with the
+        # interval longer than the spin, none asks, so no heartbeat leaves, as in step().
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(seconds + 60.0)
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                pass
+        finally:
+            sys.setswitchinterval(interval)
 
 
 class EngineBase:

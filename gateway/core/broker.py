@@ -277,8 +277,25 @@ class Broker:
                       len(link.requests), extra={"worker": name})
         self._fail_all(link, f"worker {name} {reason}")
 
+    def _on_status(self, link: WorkerLink, status: WorkerStatus) -> None:
+        """The supervisor's state of a worker (on change, and once a second)."""
+        previous = link.supervised
+        if previous is None or previous.pid != status.pid:
+            link.pid_since = time.monotonic()
+        link.supervised = status
+        if status.state == ProcessState.UNRESPONSIVE and (
+                previous is None or previous.state != status.state or previous.pid != status.pid):
+            # NOTE: the supervisor found it hung (for a worker silent inside a pipeline step:
+            # stopped or deadlocked, by its CPU time) and is killing it; its requests end
+            # now rather than when the exit is seen. Its state now routes nothing to it.
+            self.worker_lost(link.name, f"is unresponsive: {status.last_error}")
+
     async def _watch(self) -> None:
-        """Fail requests on a worker whose heartbeats stopped (hung or silently dead)."""
+        """Fail requests on a worker whose heartbeats stopped (hung or silently dead).
+
+        NOTE: a worker silent inside a pipeline step (`blocking`) gets stall_timeout here, as
+        a long prefill may take that long; the supervisor, which can read its CPU time, says
+        sooner when it is stopped or deadlocked (`_on_status`)."""
         while True:
             await asyncio.sleep(0.2)
             for link in self.links.values():
@@ -300,9 +317,7 @@ class Broker:
                 if isinstance(event, WorkerStatus):
                     link = self.links.get(event.worker)
                     if link is not None:
-                        if link.supervised is None or link.supervised.pid != event.pid:
-                            link.pid_since = time.monotonic()
-                        link.supervised = event
+                        self._on_status(link, event)
                     continue
                 if isinstance(event, WorkerExited):
                     self.worker_lost(event.worker, f"exited (code {event.returncode})")
