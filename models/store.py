@@ -251,6 +251,9 @@ class ModelStore:
         os.replace(staging, target)
         if old is not None:
             _remove(old)
+        # NOTE: a copy (/api/copy) made onto this name before it was pulled would shadow the
+        # pulled model for ever; as in Ollama, where a pull overwrites a copy, the pull wins.
+        self.remove_alias(manifest.name)
         self._seen = None
         return target
 

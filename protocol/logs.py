@@ -14,6 +14,23 @@ import time
 _FIELDS = ("request_id", "worker", "device")
 
 
+def printable(text: str) -> str:
+    """`text` with every character a terminal or a log reader would act on escaped.
+
+    NOTE: messages carry what clients sent (paths, model names): a raw newline forged log
+    lines and ESC sequences reached the operator's terminal through the supervisor's echo.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 class _JsonFormatter(logging.Formatter):
     def __init__(self, process: str) -> None:
         super().__init__()
@@ -43,15 +60,17 @@ class _TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created))
-        message = record.getMessage()
-        pairs = (f"{key}={getattr(record, key)}" for key in _FIELDS
+        message = printable(record.getMessage())
+        pairs = (f"{key}={printable(str(getattr(record, key)))}" for key in _FIELDS
                  if getattr(record, key, None))
         # NOTE: a message that already says `request_id=...` is not repeated.
         extra = "".join(f" {pair}" for pair in pairs if pair not in message)
         line = (f"{stamp}.{int(record.msecs):03d} {record.levelname:<5} {self.process} "
                 f"{record.name}: {message}{extra}")
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            # NOTE: a traceback's own lines stay lines; what an exception quotes is escaped.
+            trace = self.formatException(record.exc_info).split("\n")
+            line += "\n" + "\n".join(printable(part) for part in trace)
         return line
 
 

@@ -11,19 +11,27 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
+import tracemalloc
+import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server
+from serverctl import Server, wait_for
 
 from npu_proxy.gateway.api.ollama.template import render
+from npu_proxy.gateway.content.json_size import MAX_DEPTH, measure
 from npu_proxy.gateway.content.reasoning import ReasoningSplitter, split_text
+from npu_proxy.gateway.content.stops import MAX_STOP_CHARS, MAX_STOPS, StopMatcher
 from npu_proxy.gateway.content.tools import CallParser, Tool, parse_calls
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.models.capabilities import ReasoningFormat, Style
 
 SIZE = 100_000
+LLM = "smollm2:135m"
+CONTEXT = 8192  # smollm2:135m's max_position_embeddings
+HI = [{"role": "user", "content": "hi"}]
 TOOLS = [Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})]
 
 
@@ -259,3 +267,168 @@ def test_a_schema_the_worker_cannot_compile_is_a_400_and_harms_no_one(base_url: 
     # NOTE: only that it is served: the tiny model may run to max_tokens inside the object.
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
     assert _restarts(base_url) == before
+
+
+# --- issue 27: work and memory bounded per request ------------------------------------------
+
+
+def test_stop_matching_work_does_not_grow_with_the_number_of_stops() -> None:
+    """The Anthropic stop matcher runs per token on the event loop: its automaton takes the
+    same transitions for 1 stop as for 16 (100,000 stops once froze other streams 20 s)."""
+    text = "abcdefghij" * 1000 + "STOP"
+    work = []
+    for stops in (["STOP"], ["STOP", *(f"never-{i}" for i in range(MAX_STOPS - 1))]):
+        matcher = StopMatcher(stops)
+        out = "".join(matcher.feed(text[i:i + 3]) for i in range(0, len(text), 3))
+        assert out == text[:-4] and matcher.matched == "STOP"
+        work.append(matcher.steps)
+    assert work[0] == work[1] <= 2 * len(text)
+    # Text held back while it may begin a stop, then released; the first stop to end wins.
+    matcher = StopMatcher(["abcd", "bc"])
+    assert matcher.feed("xa") == "x" and matcher.feed("b") == ""
+    assert matcher.feed("cd") == "a" and matcher.matched == "bc"
+    matcher = StopMatcher(["zz"])
+    assert matcher.feed("az") == "a" and matcher.finish() == "z" and matcher.matched is None
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1}, "stop"),
+    ("/v1/messages", {"messages": HI, "max_tokens": 1}, "stop_sequences"),
+    ("/api/chat", {"messages": HI, "stream": False}, "options.stop"),
+])
+@pytest.mark.parametrize("stops", [
+    [f"s{i}" for i in range(MAX_STOPS + 1)], ["x" * (MAX_STOP_CHARS + 1)]])
+def test_stop_strings_are_bounded(base_url: str, path: str, body: dict[str, Any], param: str,
+                                  stops: list[str]) -> None:
+    field = {"stop_sequences": {"stop_sequences": stops}, "stop": {"stop": stops},
+             "options.stop": {"options": {"stop": stops}}}[param]
+    r = httpx.post(base_url + path, timeout=60, json={"model": LLM, **body, **field})
+    assert r.status_code == 400, r.text
+    message = _message(r)
+    assert message.startswith(param) and ("limit is 16" in message or "limit is 512" in message)
+    # At the limits it is served.
+    ok = [f"s{i}" for i in range(MAX_STOPS - 1)] + ["x" * MAX_STOP_CHARS]
+    field = {"stop_sequences": {"stop_sequences": ok}, "stop": {"stop": ok},
+             "options.stop": {"options": {"stop": ok, "num_predict": 1}}}[param]
+    assert httpx.post(base_url + path, timeout=60,
+                      json={"model": LLM, **body, **field}).status_code == 200
+
+
+def _message(r: httpx.Response) -> str:
+    """The error message of any API's error shape."""
+    body = r.json()
+    if r.request.url.path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        return str(body["error"]["message"])
+    if r.request.url.path.startswith("/v1/"):
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        return str(body["error"]["message"])
+    assert set(body) == {"error"}
+    return str(body["error"])
+
+
+def test_a_template_is_refused_before_its_text_is_built() -> None:
+    """"{{ .Prompt }}" x 2,000 with a 64 KiB prompt made a 131 M character string; counted
+    first, the refusal builds nothing near that (the parser's tracemalloc peak)."""
+    prompt = "p" * 65_536
+    tracemalloc.start()
+    try:
+        with pytest.raises(GatewayError) as refused:
+            render("{{ .Prompt }}" * 2000, "", prompt, limit=1_000_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert refused.value.status == 400 and refused.value.param == "template"
+    assert "max_prompt_chars" in refused.value.message
+    assert peak < 2_000_000
+    assert render("{{ .Prompt }}" * 15, "", prompt, limit=1_000_000) == prompt * 15
+
+
+def test_an_amplifying_template_is_a_400(base_url: str) -> None:
+    r = httpx.post(base_url + "/api/generate", timeout=60, json={
+        "model": LLM, "stream": False, "prompt": "p" * 65_536,
+        "template": "{{ .Prompt }}" * 2000})
+    assert r.status_code == 400 and "max_prompt_chars" in _message(r)
+
+
+def test_control_characters_from_a_client_are_escaped_in_the_log(server: Server) -> None:
+    rid = "log-" + uuid.uuid4().hex
+    r = httpx.get(server.url + "/api/x%0aFORGED%1b[31m", headers={"x-request-id": rid},
+                  timeout=30)
+    assert r.status_code == 404
+
+    def lines() -> list[str]:
+        return [line for line in server.worker_log("gateway").splitlines() if rid in line]
+
+    found = wait_for(lines, 10)
+    assert len(found) == 1 and "GET /api/x\\x0aFORGED\\x1b[31m 404" in found[0], found
+    log = server.worker_log("gateway")
+    assert "\x1b" not in log and not any(line.startswith("FORGED") for line in log.splitlines())
+
+
+def test_detokenize_takes_at_most_the_context(base_url: str) -> None:
+    r = httpx.post(base_url + "/detokenize", timeout=60,
+                   json={"model": LLM, "tokens": [1] * (CONTEXT + 1)})
+    assert r.status_code == 400 and f"limit is {CONTEXT}" in _message(r)
+    r = httpx.post(base_url + "/v1/detokenize", timeout=60,
+                   json={"model": LLM, "tokens": [28] * CONTEXT})
+    assert r.status_code == 200 and r.json()["prompt"]
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/messages",
+                                  "/v1/responses", "/tokenize"])
+def test_tool_parameters_nested_deep_are_a_400(base_url: str, path: str) -> None:
+    """Nested 600 deep: msgspec decodes it, json.dumps then recursed out (a 500)."""
+    params = _nested(300)  # two levels per object: 600 deep
+    fn = {"name": "f", "description": "d", "parameters": params}
+    tools: Any = ([{"name": "f", "input_schema": params}] if path == "/v1/messages" else
+                  [{"type": "function", **fn}] if path == "/v1/responses" else
+                  [{"type": "function", "function": fn}])
+    body = {"model": LLM, "max_tokens": 1, "stream": False, "tools": tools,
+            "input": "hi", "messages": HI}
+    r = httpx.post(base_url + path, timeout=60, json=body)
+    assert r.status_code == 400, r.text
+    assert f"nests deeper than {MAX_DEPTH} levels" in _message(r)
+
+
+@pytest.mark.parametrize("value", [
+    {"b": [1e15, -1.5e-300, 2**63 - 1, -(2**63), True, None, 0.1]},
+    {"s": 'quote " back \\ nl \n tab \t é \x01 \u2028', "": [[], {}, [{}]]},
+    "plain", 1e308, [],
+])
+def test_tool_text_is_measured_at_least_as_long_as_it_is_built(value: Any) -> None:
+    assert measure(value, "x") >= len(json.dumps(value, ensure_ascii=False))
+
+
+@pytest.mark.parametrize("option", [
+    {"temperature": "nan"}, {"temperature": "inf"}, {"temperature": -0.5},
+    {"min_p": -0.1}, {"min_p": 2}, {"min_p": "nan"}, {"repeat_penalty": 0},
+    {"repeat_penalty": -1}, {"repeat_penalty": "inf"}, {"top_p": 1.5},
+    {"presence_penalty": 3}, {"frequency_penalty": "-inf"},
+])
+def test_ollama_numeric_options_are_checked(base_url: str, option: dict[str, Any]) -> None:
+    # NOTE: Ollama's options convert laxly (integers as floats): "nan" and "inf" are floats.
+    r = httpx.post(base_url + "/api/generate", timeout=60, json={
+        "model": LLM, "prompt": "hi", "stream": False, "options": {"num_predict": 1, **option}})
+    assert r.status_code == 400, r.text
+    name = next(iter(option))
+    assert _message(r).startswith(f"{name} must be a number from")
+
+
+def test_sampling_numbers_at_their_bounds_are_served(base_url: str) -> None:
+    r = httpx.post(base_url + "/api/generate", timeout=60, json={
+        "model": LLM, "prompt": "hi", "stream": False,
+        "options": {"num_predict": 1, "temperature": 0, "min_p": 0, "repeat_penalty": 1.1,
+                    "presence_penalty": -2, "frequency_penalty": 2, "top_p": 1}})
+    assert r.status_code == 200, r.text
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+        "model": LLM, "messages": HI, "max_tokens": 1, "min_p": 5})
+    assert r.status_code == 400 and _message(r).startswith("min_p must be a number")

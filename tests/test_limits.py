@@ -3,6 +3,7 @@ status before anything reaches a worker (gateway/api/limits.py)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,13 +149,15 @@ def test_output_up_to_the_context_and_claude_names_are_served(
 # --- counts and prompt length, on a server with low limits ---------------------------------
 
 MAX_MESSAGES, MAX_TOOLS, MAX_CHARS, MAX_BODY = 4, 2, 200, 4096
+RUN = uuid.uuid4().hex[:8]  # NOTE: the model cache is shared; names of this run are its own
+MADE, ALIAS, COPY = (f"npx-test-{what}-{RUN}:latest" for what in ("made", "alias", "copy"))
 
 
 @pytest.fixture(scope="module")
 def low(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = Server(tmp_path_factory.mktemp("limits"), workers=[{"name": "llm", "role": "llm"}],
                  max_messages=MAX_MESSAGES, max_tools=MAX_TOOLS, max_prompt_chars=MAX_CHARS,
-                 max_body_bytes=MAX_BODY).start()
+                 max_body_bytes=MAX_BODY, model_aliases={ALIAS: MADE}).start()
     yield srv
     srv.stop()
 
@@ -250,10 +253,10 @@ def test_requests_at_the_limits_are_served(low: Server) -> None:
         model=LLM, max_tokens=1,
         messages=[{"role": "system", "content": "s"}, *_turns(MAX_MESSAGES - 1)])
     assert resp.choices[0].finish_reason == "length"
+    # NOTE: tool definitions count too (about 90 characters each here).
     resp = oai.chat.completions.create(  # type: ignore[call-overload]
         model=LLM, max_tokens=1, tools=_openai_tools(MAX_TOOLS),
-        messages=[{"role": "system", "content": "s" * (MAX_CHARS - 2)},
-                  {"role": "user", "content": "hi"}])
+        messages=[{"role": "user", "content": "hi"}])
     assert resp.choices[0].finish_reason in ("length", "stop")
     r = httpx.post(low.url + "/api/generate", timeout=60, json={
         "model": LLM, "stream": False, "prompt": "z" * MAX_CHARS,
@@ -295,3 +298,51 @@ def test_the_limits_are_in_the_configuration(tmp_path: Path) -> None:
     config = load_config(path, env={})
     assert (config.max_body_bytes, config.max_messages, config.max_tools,
             config.max_prompt_chars) == (1000, 5, 6, 7)
+
+
+def test_tool_text_counts_against_the_prompt_limit(low: Server) -> None:
+    """json.dumps writes 1e15 as 1000000000000000.0: eight such numbers (a body well under
+    the limit) are a prompt over it, refused before the tool text is built."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"enum": [1e15] * 8}}}}}
+    r = httpx.post(low.url + "/v1/chat/completions", timeout=60, json={
+        "model": LLM, "messages": HI, "max_tokens": 1, "tools": [tool]})
+    assert r.status_code == 400, r.text
+    message, _ = _error(r)
+    assert message.startswith("prompt is too long") and "max_prompt_chars" in message
+    r = httpx.post(low.url + "/api/chat", timeout=60, json={
+        "model": LLM, "messages": HI, "stream": False, "tools": [tool]})
+    assert r.status_code == 400 and "max_prompt_chars" in _error(r)[0]
+
+
+def test_delete_acts_only_on_the_name_given(low: Server) -> None:
+    """Deleting a configured alias once deleted its target; deleting a model that copies
+    point at took the copies with it."""
+    http = httpx.Client(base_url=low.url, timeout=120)
+
+    def listed() -> set[str]:
+        return {m["name"] for m in http.get("/api/tags").json()["models"]}
+
+    def delete(name: str) -> httpx.Response:
+        return http.request("DELETE", "/api/delete", json={"model": name})
+
+    assert http.post("/api/create", json={"model": MADE, "from": LLM,
+                                          "system": "Be brief."}).status_code == 200
+    try:
+        r = delete(ALIAS)
+        assert r.status_code == 400, r.text
+        assert f"alias of '{MADE}'" in _error(r)[0]
+        assert MADE in listed()
+        r = http.post("/api/copy", json={"source": MADE, "destination": ALIAS})
+        assert r.status_code == 400 and "config file" in _error(r)[0]
+        assert http.post("/api/copy", json={"source": MADE, "destination": COPY}) \
+            .status_code == 200
+        r = delete(MADE)
+        assert r.status_code == 400 and COPY in _error(r)[0]
+        assert {MADE, COPY} <= listed()
+        assert delete(COPY).status_code == 200
+        assert MADE in listed() and COPY not in listed()
+    finally:
+        delete(COPY)
+        assert delete(MADE).status_code == 200
+    assert MADE not in listed()

@@ -230,6 +230,10 @@ def test_interrupted_pull_resumes(srv: Server, http: httpx.Client, hub: FakeHub,
     partial = list((srv.tmp / "cache" / ".staging").rglob("*.incomplete"))
     assert len(partial) == 1 and 0 < partial[0].stat().st_size <= cut
     kept = partial[0].stat().st_size
+    # A copy made onto the name before it is pulled does not shadow the pull (issue 27).
+    r = http.post("/api/copy", json={"source": CLI_KEY, "destination": CONFIG_NAME})
+    assert r.status_code == 200
+    assert f"alias of {CLI_KEY}" in _listing(srv, CONFIG_KEY)
     # The ollama SDK pulls it again: the transfer resumes where it stopped.
     client = ollama.Client(host=srv.url, timeout=180)
     progress = list(client.pull(CONFIG_NAME, stream=True))
@@ -243,6 +247,13 @@ def test_interrupted_pull_resumes(srv: Server, http: httpx.Client, hub: FakeHub,
     entry = tags(http)[CONFIG_KEY]
     assert entry["size"] == size and entry["digest"] == sha256
     assert not list((srv.tmp / "cache" / ".staging").rglob("*.incomplete"))
+    assert "alias of" not in _listing(srv, CONFIG_KEY)  # the pull won
+
+
+def _listing(srv: Server, name: str) -> str:
+    """The `npx-supervisor models` lines of `name` (a model and an alias may share it)."""
+    return "\n".join(x for x in srv.cli("models").stdout.splitlines()
+                     if x.startswith(name + " "))
 
 
 def test_request_switches_the_worker(srv: Server, http: httpx.Client) -> None:

@@ -7,10 +7,13 @@ manifest`, per-file `digest`/`total`/`completed`, `verifying sha256 digest`, `wr
 manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `stream: false`,
 answered once at the end. A client that goes away cancels the pull; the next pull resumes.
 
-/api/copy makes an alias in the cache's alias store (no files copied); /api/delete removes a
-pulled model, a model made by /api/create (gateway/admin/create.py) or an alias, first
-switching a worker that runs it back to its configured model. Built-in defaults, workers'
-configured models and the base of a created model cannot be deleted (400).
+/api/copy makes an alias in the cache's alias store (no files copied); a later pull of that
+name replaces it, as a pull replaces a copy in Ollama (models/store.py `install`).
+/api/delete removes only the name given: a pulled model, a model made by /api/create
+(gateway/admin/create.py) or an alias made by /api/copy, first switching a worker that runs it
+back to its configured model. Built-in defaults, workers' configured models, aliases of the
+config file (the message names the target), the base of a created model and a model that
+copies point at cannot be deleted (400).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from npu_proxy.gateway.core.errors import GatewayError, invalid, model_not_found
 from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, dumps
 from npu_proxy.models.pull import Progress, PullError, PullPlan, plan_pull, run_pull
-from npu_proxy.models.registry import ModelNameError, canonical, embedded
+from npu_proxy.models.registry import ModelNameError, canonical, embedded, normalize
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +148,19 @@ class ModelRoutes:
             raw = req.model or req.name
             key = checked_name(raw)
             table = self.router.table
-            name = table.aliases.get(key, key)
-            if embedded(name) is not None:
+            target = table.aliases.get(key, key)
+            if embedded(target) is not None:
                 raise invalid(f"model '{raw}' is a built-in default model; it cannot be "
                               "deleted", param="model")
+            if normalize(target) != key:
+                # NOTE: a configured alias is only a name; deleting it once deleted its
+                # target. Delete acts on the name given, and this one lives in the config.
+                raise invalid(f"model '{raw}' is an alias of '{target}' in the config file; "
+                              f"delete '{target}' by its own name, or remove the alias from "
+                              "the config file", param="model")
             if await asyncio.to_thread(table.store.remove_alias, key):
                 return Response(status_code=200)
+            name = key
             created = table.store.created()
             if table.store.get(name) is None and name not in created:
                 raise model_not_found(raw)
@@ -164,6 +174,12 @@ class ModelRoutes:
             if users:
                 raise invalid(f"model '{raw}' is the base of the created model(s) "
                               f"{', '.join(users)}; delete them first", param="model")
+            copies = sorted(a for a, t in table.store.aliases().items() if t == name)
+            if copies:
+                # NOTE: in Ollama a copy outlives its source; here a copy is an alias, so
+                # deleting the source would silently take the copies with it.
+                raise invalid(f"model '{raw}' has the copies {', '.join(copies)} (made by "
+                              "/api/copy); delete them first", param="model")
             for spec in workers:
                 if table.current_model(spec) == name:
                     await self.router.switcher.load(spec.name, "")
@@ -187,6 +203,9 @@ class ModelRoutes:
                 taken = self.router.models.get(dest)
                 if taken is not None and dest not in table.store.aliases():
                     raise invalid(f"model '{req.destination}' already exists",
+                                  param="destination")
+                if normalize(table.aliases.get(dest, dest)) != dest:
+                    raise invalid(f"model '{req.destination}' is an alias in the config file",
                                   param="destination")
                 await asyncio.to_thread(table.store.add_alias, dest, source.name)
         except GatewayError as exc:

@@ -42,6 +42,7 @@ from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.params import anthropic_params, json_schema_text
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
+from npu_proxy.gateway.content.stops import StopMatcher
 from npu_proxy.gateway.content.tools import (
     CallParser,
     ToolCall,
@@ -260,41 +261,6 @@ def tool_request(req: CountRequest) -> ToolRequest | None:
         return None
     choice, parallel = anthropic_choice(req.tool_choice, True)
     return ToolRequest(tools, choice, parallel)
-
-
-class StopMatcher:
-    """Holds back text that may be the start of a stop sequence and cuts the text at the one
-    that ended the generation (the worker keeps it, see SamplingParams.include_stop; the last
-    token may even run past it: a stop "a" ends "Paris" after the whole token)."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.matched: str | None = None
-        self._buf = ""
-
-    def feed(self, text: str) -> str:
-        if not self.stops or self.matched is not None:
-            return text if not self.stops else ""
-        self._buf += text
-        hits = [(at, -len(stop), stop) for stop in self.stops
-                if (at := self._buf.find(stop)) >= 0]
-        if hits:
-            at, _, self.matched = min(hits)
-            out, self._buf = self._buf[:at], ""
-            return out
-        hold = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(self._buf)), hold, -1):
-                if self._buf.endswith(stop[:k]):
-                    hold = k
-                    break
-        out = self._buf[:len(self._buf) - hold]
-        self._buf = self._buf[len(out):]
-        return out
-
-    def finish(self) -> str:
-        text, self._buf = self._buf, ""
-        return text
 
 
 class Output:

@@ -38,11 +38,14 @@ OUTPUT_PARAM = {"openai": "max_tokens", "responses": "max_output_tokens",
 # --- a generation ------------------------------------------------------------------------
 
 
-def prompt_chars(messages: list[ChatMessage] | None, prompt: str | None) -> int:
+def prompt_chars(messages: list[ChatMessage] | None, prompt: str | None,
+                 tools: ToolRequest | None = None) -> int:
     """Characters of text the tokenizer would get from the client: every message's content
-    (the system prompt is one) and the raw prompt; tool definitions and the arguments of
-    earlier calls are bounded by `max_tools` and `max_body_bytes` instead."""
-    return sum(len(m.content) for m in messages or ()) + len(prompt or "")
+    (the system prompt is one), the raw prompt and the definitions of the tools offered (as
+    measured before their text is made: Tool.chars); the arguments of earlier calls are
+    bounded by `max_body_bytes` instead."""
+    offered = sum(t.chars for t in tools.offered) if tools is not None else 0
+    return sum(len(m.content) for m in messages or ()) + len(prompt or "") + offered
 
 
 class Limits:
@@ -74,7 +77,7 @@ class Limits:
             raise invalid(f"the request offers {len(tools.tools)} tools; the limit is {limit} "
                           "(max_tools)", param="tools")
         limit = self.config.max_prompt_chars
-        chars = prompt_chars(messages, prompt)
+        chars = prompt_chars(messages, prompt, tools)
         if chars > limit:
             # NOTE: "prompt is too long" is how Anthropic words it (Claude Code offers to
             # compact on it), and OpenAI clients trim history on context_length_exceeded.

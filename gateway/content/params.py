@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import msgspec
 
+from npu_proxy.gateway.content.stops import stop_list
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.protocol.messages import SamplingParams
 
@@ -36,11 +38,31 @@ def _int64(name: str, value: int | None, param: str | None = None) -> None:
                       param=param or name)
 
 
-def stop_list(value: str | list[str] | None) -> list[str]:
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else list(value)
-    return [s for s in items if s]
+def _check_ranges(params: SamplingParams, param: str | None = None) -> SamplingParams:
+    """The sampling numbers in the ranges OpenVINO takes (GenerationConfig.validate's), or a
+    400 naming the field; `param` is set for Ollama, whose fields are all `options`.
+
+    NOTE: JSON's 1e999 decodes to inf and Ollama's lax options turn "nan" into NaN, which
+    every `a <= x <= b` check lets through the wrong way round: isfinite comes first.
+    """
+    ranges: tuple[tuple[str, float | None, float, float], ...] = (
+        ("temperature", params.temperature, 0.0, 100.0),
+        ("top_p", params.top_p, 0.0, 1.0),
+        ("min_p", params.min_p, 0.0, 1.0),
+        ("repeat_penalty" if param else "repetition_penalty", params.repetition_penalty,
+         0.0, 100.0),
+        ("presence_penalty", params.presence_penalty, -2.0, 2.0),
+        ("frequency_penalty", params.frequency_penalty, -2.0, 2.0),
+    )
+    for name, value, low, high in ranges:
+        if value is None:
+            continue
+        if not math.isfinite(value) or not low <= value <= high or (
+                name.startswith("rep") and value == 0.0):
+            raise invalid(f"{name} must be a number from {low:g} to {high:g}"
+                          f"{' (not 0)' if name.startswith('rep') else ''}; got {value}",
+                          param=param or name)
+    return params
 
 
 def json_schema_text(schema: Any) -> str:
@@ -66,6 +88,7 @@ def openai_params(
     repetition_penalty: float | None = None,
     json_schema: str | None = None,
     ignore_eos: bool = False,
+    stop_param: str = "stop",
 ) -> SamplingParams:
     if temperature is not None and not 0.0 <= temperature <= 2.0:
         raise invalid("temperature must be between 0 and 2", param="temperature")
@@ -79,7 +102,7 @@ def openai_params(
                         ("frequency_penalty", frequency_penalty)):
         if value is not None and not -2.0 <= value <= 2.0:
             raise invalid(f"{name} must be between -2 and 2", param=name)
-    return SamplingParams(
+    return _check_ranges(SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -89,10 +112,10 @@ def openai_params(
         presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty,
         seed=seed,
-        stop=stop_list(stop),
+        stop=stop_list(stop, stop_param),
         json_schema=json_schema,
         ignore_eos=ignore_eos,
-    )
+    ))
 
 
 def anthropic_params(
@@ -113,7 +136,7 @@ def anthropic_params(
         raise invalid("top_k: must be at least 0", param="top_k")
     params = openai_params(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                            stop=stop_sequences, seed=None, presence_penalty=None,
-                           frequency_penalty=None, top_k=top_k)
+                           frequency_penalty=None, top_k=top_k, stop_param="stop_sequences")
     params.include_stop = bool(params.stop)
     return params
 
@@ -147,7 +170,7 @@ def ollama_params(options: dict[str, Any] | None, json_schema: str | None) -> Sa
     max_tokens = opts.num_predict
     if max_tokens is not None and max_tokens < 0:
         max_tokens = None  # -1 (and -2): until the context is full
-    return SamplingParams(
+    return _check_ranges(SamplingParams(
         max_tokens=max_tokens if max_tokens != 0 else 1,
         temperature=opts.temperature,
         top_p=opts.top_p,
@@ -157,7 +180,7 @@ def ollama_params(options: dict[str, Any] | None, json_schema: str | None) -> Sa
         presence_penalty=opts.presence_penalty,
         frequency_penalty=opts.frequency_penalty,
         seed=opts.seed,
-        stop=stop_list(opts.stop),
+        stop=stop_list(opts.stop, "options.stop"),
         json_schema=json_schema,
         num_ctx=opts.num_ctx,
-    )
+    ), param="options")

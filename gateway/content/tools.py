@@ -45,6 +45,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from npu_proxy.gateway.content.json_size import measure
 from npu_proxy.gateway.core.catalog import ModelCatalog
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.ids import new_id
@@ -62,6 +63,8 @@ _FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 _TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
 # NOTE: bounds a forced list of parallel calls, so a looping small model still ends in JSON.
 MAX_PARALLEL = 8
+# The characters of one tool's JSON besides its name, description and parameters.
+_TOOL_OVERHEAD = 44
 
 
 # --- the internal form -------------------------------------------------------------------
@@ -72,6 +75,8 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    # An upper bound of the characters its definition adds to the prompt (json_size.py).
+    chars: int = field(default=0, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
@@ -152,8 +157,11 @@ def _tool(name: Any, description: Any, parameters: Any, where: str) -> Tool:
                       param="tools")
     if description is not None and not isinstance(description, str):
         raise invalid(f"{where}.description must be a string", param="tools")
-    return Tool(name=name, description=description or "",
-                parameters=_schema(parameters, f"{where}.parameters"))
+    schema = _schema(parameters, f"{where}.parameters")
+    chars = measure(schema, f"{where}.parameters") + measure(name, where) \
+        + measure(description or "", where)
+    return Tool(name=name, description=description or "", parameters=schema,
+                chars=chars + _TOOL_OVERHEAD)
 
 
 def openai_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:

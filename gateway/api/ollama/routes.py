@@ -350,7 +350,8 @@ class OllamaRoutes(DialectRoutes):
             prompt = req.prompt
         elif template and not found:
             system = req.system or (record.system if record is not None else None) or ""
-            prompt = render(template, system, req.prompt or "")
+            prompt = render(template, system, req.prompt or "",
+                            limit=self.router.config.max_prompt_chars)
         else:
             messages = [ChatMessage(role="user", content=req.prompt or "", images=found)]
             if req.system:
