@@ -43,7 +43,7 @@ from serverctl import Server
 from npu_proxy.gateway.api import anthropic as anthropic_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
-from npu_proxy.gateway.api.responses import routes as responses_api
+from npu_proxy.gateway.api.responses import inputs as responses_api
 from npu_proxy.gateway.content import images as images_mod
 from npu_proxy.gateway.content.images import (
     MAX_REDIRECTS,

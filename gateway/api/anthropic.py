@@ -6,7 +6,7 @@ message object or the named SSE events (`message_start`, `content_block_start`,
 `message_delta`, `message_stop`; `ping` after the start). Decoding, dispatch, streaming and
 errors are the shared request path (gateway/api/request_path.py); the error shape (503 as 529), the
 `error` event mid-stream and the event framing are ANTHROPIC in gateway/http/wire.py. Tools
-(gateway/content/tools.py) and sampling (gateway/content/params.py) are shared too.
+(gateway/content/tools/) and sampling (gateway/content/params.py) are shared too.
 
 Decisions:
 - `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/http/auth.py when an
