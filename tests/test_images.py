@@ -40,7 +40,7 @@ import pytest
 from PIL import Image
 from serverctl import Server
 
-from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api import anthropic_input as anthropic_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
 from npu_proxy.gateway.api.responses import inputs as responses_api
