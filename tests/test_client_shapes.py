@@ -379,8 +379,6 @@ def test_claude_code_request_as_recorded(base_url: str) -> None:
     context_management, output_config.effort, 12 tools (one defer_loading), `?beta=true`.
     NOTE: the model name is a `claude-*` name (what Claude Code asks for by default), whose
     max_tokens 32000 is served up to the context; the stream is closed after the first text."""
-    body = _fixture("claude-messages.json")["body"]
-    body["model"] = "claude-sonnet-4-5"
     for name in ("claude-messages.json", "claude-messages-turn2.json"):
         body = {**_fixture(name)["body"], "model": "claude-sonnet-4-5"}
         with httpx.stream("POST", base_url + "/v1/messages?beta=true", json=body, timeout=120,
