@@ -72,7 +72,7 @@ ALLOW_HEADERS = ", ".join((
     "x-stainless-custom-poll-interval"))
 EXPOSE_HEADERS = ", ".join((
     "X-Request-ID", "X-NPU-Proxy-Device", "X-NPU-Proxy-Worker", "X-NPU-Proxy-Route-Reason",
-    "X-NPU-Proxy-Token-Count", "Retry-After"))
+    "X-NPU-Proxy-Token-Count", "X-NPU-Proxy-Ignored", "Retry-After"))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
