@@ -40,6 +40,9 @@ WorkerState = ProcessState
 class SamplingParams(msgspec.Struct, omit_defaults=True):
     """The one internal parameter set every API is mapped to (see gateway/content/params.py)."""
 
+    # None: the worker's default cap (workers/sampling.py DEFAULT_MAX_TOKENS). Any number is
+    # clamped to the room the prompt leaves in the context, and the generation then ends
+    # with finish reason "length", as Ollama and llama.cpp's server do.
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -52,6 +55,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     stop: list[str] = []
     # A JSON schema (serialised) the output must satisfy; "{}"-like generic object for json mode.
     json_schema: str | None = None
+    # Ollama's options.num_ctx: a context smaller than the model's is the limit of this
+    # request's prompt and output; a larger one cannot be had (Accepted.context says so).
     num_ctx: int | None = None
     # vLLM extension: keep generating past the end-of-sequence token (benchmarks).
     ignore_eos: bool = False
@@ -97,6 +102,10 @@ class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     log_id: str = ""
     # Extra variables for the chat template (e.g. enable_thinking; vLLM's chat_template_kwargs).
     template_vars: dict[str, Any] | None = None
+    # When the messages do not fit the context with room for the reply, drop the oldest ones
+    # (not the system messages, not the last user turn) until they do, instead of failing
+    # with PROMPT_TOO_LONG (Ollama's chat `truncate`, the Responses API's truncation "auto").
+    truncate: bool = False
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -172,6 +181,10 @@ class Accepted(msgspec.Struct, tag=True, array_like=True):
     worker: str
     device: str
     prompt_tokens: int
+    # The context this request runs in (the model's, or a smaller num_ctx), and how many of
+    # its messages were dropped to fit it (Generate.truncate); 0 when unknown or none.
+    context: int = 0
+    dropped: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -228,6 +241,10 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
     retry_elsewhere: bool = False
     prompt_tokens: int | None = None
     limit: int | None = None
+    # PROMPT_TOO_LONG: the context of the worker that refused (the model's or num_ctx), and
+    # for a prompt refused uncounted (prompt_tokens None) the least it can count.
+    context: int | None = None
+    floor: int | None = None
 
 
 class Embeddings(msgspec.Struct, tag=True, array_like=True):

@@ -100,41 +100,10 @@ def test_a_chunked_upload_is_counted_and_the_connection_stays_usable(base_url: s
 # --- output beyond the context -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("path", "body", "name"), [
-    ("/v1/chat/completions", {"messages": HI, "max_tokens": CONTEXT + 1}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": 100_000}, "max_tokens"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 100_000}, "max_tokens"),
-    ("/v1/messages", {"messages": HI, "max_tokens": 100_000}, "max_tokens"),
-    ("/api/chat", {"messages": HI, "options": {"num_predict": 100_000}}, "num_predict"),
-    ("/api/generate", {"prompt": "hi", "options": {"num_predict": 100_000}}, "num_predict"),
-])
-def test_output_beyond_the_context_is_400(base_url: str, path: str, body: dict[str, Any],
-                                          name: str) -> None:
-    r = httpx.post(base_url + path, json={"model": LLM, "stream": False, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    message, param = _error(r)
-    assert name in message and str(CONTEXT) in message and "context" in message
-    assert param in (None, name)
-
-
-def test_output_beyond_the_context_with_the_official_clients(base_url: str) -> None:
-    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as oai_err:
-        oai.chat.completions.create(model=LLM, messages=HI, max_tokens=10_000)  # type: ignore[arg-type]
-    assert oai_err.value.param == "max_tokens" and str(CONTEXT) in oai_err.value.message
-    claude = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
-    # NOTE: not more: the SDK wants a stream beyond ~21,000 tokens (its own time estimate).
-    with pytest.raises(anthropic.BadRequestError) as claude_err:
-        claude.messages.create(model=LLM, max_tokens=10_000, messages=HI)  # type: ignore[arg-type]
-    assert str(CONTEXT) in claude_err.value.message
-    with pytest.raises(ollama.ResponseError) as ollama_err:
-        ollama.Client(host=base_url).generate(model=LLM, prompt="hi",
-                                              options={"num_predict": 10_000})
-    assert ollama_err.value.status_code == 400 and "num_predict" in ollama_err.value.error
-
-
+# NOTE: more than the context is clamped to it for every name (tests/test_context.py).
 @pytest.mark.parametrize(("model", "max_tokens"), [
     (LLM, CONTEXT),  # the whole context may be asked for
+    (LLM, 100_000),  # more: clamped to the room the prompt leaves
     ("claude-sonnet-4-5-20250929", 64_000),  # Claude Code's size, for a Claude model
 ])
 def test_output_up_to_the_context_and_claude_names_are_served(

@@ -51,7 +51,12 @@ from npu_proxy.protocol.messages import (
     TokenLogprob,
 )
 from npu_proxy.workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
-from npu_proxy.workers.sampling import generation_config
+from npu_proxy.workers.sampling import (
+    droppable,
+    fewest_dropped,
+    generation_config,
+    reply_reserve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,8 @@ class Prepared:
     ids: np.ndarray[Any, Any]
     config: Any  # ov_genai.GenerationConfig
     received: float
+    context: int = 0  # the context it runs in (Accepted.context)
+    dropped: int = 0  # messages dropped to fit it (Accepted.dropped)
 
     @property
     def prompt_tokens(self) -> int:
@@ -502,11 +509,84 @@ class EngineBase:
         return Failed(id=rid, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
                       message=f"prompt is {len(text)} characters, so at least {floor} tokens; "
                               f"this worker takes at most {limit}",
-                      retry_elsewhere=elsewhere, limit=limit)
+                      retry_elsewhere=elsewhere, limit=limit, floor=floor)
+
+    def _context(self, req: Generate) -> int:
+        """The context this request runs in: the model's, or a smaller num_ctx."""
+        asked = req.params.num_ctx
+        if asked is None or asked <= 0 or asked == self.context_length:
+            return self.context_length
+        if asked > self.context_length:
+            shown = req.log_id or req.id
+            log.info("request_id=%s: num_ctx %d is more than the model's context, %d tokens: "
+                     "using %d", shown, asked, self.context_length, self.context_length,
+                     extra={"request_id": shown})
+            return self.context_length
+        return asked
+
+    def _measure(self, req: Generate, limit: int) -> tuple[Any, Failed | None]:
+        """The prompt's token ids, or the refusal of a prompt over `limit`."""
+        assert self.prompting is not None
+        text = self.prompting.render(req)
+        floor = self.prompting.fewest_tokens(text)
+        if floor > limit:
+            return None, self._too_long(req.id, text, floor, limit, False)
+        ids = self.prompting.encode(text)
+        n = int(ids.shape[1])
+        if n >= self.context_length > limit:
+            # NOTE: the converted tokenizers here stop at the model's context (8192 ids for
+            # SmolLM2, whatever max_length or truncation encode() is given): a count there is
+            # a lower bound, said as one.
+            return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                               message=f"prompt is at least {n} tokens, this worker takes at "
+                                       f"most {limit}", limit=limit, floor=n)
+        if n > limit:
+            return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                               message=f"prompt is {n} tokens, this worker takes at most {limit}",
+                               prompt_tokens=n, limit=limit)
+        return ids, None
+
+    def _fit(self, req: Generate, limit: int, context: int,
+             elsewhere: bool) -> tuple[Generate, Any, int] | Failed:
+        """The request, its prompt's ids and how many messages were dropped to fit the
+        context with room for the reply (Generate.truncate); or why it cannot run here."""
+        ids, failed = self._measure(req, limit)
+        room = context - (limit + 1 if failed is not None else int(ids.shape[1]))
+        reserve = reply_reserve(req.params.max_tokens, context)
+        # NOTE: where another worker may take a longer prompt (the NPU's), it is sent there
+        # whole rather than cut here.
+        if req.truncate and req.messages and not elsewhere and room < reserve:
+            order = droppable(req.messages)
+
+            def trimmed(k: int) -> Generate:
+                gone = set(order[:k])
+                kept = [m for i, m in enumerate(req.messages or []) if i not in gone]
+                return msgspec.structs.replace(req, messages=kept)
+
+            def fits(k: int) -> bool:
+                probe, over = self._measure(trimmed(k), limit)
+                return over is None and context - int(probe.shape[1]) >= reserve
+
+            k = fewest_dropped(fits, len(order)) if order else None
+            if k is None and order:  # even the last turn alone leaves less room: use it
+                k = len(order)
+            if k:
+                cut = trimmed(k)
+                ids, failed = self._measure(cut, limit)
+                if failed is None:
+                    shown = req.log_id or req.id
+                    log.info("request_id=%s: dropped the %d oldest of %d messages to fit the "
+                             "context of %d tokens", shown, k, len(req.messages), context,
+                             extra={"request_id": shown})
+                    return cut, ids, k
+        if failed is not None:
+            failed.retry_elsewhere, failed.context = elsewhere, context
+            return failed
+        return req, ids, 0
 
     def _prepare(self, req: Generate) -> Prepared | None:
-        """Template, tokenize and check one request; emits Failed and returns None if it
-        cannot run here."""
+        """Template, tokenize and check one request (fitting its history to the context
+        when it asks to be truncated); emits Failed and returns None if it cannot run here."""
         assert self.prompting is not None
         received = time.time()
         if received > req.deadline:
@@ -520,22 +600,18 @@ class EngineBase:
                                 retry_elsewhere=True))
             return None
         limit, elsewhere = self.prompt_limit()
+        context = self._context(req)
+        limit = min(limit, context - 1)
         try:
-            text = self.prompting.render(req)
-            floor = self.prompting.fewest_tokens(text)
-            if floor > limit:
-                self._refuse(self._too_long(req.id, text, floor, limit, elsewhere))
-                return None
-            ids = self.prompting.encode(text)
+            fitted = self._fit(req, limit, context, elsewhere)
         except Exception as exc:  # a template or tokenizer error is the request's fault
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
-        n = int(ids.shape[1])
-        if n > limit:
-            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
-                                message=f"prompt is {n} tokens, this worker takes at most {limit}",
-                                retry_elsewhere=elsewhere, prompt_tokens=n, limit=limit))
+        if isinstance(fitted, Failed):
+            self._refuse(fitted)
             return None
+        req, ids, dropped = fitted
+        n = int(ids.shape[1])
         params = req.params
         forced = self.spec.faults.force_regex
         if forced and params.json_schema is None and params.regex is None:
@@ -545,16 +621,18 @@ class EngineBase:
         if unset:
             params = msgspec.structs.replace(params, **unset)
         try:
-            cfg = generation_config(params, self.base_config, self.room(n))
+            cfg = generation_config(params, self.base_config, min(self.room(n), context - n))
         except Exception as exc:
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
-        return Prepared(req=req, ids=ids, config=cfg, received=received)
+        return Prepared(req=req, ids=ids, config=cfg, received=received, context=context,
+                        dropped=dropped)
 
     def _accept(self, ready: Prepared) -> None:
         """Tell the gateway the request will run here, before its first token."""
         self.emit(Accepted(id=ready.req.id, seq=0, worker=self.spec.name,
-                           device=self.spec.device, prompt_tokens=ready.prompt_tokens))
+                           device=self.spec.device, prompt_tokens=ready.prompt_tokens,
+                           context=ready.context, dropped=ready.dropped))
 
     def _track(self, ready: Prepared, handle: Any) -> Active:
         assert self.prompting is not None

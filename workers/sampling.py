@@ -1,14 +1,52 @@
-"""The internal SamplingParams -> openvino_genai.GenerationConfig, in one place."""
+"""What a request gets from the model: its GenerationConfig (from the internal
+SamplingParams, in one place) and its share of the context: the room left for the reply,
+and which messages a truncated history keeps (Generate.truncate)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import openvino_genai as ov_genai
 
-from npu_proxy.protocol.messages import SamplingParams
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
-# NOTE: a request that names no limit still must end; Ollama's own default is unlimited
-# (until the context is full), so the cap is the context left after the prompt.
+# NOTE: a request that names no limit still must end: at this many tokens, or at the end
+# of the context when it comes first. Asking for more (Ollama's num_predict -1, any
+# max_tokens) runs to the end of the context at most.
 DEFAULT_MAX_TOKENS = 2048
+# A truncated history leaves the reply the tokens it asked for, at most this share of the
+# context (a max_tokens of 32,000 must not drop the whole history).
+REPLY_SHARE = 4
+
+
+def reply_reserve(max_tokens: int | None, context: int) -> int:
+    """The room a truncated history keeps for the reply."""
+    wanted = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    return max(1, min(wanted, context // REPLY_SHARE))
+
+
+def droppable(messages: list[ChatMessage]) -> list[int]:
+    """The indices of the messages truncation may drop, oldest first: none of the system
+    messages, nor the last user message and what follows it (the turn being answered)."""
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    end = users[-1] if users else len(messages) - 1
+    return [i for i in range(end) if messages[i].role not in ("system", "developer")]
+
+
+def fewest_dropped(fits: Callable[[int], bool], most: int) -> int | None:
+    """The fewest of `most` droppable messages to drop (oldest first) so that `fits`, or
+    None when even dropping them all does not. Binary search: dropping more never makes a
+    prompt longer, and each probe tokenizes the whole rest of the history."""
+    if not fits(most):
+        return None
+    low, high = 0, most  # fits(high) holds; fits(low - 1) does not (or low is 0)
+    while low < high:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def generation_config(

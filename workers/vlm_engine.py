@@ -231,14 +231,16 @@ class VlmEngine(BatchEngine):
         if ready is None:
             return None
         try:
-            images = [image_tensor(data) for data in encoded]
-            text = self.prompting.render_tagged(req)
+            # NOTE: of the messages kept: a truncated history drops its images too.
+            images = [image_tensor(data) for data in _images(ready.req)]
+            text = self.prompting.render_tagged(ready.req)
         except Exception as exc:  # a corrupt image (BadImage); the template rendered before
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         ready.config.apply_chat_template = False
         return VlmPrepared(req=ready.req, ids=ready.ids, config=ready.config,
-                           received=ready.received, text=text, images=images)
+                           received=ready.received, context=ready.context,
+                           dropped=ready.dropped, text=text, images=images)
 
     # --- engine thread -----------------------------------------------------------------------
 

@@ -4,10 +4,15 @@ All are settings of protocol/config.py, and each refusal is in the caller's API'
 shape and status (`dialect_for(scope)`, gateway/http/wire.py):
 
 - the body's size (`max_body_bytes`): gateway/http/body_limit.py;
-- what one generation asks for: messages (`max_messages`), tools (`max_tools`), characters of
-  prompt text (`max_prompt_chars`), and output tokens beyond the model's context: `Limits`,
-  asked by the one request path (gateway/api/request_path.py) for every chat, generate and token
-  count, so no dialect checks them itself. Each is a 400 naming the limit and its setting.
+- what one generation asks for: messages (`max_messages`), tools (`max_tools`) and characters
+  of prompt text (`max_prompt_chars`): `Limits`, asked by the one request path
+  (gateway/api/request_path.py) for every chat, generate and token count, so no dialect checks
+  them itself. Each is a 400 naming the limit and its setting.
+
+Output asked beyond the context (max_tokens 32,000 from Qwen Code and Claude Code) is no limit
+here: the worker clamps it to the room the prompt leaves and ends with the length reason, as
+Ollama and llama.cpp's server do (workers/sampling.py). A prompt that does not fit the context
+is the worker's to find (it counts exactly); gateway/core/errors.py `ContextOverflow`.
 
 Embeddings keep their own two (`max_embed_items`, `max_embed_chars`) in
 gateway/api/embeddings.py, since their inputs are not a conversation.
@@ -17,22 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from starlette.requests import Request
-
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.router import CLAUDE_PREFIX
-from npu_proxy.gateway.http.wire import dialect_for
 from npu_proxy.protocol.config import Config
-from npu_proxy.protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.protocol.messages import ChatMessage
 
 if TYPE_CHECKING:
     from npu_proxy.gateway.content.tools import ToolRequest
     from npu_proxy.gateway.core.catalog import ModelCatalog
-    from npu_proxy.gateway.core.model_table import ServedModel
-
-# What each API calls the output limit (OpenAI's max_completion_tokens lands on max_tokens).
-OUTPUT_PARAM = {"openai": "max_tokens", "responses": "max_output_tokens",
-                "anthropic": "max_tokens", "ollama": "num_predict"}
 
 
 # --- a generation ------------------------------------------------------------------------
@@ -85,22 +81,3 @@ class Limits:
                                f"prompt is too long: {chars} characters; the limit is {limit} "
                                "characters (max_prompt_chars)",
                                param="prompt" if prompt is not None else "messages")
-
-    async def check_output(self, request: Request, model: ServedModel, params: SamplingParams,
-                           requested: str) -> None:
-        """More output tokens than the model's whole context can never be produced: a 400,
-        when the context length is known (see ModelCatalog.context_length).
-
-        NOTE: not for `claude-*` names. Claude Code sizes max_tokens for the Claude model it
-        names (32,000 or 64,000), not for the local model that name stands for, and cannot be
-        told otherwise; as before, the worker stops at the end of the context instead.
-        """
-        wanted = params.max_tokens
-        if wanted is None or requested.strip().lower().startswith(CLAUDE_PREFIX):
-            return
-        context = await self.catalog.context_length(model)
-        if context and wanted > context:
-            name = OUTPUT_PARAM.get(dialect_for(request.scope).name, "max_tokens")
-            raise invalid(f"{name} is {wanted}, more than the context of model '{model.name}' "
-                          f"({context} tokens, prompt included); ask for at most {context}",
-                          param=name)

@@ -6,9 +6,9 @@ count, embeddings) or a `Dispatch`: the model and Generate request to dispatch, 
 and a `Reply` that renders the worker's output as the API's stream events or as one body. A
 chat's Generate request is made the one way (`RequestPath.chat`: tools prepared by
 gateway/content/tools/, the request's id and deadline), and every Generate or Tokenize request
-is first held to the limits (gateway/api/limits.py: messages, tools, prompt length, output
-beyond the context), after what a model made by /api/create adds to it (its system prompt,
-messages and parameters: gateway/content/created_model.py). The rest is here, once:
+is first held to the limits (gateway/api/limits.py: messages, tools, prompt length), after
+what a model made by /api/create adds to it (its system prompt, messages and parameters:
+gateway/content/created_model.py). The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
 - the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
@@ -137,7 +137,6 @@ class RequestPath:
         messages = with_messages(messages, model) if messages is not None else None
         params = with_params(params, model)
         self.limits.check_input(messages, prompt, None)
-        await self.limits.check_output(request, model, params, requested)
         return self._generate(request, model, params, messages=messages, prompt=prompt,
                               template_vars=template_vars)
 
@@ -151,7 +150,6 @@ class RequestPath:
         self.limits.check_input(messages, None, tools)
         if tools is not None and tools.tools:
             require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
-        await self.limits.check_output(request, model, params, requested)
         prep = await self.tooling.prepare(model, messages, tools, params)
         msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools,
                              template_vars=template_vars)

@@ -141,6 +141,10 @@ def anthropic_params(
     return params
 
 
+# A max_tokens no context reaches: the worker stops at the end of the context instead.
+UNTIL_CONTEXT_FULL = 2**31 - 1
+
+
 class OllamaOptions(msgspec.Struct, omit_defaults=True):
     num_predict: int | None = None
     temperature: float | None = None
@@ -169,7 +173,9 @@ def ollama_params(options: dict[str, Any] | None, json_schema: str | None) -> Sa
         _int64(name, getattr(opts, name), param="options")
     max_tokens = opts.num_predict
     if max_tokens is not None and max_tokens < 0:
-        max_tokens = None  # -1 (and -2): until the context is full
+        # NOTE: -1 (and -2): until the context is full. The worker clamps any max_tokens to
+        # the room the prompt leaves, so the largest number means exactly that.
+        max_tokens = UNTIL_CONTEXT_FULL
     return _check_ranges(SamplingParams(
         max_tokens=max_tokens if max_tokens != 0 else 1,
         temperature=opts.temperature,

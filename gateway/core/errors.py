@@ -29,6 +29,30 @@ class GatewayError(Exception):
         self.retry_after = retry_after
 
 
+class ContextOverflow(GatewayError):
+    """A prompt longer than the context lets a worker take (kind context_length_exceeded): the
+    exact token count when it was counted (None: refused on its length in characters, at
+    least `floor` tokens), the longest prompt taken and the context. Each API words it the way
+    its clients act on it (gateway/http/wire.py): OpenAI's "maximum context length" sentence,
+    Anthropic's "prompt is too long: N tokens > M maximum" (Claude Code compacts on it)."""
+
+    def __init__(self, message: str, tokens: int | None, floor: int, limit: int, context: int,
+                 param: str = "messages") -> None:
+        super().__init__(400, "context_length_exceeded", message, param=param)
+        self.tokens = tokens
+        self.floor = floor
+        self.limit = limit
+        self.context = context
+
+
+def overflow(frame: Failed, param: str, message: str | None = None) -> ContextOverflow:
+    """A worker's PROMPT_TOO_LONG as the gateway's error."""
+    limit = frame.limit or 0
+    floor = frame.prompt_tokens or frame.floor or limit + 1
+    return ContextOverflow(message or frame.message, frame.prompt_tokens, floor, limit,
+                           frame.context or limit + 1, param=param)
+
+
 def invalid(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, "invalid_request", message, param=param)
 

@@ -21,7 +21,13 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from npu_proxy.gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
-from npu_proxy.gateway.core.errors import GatewayError, from_failed, model_not_found, unavailable
+from npu_proxy.gateway.core.errors import (
+    GatewayError,
+    from_failed,
+    model_not_found,
+    overflow,
+    unavailable,
+)
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.protocol.config import Config
@@ -61,6 +67,11 @@ def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[st
         "X-NPU-Proxy-Route-Reason": reason,
         "X-NPU-Proxy-Token-Count": str(tokens),
     }
+
+
+def _prompt_param(msg: msgspec.Struct) -> str:
+    """The request field a prompt too long is named by: a raw prompt's, or the messages'."""
+    return "prompt" if getattr(msg, "prompt", None) is not None else "messages"
 
 
 _Reply = TypeVar("_Reply", Embeddings, Reranked)
@@ -120,8 +131,16 @@ class Generation:
         self._done = False
 
     def headers(self) -> dict[str, str]:
-        return route_headers(self.accepted.device, self.accepted.worker, self.reason,
-                             self.accepted.prompt_tokens)
+        accepted = self.accepted
+        headers = route_headers(accepted.device, accepted.worker, self.reason,
+                                accepted.prompt_tokens)
+        # NOTE: what the request ran in: a num_ctx above the model's is not had, and a
+        # truncated history (Ollama's chat, Responses truncation "auto") says how much went.
+        if accepted.context:
+            headers["X-NPU-Proxy-Context-Length"] = str(accepted.context)
+        if accepted.dropped:
+            headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
+        return headers
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
@@ -311,10 +330,9 @@ class Router:
                 size = f"{too_long.prompt_tokens} tokens"
             else:  # NOTE: refused on its length in characters, never counted
                 size = f"too long to count ({too_long.message})"
-            raise GatewayError(
-                400, "context_length_exceeded",
-                f"the prompt is {size}, longer than any worker for "
-                f"'{model.name}' takes (limit {too_long.limit})", param="messages")
+            raise overflow(too_long, _prompt_param(msg),
+                           f"the prompt is {size}, longer than any worker for "
+                           f"'{model.name}' takes (limit {too_long.limit})")
         if unsupported is not None and not busy and not down:
             raise GatewayError(400, "invalid_request",
                                f"no worker for '{model.name}' can serve this request: "
@@ -331,6 +349,8 @@ class Router:
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         if isinstance(frame, Failed):
             self.broker.close(stream)
+            if frame.code == ErrorCode.PROMPT_TOO_LONG:
+                raise overflow(frame, _prompt_param(msg))
             raise from_failed(frame)
         if not isinstance(frame, Accepted):
             self.broker.close(stream)

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
-from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.errors import ContextOverflow, GatewayError
 from npu_proxy.gateway.http.util import dumps
 
 SSE = "text/event-stream"
@@ -91,14 +91,31 @@ def openai_error(exc: GatewayError) -> dict[str, Any]:
     code = exc.kind if exc.kind != "invalid_request" else None
     if exc.kind == "authentication":
         code = "invalid_api_key"
-    return {"error": {"message": exc.message, "type": _OPENAI_TYPES.get(exc.status, "server_error"),
+    message = exc.message
+    if isinstance(exc, ContextOverflow):
+        message = _openai_overflow(exc, exc.param or "messages")
+    return {"error": {"message": message, "type": _OPENAI_TYPES.get(exc.status, "server_error"),
                       "param": exc.param, "code": code}}
+
+
+def _openai_overflow(exc: ContextOverflow, field: str) -> str:
+    """OpenAI's sentence, which clients (LiteLLM, LangChain's trimmers) recognise."""
+    size = f"{exc.tokens}" if exc.tokens is not None else f"at least {exc.floor}"
+    return (f"This model's maximum context length is {exc.context} tokens. However, your "
+            f"{field} resulted in {size} tokens (at most {exc.limit} leave room for a reply). "
+            f"Please reduce the length of the {field}.")
+
+
+def responses_error(exc: GatewayError) -> dict[str, Any]:
+    if isinstance(exc, ContextOverflow):
+        exc.param = "input"  # NOTE: the Responses API's input items, whatever they became
+    return openai_error(exc)
 
 
 OPENAI = Dialect("openai", SSE, sse_data, b"data: [DONE]\n\n", openai_error, http_status)
 # NOTE: a Responses stream ends with its response.completed (or .incomplete, .failed) event,
 # no [DONE] line.
-RESPONSES = Dialect("responses", SSE, sse_named, b"", openai_error, http_status)
+RESPONSES = Dialect("responses", SSE, sse_named, b"", responses_error, http_status)
 
 
 # --- Anthropic ---------------------------------------------------------------------------
@@ -116,7 +133,13 @@ def anthropic_status(exc: GatewayError) -> int:
 def anthropic_error(exc: GatewayError) -> dict[str, Any]:
     kind = _ANTHROPIC_TYPES.get(anthropic_status(exc),
                                 "api_error" if exc.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    message = exc.message
+    if isinstance(exc, ContextOverflow):
+        # NOTE: Anthropic's exact form; Claude Code reads both numbers from it to compact
+        # (its pattern allows words before the first, so an uncounted prompt says "at least").
+        size = f"{exc.tokens}" if exc.tokens is not None else f"at least {exc.floor}"
+        message = f"prompt is too long: {size} tokens > {exc.limit} maximum"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 ANTHROPIC = Dialect("anthropic", SSE, sse_event, b"", anthropic_error, anthropic_status)

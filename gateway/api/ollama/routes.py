@@ -117,6 +117,11 @@ class GenerateRequest(_Request):
 class ChatRequest(_Request):
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
+    # Ollama's: a history longer than the context loses its oldest messages (default), or is
+    # a 400 (false). `shift` (Ollama slides the context while generating) is accepted: here
+    # the reply is given room when the history is cut, and ends with "length" at the end.
+    truncate: bool | None = None
+    shift: bool | None = None
 
 
 class ShowRequest(msgspec.Struct):
@@ -372,6 +377,7 @@ class OllamaRoutes(DialectRoutes):
                                                                self.requests.images()),
                                            tool_request(req), params, requested=req.model,
                                            template_vars=variables)
+        msg.truncate = req.truncate is not False
         return self._turn(model, req, msg, keep,
                           OllamaReply(req.model, True, parser, _logprobs(req), thinking))
 

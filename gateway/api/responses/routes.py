@@ -273,6 +273,7 @@ class ResponsesRoutes(DialectRoutes):
         msg, parser = await self.requests.chat(request, model, system + conversation,
                                            request_tools, params, requested=req.model,
                                            template_vars=variables)
+        msg.truncate = req.truncation == "auto"  # oldest input items go first (worker)
         reply = ResponseReply(echo, parser, self.store if store else None, conversation,
                               thinking, self.sealer if sealed else None)
         return Dispatch(model, msg, bool(req.stream), reply, ignored=ignored)
