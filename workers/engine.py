@@ -51,12 +51,7 @@ from npu_proxy.protocol.messages import (
     TokenLogprob,
 )
 from npu_proxy.workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
-from npu_proxy.workers.sampling import (
-    droppable,
-    fewest_dropped,
-    generation_config,
-    reply_reserve,
-)
+from npu_proxy.workers.sampling import generation_config, reply_reserve, trim_history
 
 log = logging.getLogger(__name__)
 
@@ -556,29 +551,18 @@ class EngineBase:
         # NOTE: where another worker may take a longer prompt (the NPU's), it is sent there
         # whole rather than cut here.
         if req.truncate and req.messages and not elsewhere and room < reserve:
-            order = droppable(req.messages)
+            def count(trial: Generate) -> int | None:
+                probe, over = self._measure(trial, limit)
+                return None if over is not None else int(probe.shape[1])
 
-            def trimmed(k: int) -> Generate:
-                gone = set(order[:k])
-                kept = [m for i, m in enumerate(req.messages or []) if i not in gone]
-                return msgspec.structs.replace(req, messages=kept)
-
-            def fits(k: int) -> bool:
-                probe, over = self._measure(trimmed(k), limit)
-                return over is None and context - int(probe.shape[1]) >= reserve
-
-            k = fewest_dropped(fits, len(order)) if order else None
-            if k is None and order:  # even the last turn alone leaves less room: use it
-                k = len(order)
-            if k:
-                cut = trimmed(k)
-                ids, failed = self._measure(cut, limit)
-                if failed is None:
-                    shown = req.log_id or req.id
-                    log.info("request_id=%s: dropped the %d oldest of %d messages to fit the "
-                             "context of %d tokens", shown, k, len(req.messages), context,
-                             extra={"request_id": shown})
-                    return cut, ids, k
+            cut, k = trim_history(req, count, context - reserve)
+            cut_ids, over = self._measure(cut, limit) if k else (ids, failed)
+            if k and over is None:  # NOTE: else as it came, or refused with its whole count
+                shown = req.log_id or req.id
+                log.info("request_id=%s: dropped the %d oldest of %d messages to fit the "
+                         "context of %d tokens", shown, k, len(req.messages), context,
+                         extra={"request_id": shown})
+                return cut, cut_ids, k
         if failed is not None:
             failed.retry_elsewhere, failed.context = elsewhere, context
             return failed

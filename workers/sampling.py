@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import openvino_genai as ov_genai
 
-from npu_proxy.protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams
 
 # NOTE: a request that names no limit still must end: at this many tokens, or at the end
 # of the context when it comes first. Asking for more (Ollama's num_predict -1, any
@@ -47,6 +48,27 @@ def fewest_dropped(fits: Callable[[int], bool], most: int) -> int | None:
         else:
             low = mid + 1
     return low
+
+
+def trim_history(req: Generate, count: Callable[[Generate], int | None],
+                 most: int) -> tuple[Generate, int]:
+    """The request with its fewest oldest messages dropped so that its prompt has at most
+    `most` tokens (`count`: the exact count, None when over the worker's limit), and how many
+    went; all that `droppable` allows when even that is not enough (the caller checks)."""
+    order = droppable(req.messages or [])
+
+    def trimmed(k: int) -> Generate:
+        gone = set(order[:k])
+        kept = [m for i, m in enumerate(req.messages or []) if i not in gone]
+        return msgspec.structs.replace(req, messages=kept)
+
+    def fits(k: int) -> bool:
+        n = count(trimmed(k))
+        return n is not None and n <= most
+
+    k = fewest_dropped(fits, len(order)) if order else 0
+    k = len(order) if k is None else k
+    return (trimmed(k), k) if k else (req, 0)
 
 
 def generation_config(

@@ -45,12 +45,13 @@ class ContextOverflow(GatewayError):
         self.context = context
 
 
-def overflow(frame: Failed, param: str, message: str | None = None) -> ContextOverflow:
-    """A worker's PROMPT_TOO_LONG as the gateway's error."""
+def overflow(frame: Failed, raw: bool, message: str | None = None) -> ContextOverflow:
+    """A worker's PROMPT_TOO_LONG as the gateway's error; `raw` for a raw prompt's (param
+    `prompt`), else the messages'."""
     limit = frame.limit or 0
     floor = frame.prompt_tokens or frame.floor or limit + 1
     return ContextOverflow(message or frame.message, frame.prompt_tokens, floor, limit,
-                           frame.context or limit + 1, param=param)
+                           frame.context or limit + 1, param="prompt" if raw else "messages")
 
 
 def invalid(message: str, param: str | None = None) -> GatewayError:

@@ -69,11 +69,6 @@ def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[st
     }
 
 
-def _prompt_param(msg: msgspec.Struct) -> str:
-    """The request field a prompt too long is named by: a raw prompt's, or the messages'."""
-    return "prompt" if getattr(msg, "prompt", None) is not None else "messages"
-
-
 _Reply = TypeVar("_Reply", Embeddings, Reranked)
 
 
@@ -330,7 +325,7 @@ class Router:
                 size = f"{too_long.prompt_tokens} tokens"
             else:  # NOTE: refused on its length in characters, never counted
                 size = f"too long to count ({too_long.message})"
-            raise overflow(too_long, _prompt_param(msg),
+            raise overflow(too_long, getattr(msg, "prompt", None) is not None,
                            f"the prompt is {size}, longer than any worker for "
                            f"'{model.name}' takes (limit {too_long.limit})")
         if unsupported is not None and not busy and not down:
@@ -350,7 +345,7 @@ class Router:
         if isinstance(frame, Failed):
             self.broker.close(stream)
             if frame.code == ErrorCode.PROMPT_TOO_LONG:
-                raise overflow(frame, _prompt_param(msg))
+                raise overflow(frame, msg.prompt is not None)
             raise from_failed(frame)
         if not isinstance(frame, Accepted):
             self.broker.close(stream)
