@@ -235,12 +235,18 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     api_key: str = ""
     # Serve a non-loopback address without a key: anyone who reaches the port can use it.
     allow_unauthenticated_remote: bool = False
-    # Host header names accepted besides loopback (localhost, 127.0.0.1, [::1]) and `host`
-    # (a name, without port; "*" = any). Refusing the others stops DNS rebinding.
+    # Host header names accepted on a loopback bind besides loopback, private and link-local
+    # IP literals, this machine's hostname and names under .localhost/.local/.internal
+    # (a name, without port; "*" = any). Refusing the others stops DNS rebinding. A
+    # non-loopback bind accepts any Host, as Ollama does (and needs a key).
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
-    # Browser origins (e.g. "https://chat.example.com", "http://*.example.lan:*", "*") whose
-    # pages may call the API; loopback origins (http://localhost:*, http://127.0.0.1:*,
-    # http://[::1]:*) always may, every other page is refused (403), like OLLAMA_ORIGINS.
+    # Browser origins (e.g. "https://chat.example.com", "http://*.example.lan:*", "*",
+    # "null") whose pages may call the API besides Ollama's defaults, which always may:
+    # http(s) pages of localhost, 127.0.0.1, [::1] and 0.0.0.0 on any port, app://,
+    # file://, tauri://, vscode-webview://, vscode-file:// and browser extensions
+    # (gateway/http/policy.py DEFAULT_ORIGINS). Every other page is refused (403), like
+    # OLLAMA_ORIGINS. "*" admits every web origin but not "null" (sandboxed frames, files),
+    # which is admitted only when listed.
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     heartbeat_interval: float = 0.5
     grace_period: float = 10.0

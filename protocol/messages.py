@@ -74,6 +74,9 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     # order the client sent them, checked by the gateway (gateway/content/images.py); only a `vlm`
     # worker takes them (workers/vlm_engine.py).
     images: list[bytes] = []
+    # An assistant turn's reasoning, replayed by a client (Responses `reasoning` items): chat
+    # templates of thinking models read it as `message.reasoning_content` (Qwen3's does).
+    reasoning_content: str | None = None
 
 
 # --- gateway -> worker -------------------------------------------------------------------

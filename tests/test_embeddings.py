@@ -259,15 +259,46 @@ def test_token_arrays_say_text_is_required(base_url: str, oai: openai.OpenAI,
     assert "token ids" in _ollama_error(r)
 
 
-def test_dimensions(oai: openai.OpenAI, base_url: str) -> None:
+def _head(vector: Any, n: int) -> np.ndarray[Any, Any]:
+    """The first n components of a vector, renormalised: what `dimensions` must answer."""
+    head = np.asarray(vector[:n], dtype=np.float64)
+    return head / np.linalg.norm(head)
+
+
+def test_dimensions_below_native_are_the_renormalised_head(
+        oai: openai.OpenAI, oai_loose: openai.OpenAI, olla: ollama.Client) -> None:
+    texts = [CAT, STOCKS]
+    native = [d.embedding for d in
+              oai.embeddings.create(model=EMBED, input=texts, encoding_format="float").data]
+    assert all(len(v) == 384 for v in native)
+    answers = {
+        "openai float": [d.embedding for d in oai.embeddings.create(
+            model=EMBED, input=texts, dimensions=128, encoding_format="float").data],
+        # The SDK's own default: base64, decoded by the SDK.
+        "openai base64": [list(d.embedding) for d in oai_loose.embeddings.create(
+            model=EMBED, input=texts, dimensions=128).data],
+        "ollama": [list(v) for v in olla.embed(model=EMBED, input=texts,
+                                               dimensions=128).embeddings],
+    }
+    for how, vectors in answers.items():
+        assert [len(v) for v in vectors] == [128, 128], how
+        for vector, full in zip(vectors, native, strict=True):
+            assert abs(np.linalg.norm(np.asarray(vector, dtype=np.float64)) - 1.0) < 1e-5, how
+            assert cosine(vector, _head(full, 128)) > 0.9999, how
+    # The raw head is shorter than unit length: the answers above were renormalised.
+    assert np.linalg.norm(np.asarray(native[0][:128])) < 0.99
+
+
+def test_dimensions_above_native_are_400(oai: openai.OpenAI, base_url: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        oai.embeddings.create(model=EMBED, input=CAT, dimensions=128)
+        oai.embeddings.create(model=EMBED, input=CAT, dimensions=512)
     assert "384" in info.value.message and info.value.param == "dimensions"
     r = httpx.post(base_url + "/api/embed", json={"model": EMBED, "input": CAT,
-                                                  "dimensions": 128})
+                                                  "dimensions": 512})
     assert "384" in _ollama_error(r)
     ok = oai.embeddings.create(model=EMBED, input=CAT, dimensions=384, encoding_format="float")
     assert len(ok.data[0].embedding) == 384
+    assert np.linalg.norm(np.asarray(ok.data[0].embedding)) == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("body, param", [

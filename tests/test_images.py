@@ -40,10 +40,10 @@ import pytest
 from PIL import Image
 from serverctl import Server
 
-from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api import anthropic_input as anthropic_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
-from npu_proxy.gateway.api.responses import routes as responses_api
+from npu_proxy.gateway.api.responses import inputs as responses_api
 from npu_proxy.gateway.content import images as images_mod
 from npu_proxy.gateway.content.images import (
     MAX_REDIRECTS,

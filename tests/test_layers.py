@@ -220,8 +220,7 @@ MAX_LINES = 400
 # only shrinks: a module that grows past the limit, or one listed that no longer needs to be,
 # fails the test below.
 OVER_LIMIT = {
-    "gateway/api/anthropic.py", "gateway/api/ollama/routes.py", "gateway/api/openai.py",
-    "gateway/content/tools.py",
+    "gateway/api/ollama/routes.py", "gateway/api/openai.py",
     "gateway/core/metrics.py", "models/facts.py", "models/pull.py", "protocol/config.py",
     "supervisor/service.py", "workers/embed_engine.py", "workers/engine.py",
 }

@@ -203,7 +203,9 @@ def test_root_and_version(http: httpx.Client) -> None:
         assert version.status_code == 200
     parts = http.get("/api/version").json()["version"].split(".")
     assert len(parts) == 3 and all(p.isdigit() for p in parts)
-    assert tuple(int(p) for p in parts) >= (0, 6, 4)
+    # Codex CLI's Ollama provider (codex-rs/ollama `min_responses_version`) uses the
+    # Responses API only from 0.13.4 on and stops with "Ollama X is too old" below it.
+    assert tuple(int(p) for p in parts) >= (0, 13, 4)
 
 
 def test_ndjson_framing_and_default_streaming(http: httpx.Client) -> None:

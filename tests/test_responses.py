@@ -248,18 +248,6 @@ def test_retrieve_and_delete(client: openai.OpenAI, base_url: str) -> None:
         client.responses.create(model=LLM, input="x", previous_response_id=resp.id)
 
 
-@pytest.mark.parametrize("tool", [
-    {"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]},
-    {"type": "computer_use_preview", "display_width": 1, "display_height": 1,
-     "environment": "linux"},
-    {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1"},
-])
-def test_unknown_tool_type_is_400(client: openai.OpenAI, tool: dict[str, Any]) -> None:
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model=LLM, input="hi", tools=[tool])  # type: ignore[list-item]
-    assert info.value.param == "tools" and tool["type"] in info.value.message
-
-
 def test_image_input_is_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=LLM, input=[{"role": "user", "content": [

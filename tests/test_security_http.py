@@ -7,7 +7,9 @@ the key on every route that does work or shows state, the bind policy, a redacte
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,12 +78,25 @@ def test_a_foreign_host_is_refused_in_each_api_shape(base_url: str, path: str,
         assert r.json()["error"]["type"] == "permission_error"
 
 
-def test_loopback_hosts_are_served(base_url: str) -> None:
+def test_local_hosts_are_served(base_url: str) -> None:
     port = base_url.rsplit(":", 1)[1]
+    hostname = socket.gethostname()
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST",
-                 "127.0.0.1", f"0.0.0.0:{port}"):
+                 "127.0.0.1", f"0.0.0.0:{port}",
+                 # Open WebUI in Docker, mDNS and other local-only names (Ollama's list).
+                 f"host.docker.internal:{port}", "gateway.docker.internal", "npu-box.local",
+                 f"{hostname}.local:{port}", "app.localhost", f"{hostname}:{port}",
+                 # IP literals no rebound name sends: private, link-local, unspecified.
+                 f"192.168.7.9:{port}", "10.1.2.3", "172.16.0.5", f"[fe80::1]:{port}",
+                 "169.254.10.20", "[fd00::5]", "[::]"):
         r = httpx.get(base_url + "/api/tags", headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
+    # Public names and public IP literals stay refused on a loopback bind.
+    for host in ("evil.example", "8.8.8.8", "[2001:4860::8888]", "local.evil.example",
+                 "internal.evil.example:80", "docker.internal.evil.example",
+                 f"{hostname}.evil.example"):
+        r = httpx.get(base_url + "/api/tags", headers={"Host": host})
+        assert r.status_code == 403, (host, r.text)
 
 
 @pytest.mark.parametrize(("path", "body"), ROUTES)
@@ -97,6 +112,37 @@ def test_a_foreign_origin_is_refused_without_cors(base_url: str, path: str,
     assert preflight.status_code == 403 and not cors_headers(preflight)
     # `null` (a sandboxed frame, a file) is a foreign origin too.
     assert httpx.get(base_url + "/api/tags", headers={"Origin": "null"}).status_code == 403
+    for other in ("https://evil.example", "http://localhost.evil.example:3000",
+                  "https://127.0.0.1.evil.example", "http://0.0.0.0.evil.example",
+                  "https://app.evil.example", "http://evil.example/app://x", "http://[zz"):
+        r = httpx.get(base_url + "/api/tags", headers={"Origin": other, **BROWSER})
+        assert r.status_code == 403 and not cors_headers(r), other
+
+
+# Ollama's default origins (envconfig.AllowedOrigins) and the browser extensions.
+DEFAULT_ORIGINS = ["http://0.0.0.0:8080", "https://0.0.0.0", "http://127.0.0.1",
+                   "https://localhost:8443", "app://obsidian.md", "file://", "tauri://localhost",
+                   "vscode-webview://1d8f0a7c2b", "vscode-file://vscode-app",
+                   "chrome-extension://abcdefghijklmnopabcdefghijklmnop",
+                   "moz-extension://2b5c4e8a-1f3d-4c6b-9a7e-0d1f2e3c4b5a",
+                   "safari-web-extension://5f1c2d3e", "ms-browser-extension://x"]
+
+
+@pytest.mark.parametrize("origin", DEFAULT_ORIGINS)
+def test_ollamas_default_origins_and_extensions_get_cors_answers(base_url: str,
+                                                                 origin: str) -> None:
+    preflight = httpx.options(base_url + "/api/chat", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type", **BROWSER})
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == origin
+    r = httpx.post(base_url + "/api/show", json={"model": LLM},
+                   headers={"Origin": origin, **BROWSER})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+    # A page is a browser: its JSON must be JSON.
+    r = httpx.post(base_url + "/api/show", content=json.dumps({"model": LLM}),
+                   headers={"Origin": origin, "Content-Type": "text/plain", **BROWSER})
+    assert r.status_code == 415
 
 
 def test_a_cross_site_request_without_origin_is_refused_but_navigation_is_not(
@@ -113,20 +159,43 @@ def test_a_cross_site_request_without_origin_is_refused_but_navigation_is_not(
 
 
 @pytest.mark.parametrize(("path", "body"), ROUTES)
-def test_simple_body_types_are_415_in_each_api_shape(base_url: str, path: str,
-                                                     body: dict[str, Any]) -> None:
+def test_simple_body_types_from_a_page_are_415_in_each_api_shape(
+        base_url: str, path: str, body: dict[str, Any]) -> None:
     raw = json.dumps(body)
-    for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                  "multipart/form-data; boundary=x"):
-        r = httpx.post(base_url + path, content=raw, headers={"Content-Type": ctype})
-        assert r.status_code == 415, (ctype, r.text)
-        assert error_shape(path, r.json()) in ("openai", "anthropic", "ollama")
-        assert "application/json" in r.text
-    # From an allowed (loopback) page too: a JSON API takes JSON.
-    r = httpx.post(base_url + path, content=raw, headers={
-        "Content-Type": "text/plain", "Origin": "http://localhost:3000", **BROWSER})
-    assert r.status_code == 415
+    # A page of an allowed (loopback) origin, and one whose fetch says it is same-site.
+    pages = ({"Origin": "http://localhost:3000", **BROWSER},
+             {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors"})
+    for page in pages:
+        for ctype in ("text/plain", "text/plain;charset=UTF-8",
+                      "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            r = httpx.post(base_url + path, content=raw, headers={"Content-Type": ctype, **page})
+            assert r.status_code == 415, (ctype, page, r.text)
+            assert error_shape(path, r.json()) in ("openai", "anthropic", "ollama")
+            assert "application/json" in r.text
+    r = httpx.post(base_url + path, content=raw, headers={"Content-Type": "text/plain",
+                                                          **pages[0]})
     assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+def test_a_tool_may_send_json_with_any_content_type(base_url: str) -> None:
+    """What `curl -d`, PowerShell's Invoke-RestMethod and Python's urllib send: a form type
+    (or text/plain) with a JSON body, and no browser markers — read as JSON, as by Ollama."""
+    show = json.dumps({"model": LLM})
+    generate = json.dumps({"model": LLM, "prompt": "hi", "stream": False,
+                           "options": {"num_predict": 1}})
+    for ctype in ("application/x-www-form-urlencoded", "text/plain", "text/plain;charset=UTF-8",
+                  "multipart/form-data; boundary=x", "application/octet-stream"):
+        r = httpx.post(base_url + "/api/show", content=show, headers={"Content-Type": ctype})
+        assert r.status_code == 200 and "model_info" in r.json(), (ctype, r.text)
+        r = httpx.post(base_url + "/api/generate", content=generate,
+                       headers={"Content-Type": ctype}, timeout=60)
+        assert r.status_code == 200 and r.json()["done"] is True, (ctype, r.text)
+    r = httpx.post(base_url + "/v1/chat/completions", content=json.dumps(PROBE),
+                   headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=60)
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    # Python's urllib with `data=`: application/x-www-form-urlencoded as well.
+    with urllib.request.urlopen(base_url + "/api/show", data=show.encode(), timeout=60) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["details"]["format"]
 
 
 def test_json_with_charset_and_no_content_type_are_accepted(base_url: str) -> None:
@@ -197,14 +266,17 @@ def test_the_key_guards_every_route_that_works_or_tells(opened: Server) -> None:
         assert "pid" not in r.text
 
 
-def test_configured_hosts_and_ip_literals_on_a_wildcard_bind(opened: Server) -> None:
+def test_a_wildcard_bind_serves_any_host_with_the_key(opened: Server) -> None:
+    """As Ollama: a server bound to the network is reached by names it cannot know (a LAN
+    DNS name, a public IP); what guards it there is the key."""
     auth = {"Authorization": f"Bearer {KEY}"}
     for host in (f"npu-box.lan:{opened.port}", "NPU-BOX.LAN", f"192.168.7.9:{opened.port}",
-                 f"[fe80::1]:{opened.port}", f"localhost:{opened.port}"):
+                 f"[fe80::1]:{opened.port}", f"localhost:{opened.port}", "evil.example",
+                 "203.0.113.7", "npu.corp.example.com:443"):
         r = httpx.get(opened.url + "/api/tags", headers={"Host": host, **auth})
         assert r.status_code == 200, (host, r.text)
-    r = httpx.get(opened.url + "/api/tags", headers={"Host": "evil.example", **auth})
-    assert r.status_code == 403
+        r = httpx.get(opened.url + "/api/tags", headers={"Host": host})
+        assert r.status_code == 401, (host, r.text)
 
 
 def test_a_configured_origin_gets_cors_answers(opened: Server) -> None:
@@ -260,6 +332,26 @@ def test_prometheus_scrapes_with_the_key(opened: Server, tmp_path: Path) -> None
         wait_for(scraped, 30, every=0.3)
         samples = query(prom, 'scrape_samples_scraped{job="npu-proxy"}')
         assert float(samples[0]["value"][1]) > 0
+
+
+# --- every web origin allowed ("*"), on loopback ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def every_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("star"), workers=[],
+                    allowed_origins=["*"]).start()
+    yield server
+    server.stop()
+
+
+def test_star_admits_every_web_origin_but_not_null(every_origin: Server) -> None:
+    for origin in ("https://evil.example", "http://chat.example.com:8080", "app://x"):
+        r = httpx.get(every_origin.url + "/api/tags", headers={"Origin": origin, **BROWSER})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+    # Any page can make itself `null` (a sandboxed frame): "*" is not an explicit "null".
+    r = httpx.get(every_origin.url + "/api/tags", headers={"Origin": "null", **BROWSER})
+    assert r.status_code == 403 and not cors_headers(r)
 
 
 # --- starting: the bind policy and the runtime folder -------------------------------------

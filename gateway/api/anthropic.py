@@ -6,17 +6,20 @@ message object or the named SSE events (`message_start`, `content_block_start`,
 `message_delta`, `message_stop`; `ping` after the start). Decoding, dispatch, streaming and
 errors are the shared request path (gateway/api/request_path.py); the error shape (503 as 529), the
 `error` event mid-stream and the event framing are ANTHROPIC in gateway/http/wire.py. Tools
-(gateway/content/tools.py) and sampling (gateway/content/params.py) are shared too.
+(gateway/content/tools/) and sampling (gateway/content/params.py) are shared too.
 
 Decisions:
 - `x-api-key` or `Authorization: Bearer` are accepted (checked by gateway/http/auth.py when an
   api_key is configured); `anthropic-version`, `anthropic-beta` and `?beta=true` are ignored.
 - `claude-*` model names resolve to a local model (Router.resolve: `claude_model`, else the
   default LLM), and the response echoes the name that was asked for.
-- `system` text blocks are joined; `cache_control`, `metadata` and thinking blocks in a
-  history are ignored; documents are a 400. `image` blocks (a base64 source, or a url source
-  where the server fetches URLs) on a model with vision go with their user message, or with
-  the tool message of the tool_result holding them (gateway/content/images.py checks them).
+- The request's `system`, `messages` (a `system` role inside them is a system turn at its
+  position), content blocks and tools are translated by gateway/api/anthropic_input.py;
+  `cache_control`, `metadata`, `context_management`, `output_config.effort`,
+  `thinking.display` and `defer_loading` are accepted and change nothing; server tools are
+  left out and named in the `X-NPU-Proxy-Ignored` header. `image` blocks (a base64 source,
+  or a url source where the server fetches URLs) on a model with vision go with their user
+  message, or with the tool message of the tool_result holding them.
 - `thinking` (`{"type": "enabled", ...}`) on a thinking model gives its reasoning as a
   `thinking` block (signature "") before the text, streamed as `thinking_delta`s; without it
   the template's `enable_thinking` is false and any reasoning is left out, as Claude does.
@@ -38,40 +41,31 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
-from npu_proxy.gateway.content.images import Images
-from npu_proxy.gateway.content.params import anthropic_params, json_schema_text
-from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
-from npu_proxy.gateway.content.tools import (
-    CallParser,
-    ToolCall,
-    ToolRequest,
-    anthropic_choice,
-    anthropic_tools,
-    fragments,
-    history_call,
+from npu_proxy.gateway.api.anthropic_input import (
+    InMessage,
+    chat_messages,
+    output_schema,
+    tool_request,
 )
-from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.content.ignored import Ignored
+from npu_proxy.gateway.content.params import anthropic_params
+from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
+from npu_proxy.gateway.content.tools import CallParser, ToolCall, fragments
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.ids import new_id
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Generation
 from npu_proxy.gateway.http.util import unless_disconnected
-from npu_proxy.models.capabilities import VISION, Capabilities
-from npu_proxy.protocol.messages import ChatMessage
+
+__all__ = ["AnthropicRoutes", "CountRequest", "InMessage", "MessagesRequest", "chat_messages",
+           "model_info", "models_page"]
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
-IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 
 
 # --- request shapes ----------------------------------------------------------------------
-
-
-class InMessage(msgspec.Struct):
-    role: str
-    content: str | list[dict[str, Any]]
 
 
 class CountRequest(msgspec.Struct):
@@ -123,143 +117,6 @@ def models_page(names: list[str], created: int, request: Request) -> Response:
     return JSONResponse({"data": [model_info(n, created) for n in page], "has_more": has_more,
                          "first_id": page[0] if page else None,
                          "last_id": page[-1] if page else None})
-
-
-# --- translation -------------------------------------------------------------------------
-
-
-def _block_text(block: dict[str, Any], where: str) -> str:
-    text = block.get("text")
-    if not isinstance(text, str):
-        raise invalid(f"{where}: a text block needs a string 'text'", param="messages")
-    return text
-
-
-def system_text(system: str | list[dict[str, Any]] | None) -> str:
-    if system is None or isinstance(system, str):
-        return system or ""
-    parts = []
-    for i, block in enumerate(system):
-        if block.get("type") != "text":
-            raise invalid(f"system[{i}]: only text blocks are supported", param="system")
-        parts.append(_block_text(block, f"system[{i}]"))
-    return "\n\n".join(parts)
-
-
-async def _image(block: dict[str, Any], where: str, caps: Capabilities, requested: str,
-                 images: Images) -> bytes:
-    """An image block's checked bytes: a base64 source (media_type image/*) or, where this
-    server fetches URLs, a url source."""
-    require(caps, VISION, requested, "messages")
-    source = block.get("source")
-    kind = source.get("type") if isinstance(source, dict) else None
-    field = f"{where}.source"
-    if kind == "base64" and isinstance(source, dict):
-        media = source.get("media_type")
-        if not isinstance(media, str) or not media.lower().startswith("image/"):
-            raise invalid(f"{field}.media_type must be an image type such as image/png",
-                          param="messages")
-        return await images.base64(source.get("data"), f"{field}.data", "messages")
-    if kind == "url" and isinstance(source, dict):
-        return await images.url(source.get("url"), f"{field}.url", "messages")
-    raise invalid(f"{field}: an image source must be of type base64 or url", param="messages")
-
-
-async def _result(block: dict[str, Any], where: str, caps: Capabilities, requested: str,
-                  images: Images) -> tuple[str, list[bytes]]:
-    """A tool result's text and images."""
-    content = block.get("content")
-    found: list[bytes] = []
-    if content is None or isinstance(content, str):
-        text = content or ""
-    else:
-        parts = []
-        for k, sub in enumerate(content):
-            if sub.get("type") == "text":
-                parts.append(_block_text(sub, where))
-            elif sub.get("type") == "image":
-                found.append(await _image(sub, f"{where}.content[{k}]", caps, requested,
-                                          images))
-            elif sub.get("type") in UNSUPPORTED_BLOCKS:
-                raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
-                              "model", param="messages")
-        text = "\n\n".join(parts)
-    return (f"Error: {text}" if block.get("is_error") else text), found
-
-
-async def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[InMessage],
-                        caps: Capabilities, requested: str, images: Images
-                        ) -> list[ChatMessage]:
-    """The chat in the internal form; what the model cannot take (`caps`) is a 400. A user
-    message's images go with its text (a tool result's with the tool message)."""
-    if not messages:
-        raise invalid("messages: at least one message is required", param="messages")
-    out: list[ChatMessage] = []
-    if text := system_text(system):
-        out.append(ChatMessage(role="system", content=text))
-    for i, m in enumerate(messages):
-        if m.role not in ("user", "assistant"):
-            raise invalid(f"messages[{i}].role must be 'user' or 'assistant'", param="messages")
-        blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) \
-            else m.content
-        texts: list[str] = []
-        found: list[bytes] = []
-        calls: list[dict[str, Any]] = []
-        for j, block in enumerate(blocks):
-            where = f"messages[{i}].content[{j}]"
-            kind = block.get("type")
-            if kind == "text":
-                texts.append(_block_text(block, where))
-            elif kind == "tool_use" and m.role == "assistant":
-                if not isinstance(block.get("name"), str):
-                    raise invalid(f"{where}: tool_use needs a name", param="messages")
-                calls.append(history_call(block.get("id"), block["name"], block.get("input")))
-            elif kind == "tool_result" and m.role == "user":
-                if texts or found:
-                    out.append(ChatMessage(role="user", content="\n\n".join(texts),
-                                           images=found))
-                    texts, found = [], []
-                text, result_images = await _result(block, where, caps, requested, images)
-                out.append(ChatMessage(role="tool", content=text, images=result_images,
-                                       tool_call_id=str(block.get("tool_use_id", ""))))
-            elif kind == "image" and m.role == "user":
-                found.append(await _image(block, where, caps, requested, images))
-            elif kind in UNSUPPORTED_BLOCKS:
-                if kind == "image":
-                    require(caps, VISION, requested, "messages")
-                raise invalid(f"{where}: {kind} content is not supported by this model",
-                              param="messages")
-            elif kind in IGNORED_BLOCKS:
-                continue
-            else:
-                raise invalid(f"{where}: unknown content block type '{kind}'",
-                              param="messages")
-        if m.role == "assistant":
-            out.append(ChatMessage(role="assistant", content="\n\n".join(texts),
-                                   tool_calls=calls or None))
-        elif texts or found or not blocks:
-            out.append(ChatMessage(role="user", content="\n\n".join(texts), images=found))
-    return out
-
-
-def output_schema(config: dict[str, Any] | None) -> str | None:
-    """Structured outputs: `output_config.format = {"type": "json_schema", "schema": {...}}`."""
-    fmt = (config or {}).get("format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or \
-            not isinstance(fmt.get("schema"), dict):
-        raise invalid("output_config.format must be {\"type\": \"json_schema\", \"schema\": "
-                      "{...}}", param="output_config")
-    return json_schema_text(fmt["schema"])
-
-
-def tool_request(req: CountRequest) -> ToolRequest | None:
-    tools = anthropic_tools(req.tools)
-    if not tools:
-        return None
-    choice, parallel = anthropic_choice(req.tool_choice, True)
-    return ToolRequest(tools, choice, parallel)
 
 
 class StopMatcher:
@@ -472,7 +329,8 @@ class AnthropicRoutes(DialectRoutes):
         msg = await self.requests.tokenize(request, model,
                                        await chat_messages(req.system, req.messages, caps,
                                                            req.model, self.requests.images()),
-                                       tool_request(req), template_vars=variables)
+                                       tool_request(req.tools, req.tool_choice),
+                                       template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
 
@@ -484,10 +342,12 @@ class AnthropicRoutes(DialectRoutes):
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
         thinking, variables = await self._thinking(model, req)
-        msg, parser = await self.requests.chat(request, model,
-                                           await chat_messages(req.system, req.messages, caps,
-                                                               req.model, self.requests.images()),
-                                           tool_request(req), params, requested=req.model,
+        ignored = Ignored()
+        messages = await chat_messages(req.system, req.messages, caps, req.model,
+                                       self.requests.images(), ignored)
+        msg, parser = await self.requests.chat(request, model, messages,
+                                           tool_request(req.tools, req.tool_choice, ignored),
+                                           params, requested=req.model,
                                            template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)
-        return Dispatch(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply, ignored=ignored)

@@ -4,7 +4,8 @@ Both translate their wire format to one Embed request; the worker answers with r
 little-endian float32 bytes and a shape, which are read with numpy and written as JSON
 floats or (OpenAI base64) sent on as the very same bytes. Decoding and errors in each API's
 shape are the shared request path (gateway/api/request_path.py); an embedding is not watched for a
-client that goes away (it is one short batch, not a stream).
+client that goes away (it is one short batch, not a stream). `dimensions` below the model's
+size keeps each vector's first components, renormalised to unit length (`shortened`).
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ class EmbeddingRoutes(DialectRoutes):
 
     def _check_dimensions(self, model: ServedModel, wanted: int | None,
                           native: int | None) -> None:
-        if wanted is None or native is None or wanted == native:
+        if wanted is None or native is None or wanted <= native:
             return
-        raise invalid(f"model '{model.name}' makes {native}-dimensional vectors and does not "
-                      f"support shortening them; omit 'dimensions' or set it to {native}",
+        raise invalid(f"model '{model.name}' makes {native}-dimensional vectors; 'dimensions' "
+                      f"is {wanted}, more than that: omit it or set it to at most {native}",
                       param="dimensions")
 
     async def _embed(self, request: Request, model: ServedModel, texts: list[str],
@@ -144,6 +145,8 @@ class EmbeddingRoutes(DialectRoutes):
             raise
         self._dims[model.name] = done.frame.dims
         self._check_dimensions(model, dimensions, done.frame.dims)
+        if dimensions is not None and dimensions < done.frame.dims:
+            done.frame = shortened(done.frame, dimensions)
         return done
 
     # --- OpenAI --------------------------------------------------------------------------
@@ -217,3 +220,13 @@ class EmbeddingRoutes(DialectRoutes):
 
 def _matrix(frame: Embeddings) -> np.ndarray[Any, Any]:
     return np.frombuffer(frame.data, dtype="<f4").reshape(frame.rows, frame.dims)
+
+
+def shortened(frame: Embeddings, dims: int) -> Embeddings:
+    """Each vector's first `dims` components, renormalised to unit length, as OpenAI and
+    Ollama answer `dimensions`. NOTE: it keeps meaning only for models trained for it
+    (Matryoshka: nomic-embed, OpenAI's text-embedding-3); for others it is a rough cut."""
+    head = _matrix(frame)[:, :dims].astype(np.float64)
+    norms = np.linalg.norm(head, axis=1, keepdims=True)
+    head /= np.where(norms > 0.0, norms, 1.0)  # NOTE: an all-zero head stays zero
+    return msgspec.structs.replace(frame, data=head.astype("<f4").tobytes(), dims=dims)

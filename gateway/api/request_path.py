@@ -5,7 +5,7 @@ and returns either a finished Response (answered without a generation: a load re
 count, embeddings) or a `Dispatch`: the model and Generate request to dispatch, whether to stream,
 and a `Reply` that renders the worker's output as the API's stream events or as one body. A
 chat's Generate request is made the one way (`RequestPath.chat`: tools prepared by
-gateway/content/tools.py, the request's id and deadline), and every Generate or Tokenize request
+gateway/content/tools/, the request's id and deadline), and every Generate or Tokenize request
 is first held to the limits (gateway/api/limits.py: messages, tools, prompt length, output
 beyond the context), after what a model made by /api/create adds to it (its system prompt,
 messages and parameters: gateway/content/created_model.py). The rest is here, once:
@@ -15,7 +15,9 @@ messages and parameters: gateway/content/created_model.py). The rest is here, on
 - a stream is framed, ended and typed the dialect's way (gateway/http/wire.py); otherwise
   the output is collected, under the same watch, and rendered as one JSON body;
 - a GatewayError before the first byte is the API's error response (status, Retry-After);
-  after it, the API's error event is the stream's last.
+  after it, the API's error event is the stream's last;
+- what the request sent and the server left out (`Dispatch.ignored`) is named in the
+  `X-NPU-Proxy-Ignored` header and one INFO log line (gateway/content/ignored.py).
 The dialect is the one `dialect_for(scope)` picks for the request.
 """
 
@@ -32,6 +34,7 @@ from starlette.routing import Route
 
 from npu_proxy.gateway.api.limits import Limits
 from npu_proxy.gateway.content.created_model import with_messages, with_params
+from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import ImageLimits, Images
 from npu_proxy.gateway.content.reasoning import Thinking
 from npu_proxy.gateway.content.schema_check import check_regex, check_schema
@@ -74,6 +77,11 @@ class Dispatch:
     reply: Reply
     # Called once the generation ended, however it ended (Ollama's keep_alive counts from it).
     ended: Callable[[], None] | None = None
+    # What the request sent that the server left out (gateway/content/ignored.py): a header.
+    ignored: Ignored | None = None
+
+    def headers(self, gen: Generation) -> dict[str, str]:
+        return gen.headers() | (self.ignored.headers() if self.ignored is not None else {})
 
     def end(self) -> None:
         if self.ended is not None:
@@ -206,9 +214,11 @@ class RequestPath:
             gen = await unless_disconnected(request, self.router.generate(turn.model, turn.msg))
         except GatewayError as exc:
             return dialect.error_response(exc)
+        if turn.ignored is not None:
+            turn.ignored.report(request.url.path, request_id(request))
         if turn.stream:
             return StreamingResponse(_stream(dialect, turn, gen), media_type=dialect.media_type,
-                                     headers=gen.headers())
+                                     headers=turn.headers(gen))
         return await _whole(request, dialect, turn, gen)
 
 
@@ -235,7 +245,7 @@ async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIte
 
 
 async def _whole(request: Request, dialect: Dialect, turn: Dispatch, gen: Generation) -> Response:
-    headers = gen.headers()
+    headers = turn.headers(gen)
     try:
         parts = await unless_disconnected(request, _collect(gen))
     except GatewayError as exc:

@@ -14,7 +14,7 @@ the same result. Only a possible marker's prefix (a few characters) or a harmony
 back, and each character is looked at a bounded number of times: linear in the output.
 
 NOTE: the splitting is done here, in the gateway, not with OpenVINO GenAI's ReasoningParser in
-the worker: the gateway already parses streamed deltas (tool calls, gateway/content/tools.py), a
+the worker: the gateway already parses streamed deltas (tool calls, gateway/content/tools/), a
 reasoning parser must run before that one, and the same code then serves every worker and
 every API while the gateway stays free of OpenVINO.
 """

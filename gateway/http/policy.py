@@ -1,31 +1,38 @@
 """Who may talk to the HTTP port from a browser: Host allow-list, Origin policy with CORS,
-Fetch Metadata, and JSON-only bodies. One middleware, outside the API key check, configured
-by `host`, `allowed_hosts` and `allowed_origins` (protocol/config.py). Refusals are in the
-calling API's own error shape (`dialect_for(scope)`).
+Fetch Metadata, and JSON-only bodies from browsers — Ollama's policy. One middleware, outside
+the API key check, configured by `host`, `allowed_hosts` and `allowed_origins`
+(protocol/config.py). Refusals are in the calling API's own error shape (`dialect_for(scope)`).
 
 In order, for every HTTP request:
-1. Host: loopback names (localhost, 127.0.0.1, [::1], any port; also 0.0.0.0, which
-   reaches loopback), the configured `host`, the `allowed_hosts`, and, when bound to every
-   address (0.0.0.0, ::), any IP literal. Anything else is 403: a page whose name was
-   re-pointed at this machine (DNS rebinding) sends its own name, and no browser sends an
-   IP literal for a name it resolved.
-2. Origin (sent by browsers on every cross-origin request and on every POST): loopback
-   origins and the `allowed_origins` get CORS answers (preflight included); any other origin
-   is 403 with no CORS header, so the page can neither call nor read the API. Without an
-   Origin, `Sec-Fetch-Site: cross-site` marks a browser request from a foreign page (an
-   `<img>` or `<script>`), refused unless it is a top-level navigation.
-3. Body type: text/plain, multipart/form-data and application/x-www-form-urlencoded — the
+1. Host (DNS rebinding): on a loopback bind, the loopback names, IP literals that are
+   loopback, private, link-local or unspecified (0.0.0.0 reaches loopback), the machine's
+   own hostname, names under `.localhost`, `.local` and `.internal` (Docker's
+   `host.docker.internal`, mDNS names), the configured `host` and the `allowed_hosts`.
+   Anything else is 403: a page whose public name was re-pointed at this machine sends its
+   own name. A non-loopback bind accepts any Host, as Ollama does: it is reached by names
+   this server cannot know, and it needs a key (protocol/config.py `remote_bind_refusal`).
+2. Origin (sent by browsers on every cross-origin request and on every POST): Ollama's
+   default origins (`DEFAULT_ORIGINS`: loopback and 0.0.0.0 pages on any port, desktop apps,
+   editors' webviews) and the browser extensions, plus the `allowed_origins`, get CORS
+   answers (preflight included); any other origin is 403 with no CORS header, so the page
+   can neither call nor read the API. Without an Origin, `Sec-Fetch-Site: cross-site` marks
+   a browser request from a foreign page (an `<img>` or `<script>`), refused unless it is a
+   top-level navigation.
+3. Body type, for browser requests only (an Origin, or `Sec-Fetch-Site` cross-site or
+   same-site): text/plain, multipart/form-data and application/x-www-form-urlencoded — the
    three a page may send cross-origin without a preflight — are 415 on every route that
-   takes a body. A body with no Content-Type is accepted (non-browser clients that send raw
-   JSON); any other type needs a preflight, which step 2 governs. NOTE: `curl -d` sends
-   application/x-www-form-urlencoded, so curl needs `-H 'Content-Type: application/json'`
-   (or `--json`); every SDK (OpenAI, Anthropic, Ollama, LangChain) sends application/json.
+   takes a body; any other type needs a preflight, which step 2 governs. A request without
+   those markers may send its JSON with any Content-Type, as Ollama reads it: `curl -d`
+   (Ollama's own docs) sends application/x-www-form-urlencoded, and so do PowerShell's
+   Invoke-RestMethod and Python's urllib. NOTE: a browser cannot abuse that, because every
+   cross-origin POST a browser makes carries Origin, which step 2 decides.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
@@ -33,10 +40,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.gateway.http.wire import dialect_for
-from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.config import Config, is_loopback_host
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+# Names no public DNS answers for, which only this machine or its LAN resolves (Ollama's list).
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+# Ollama's defaults (envconfig.AllowedOrigins; localhost/127.0.0.1/0.0.0.0 pages are
+# `_loopback_page`). NOTE: Ollama asks OLLAMA_ORIGINS for the extension schemes; they are
+# allowed by default here because an extension is software the user installed, and its
+# requests to this port are its own choice rather than a visited page's.
+DEFAULT_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*",
+                   "vscode-file://*", "chrome-extension://*", "moz-extension://*",
+                   "safari-extension://*", "safari-web-extension://*",
+                   "ms-browser-extension://*")
+# A Sec-Fetch-Site value that marks a request made by a page (not by a tool or the user).
+PAGE_FETCH = frozenset({"cross-site", "same-site"})
 # What a page may send cross-origin without asking first (the CORS "simple" body types).
 SIMPLE_BODY_TYPES = frozenset({"text/plain", "multipart/form-data",
                                "application/x-www-form-urlencoded"})
@@ -54,7 +72,7 @@ ALLOW_HEADERS = ", ".join((
     "x-stainless-custom-poll-interval"))
 EXPOSE_HEADERS = ", ".join((
     "X-Request-ID", "X-NPU-Proxy-Device", "X-NPU-Proxy-Worker", "X-NPU-Proxy-Route-Reason",
-    "X-NPU-Proxy-Token-Count", "Retry-After"))
+    "X-NPU-Proxy-Token-Count", "X-NPU-Proxy-Ignored", "Retry-After"))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -93,34 +111,62 @@ class HttpPolicy:
     """The decisions, apart from the ASGI plumbing."""
 
     def __init__(self, config: Config) -> None:
-        bound = host_name(config.host)
-        self.any_ip = bound in WILDCARD_BINDS
         self.hosts = set(LOOPBACK_NAMES) | {host_name(h) for h in config.allowed_hosts}
-        if not self.any_ip:
-            self.hosts.add(bound)
-        self.any_host = "*" in self.hosts
-        self.origins = [_origin_pattern(o) for o in config.allowed_origins]
+        self.hosts.add(host_name(config.host))
+        self.hosts.add(socket.gethostname().lower())
+        self.any_host = "*" in self.hosts or not is_loopback_host(config.host)
+        self.origins = [_origin_pattern(o) for o in (*DEFAULT_ORIGINS, *config.allowed_origins)]
+        # NOTE: `null` is the origin of sandboxed frames and of pages opened from files or
+        # data: URLs — any page can make itself one, so only naming it lets it in ("*" not).
+        listed = {o.strip().lower() for o in config.allowed_origins}
+        self.null_allowed = "null" in listed
+        # NOTE: a lone "*" is every origin (a `*` inside a pattern stays within one part).
+        self.any_origin = "*" in listed
 
     def host_allowed(self, host: str | None) -> bool:
         if host is None or self.any_host:
             return True  # NOTE: HTTP/1.0 without Host: not a browser
         name = host_name(host)
-        if name in self.hosts:
+        if name in self.hosts or name.endswith(LOCAL_SUFFIXES):
             return True
         if not _is_ip(name):
             return False
-        # NOTE: `OLLAMA_HOST=0.0.0.0` clients send Host 0.0.0.0 (it reaches loopback).
+        # NOTE: no browser sends an IP literal for a name it resolved, so an IP literal is
+        # never a rebound name; `OLLAMA_HOST=0.0.0.0` clients send Host 0.0.0.0.
         address = ipaddress.ip_address(name)
-        return self.any_ip or address.is_loopback or address.is_unspecified
+        return (address.is_loopback or address.is_private or address.is_link_local
+                or address.is_unspecified)
 
     def origin_allowed(self, origin: str) -> bool:
         origin = origin.strip().lower()
-        parts = urlsplit(origin)
-        if parts.scheme in ("http", "https") and parts.hostname is not None:
-            name = parts.hostname
-            if name in LOOPBACK_NAMES or (_is_ip(name) and ipaddress.ip_address(name).is_loopback):
-                return True
+        if origin == "null":
+            return self.null_allowed
+        if self.any_origin:
+            return True
+        try:
+            parts = urlsplit(origin)
+        except ValueError:  # NOTE: an unbalanced `[` in the authority
+            return False
+        if parts.scheme in ("http", "https") and _loopback_page(parts.hostname):
+            return True
         return any(p.fullmatch(origin) for p in self.origins)
+
+
+def _loopback_page(name: str | None) -> bool:
+    if name is None:
+        return False
+    if name in LOOPBACK_NAMES:
+        return True
+    if not _is_ip(name):
+        return False
+    address = ipaddress.ip_address(name)
+    return address.is_loopback or address.is_unspecified
+
+
+def browser_request(scope: Scope) -> bool:
+    """Whether a page in a browser made this request (Fetch's markers), not a tool."""
+    return (_header(scope, b"origin") is not None
+            or _header(scope, b"sec-fetch-site") in PAGE_FETCH)
 
 
 def _refuse(scope: Scope, status: int, kind: str, message: str) -> Response:
@@ -175,7 +221,8 @@ class HttpPolicyMiddleware:
             await send(message)
 
         media = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
-        if method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES:
+        if (method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES
+                and browser_request(scope)):
             # NOTE: an allowed page may read why (CORS headers added by send_with_cors).
             error = GatewayError(415, "unsupported_media_type",
                                  f"Content-Type {media} is not accepted: send the JSON body "

@@ -25,7 +25,7 @@ Decisions where Ollama's semantics do not carry over:
   final chunk carries no `context`: workers stream text, not token ids, and the field is
   deprecated in Ollama. Clients that keep a conversation use /api/chat.
 - Ollama has no tool_choice: tools given means "auto"; the extension `options.tool_choice`
-  ("required", "none" or a function name) forces a call (gateway/content/tools.py).
+  ("required", "none" or a function name) forces a call (gateway/content/tools/).
 - keep_alive is reported by /api/ps, but a worker's configured model stays loaded; only a model
   a worker was switched to is unloaded when it runs out (gateway/core/switching.py). Load and
   unload requests are answered at once.
@@ -71,8 +71,11 @@ from npu_proxy.protocol.messages import ChatMessage, Finished, Generate, Samplin
 
 log = logging.getLogger(__name__)
 
+# The Ollama release whose API surface this server implements (README "Ollama's API
+# level"): its native /api routes and its OpenAI compatibility including /v1/responses
+# (Ollama 0.13.3; Codex CLI's Ollama provider wants >= 0.13.4 before it uses it).
 # NOTE: numeric only; Open WebUI parses it as integers and some clients require >= 0.6.4.
-OLLAMA_VERSION = "0.12.0"
+OLLAMA_VERSION = "0.13.4"
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}
 ROLES = ("system", "user", "assistant", "tool")
 EFFORTS = ("low", "medium", "high")
@@ -162,7 +165,7 @@ async def chat_messages(messages: list[Message], caps: Capabilities, requested: 
 
 def tool_request(req: ChatRequest) -> ToolRequest | None:
     """Ollama has no tool_choice: tools mean "auto", unless the `options.tool_choice`
-    extension forces a call (see gateway/content/tools.py)."""
+    extension forces a call (see gateway/content/tools/)."""
     choice = (req.options or {}).get("tool_choice")
     if not req.tools:
         return None

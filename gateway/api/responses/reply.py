@@ -3,7 +3,7 @@
 A response's `output` is a list of items: a thinking model's `reasoning` item first (its
 reasoning as one `reasoning_text` content part, gateway/content/reasoning.py), at most one `message`
 (the text, as one `output_text` part) and then one `function_call` item per call the parser
-found (gateway/content/tools.py; calls are held back by the parser, so they go out after the text).
+found (gateway/content/tools/; calls are held back by the parser, so they go out after the text).
 
 A stream, every event numbered by `sequence_number` from 0:
 
@@ -17,6 +17,7 @@ A stream, every event numbered by `sequence_number` from 0:
     per call: response.output_item.added (function_call),
       response.function_call_arguments.delta ..., response.function_call_arguments.done,
       response.output_item.done
+      (a custom tool's: custom_tool_call, response.custom_tool_call_input.delta/.done)
     response.completed | response.incomplete (max_output_tokens) | response.failed
 
 A failure after the first event (a worker lost, a deadline, a frame gap) is the stream's
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from npu_proxy.gateway.api.responses.sealed import Sealer
 from npu_proxy.gateway.api.responses.store import ResponseStore
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, reasoning_tokens, split_parts
 from npu_proxy.gateway.content.tools import (
@@ -53,22 +55,42 @@ def output_text(text: str) -> dict[str, Any]:
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     content = [] if text is None else [output_text(text)]
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": content}
+                            "content": content}
 
 
 def reasoning_text(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str | None, status: str,
+                   sealer: Sealer | None = None) -> dict[str, Any]:
+    """`summary` stays []: no summaries are written (the ignored header says so when asked);
+    with a `sealer` the finished item carries the reasoning as `encrypted_content`."""
     content = [] if text is None else [reasoning_text(text)]
-    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
-            "content": content}
+    item: dict[str, Any] = {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+                            "content": content}
+    if sealer is not None:
+        item["encrypted_content"] = sealer.seal(text) if text is not None else None
+    return item
 
 
 def call_item(item_id: str, call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
-            "name": call.name, "arguments": arguments}
+    """A `function_call` item (naming its namespace when it has one), or a
+    `custom_tool_call` with the free text as `input`."""
+    item: dict[str, Any] = {"id": item_id, "type": "function_call", "status": status,
+                            "call_id": call.id, "name": call.name}
+    if call.kind == "custom":
+        item.update(type="custom_tool_call", input=arguments)
+    else:
+        item["arguments"] = arguments
+    if call.namespace is not None:
+        item["namespace"] = call.namespace
+    return item
+
+
+def call_text(call: ToolCall) -> str:
+    """What a call item carries: a function's arguments JSON, a custom tool's input text."""
+    return call.custom_input() if call.kind == "custom" else call.arguments_json()
 
 
 def usage(gen: Generation, reasoning: int = 0) -> dict[str, Any]:
@@ -101,7 +123,7 @@ class ResponseReply:
 
     def __init__(self, echo: dict[str, Any], parser: CallParser | None,
                  store: ResponseStore | None, conversation: list[ChatMessage],
-                 thinking: Thinking | None = None) -> None:
+                 thinking: Thinking | None = None, sealer: Sealer | None = None) -> None:
         self.id = new_id("resp_")
         self.created = now()
         self.echo = echo
@@ -109,6 +131,7 @@ class ResponseReply:
         self.store = store
         self.conversation = conversation
         self.thinking = thinking
+        self.sealer = sealer
 
     def envelope(self, status: str, output: list[dict[str, Any]],
                  gen: Generation | None = None, *, error: dict[str, Any] | None = None,
@@ -138,10 +161,11 @@ class ResponseReply:
         status = "incomplete" if cut_short(gen, calls) else "completed"
         output = []
         if thought:
-            output.append(reasoning_item(new_id("rs_"), thought, status))
+            output.append(reasoning_item(new_id("rs_"), thought, status, self.sealer))
         if text or not calls:
             output.append(message_item(new_id("msg_"), text, status))
-        output += [call_item(new_id("fc_"), c, c.arguments_json(), "completed") for c in calls]
+        output += [call_item(new_id("fc_" if c.kind == "function" else "ctc_"), c, call_text(c),
+                             "completed") for c in calls]
         return self.final(gen, output, text, calls, parts)
 
     async def events(self, gen: Generation) -> AsyncIterator[Event]:
@@ -235,7 +259,8 @@ class _Events:
         if self.rs_id is None:
             return []
         text, at = "".join(self.thoughts), self._at(self.rs_id)
-        item = reasoning_item(self.rs_id, text, "incomplete" if short else "completed")
+        item = reasoning_item(self.rs_id, text, "incomplete" if short else "completed",
+                              self.reply.sealer)
         self.rs_id = None
         events: list[Event] = [
             {"type": "response.reasoning_text.done", **at, "text": text},
@@ -276,15 +301,21 @@ class _Events:
         return events
 
     def call(self, call: ToolCall) -> list[Event]:
-        item_id, index, arguments = new_id("fc_"), len(self.output), call.arguments_json()
+        custom = call.kind == "custom"
+        item_id, index, arguments = new_id("ctc_" if custom else "fc_"), len(self.output), \
+            call_text(call)
         at = {"item_id": item_id, "output_index": index}
+        kind = "response.custom_tool_call_input" if custom else \
+            "response.function_call_arguments"
         events: list[Event] = [{"type": "response.output_item.added", "output_index": index,
                                 "item": call_item(item_id, call, "", "in_progress")}]
-        events += [{"type": "response.function_call_arguments.delta", **at, "delta": piece}
+        events += [{"type": f"{kind}.delta", **at, "delta": piece}
                    for piece in fragments(arguments)]
         item = call_item(item_id, call, arguments, "completed")
-        events.append({"type": "response.function_call_arguments.done", **at,
-                       "name": call.name, "arguments": arguments})
+        done: Event = {"type": f"{kind}.done", **at}
+        done.update({"input": arguments} if custom else {"name": call.name,
+                                                         "arguments": arguments})
+        events.append(done)
         events.append({"type": "response.output_item.done", "output_index": index, "item": item})
         self.output.append(item)
         return events

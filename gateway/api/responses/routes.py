@@ -7,14 +7,15 @@ gateway/api/responses/reply.py and kept, when `store` (default true), in the bou
 of gateway/api/responses/store.py. Errors are OpenAI's shape; the stream's named SSE events
 are the RESPONSES dialect (gateway/http/wire.py).
 
-Input items: messages (roles user, assistant, system, developer; content a string or parts
-`input_text`/`output_text`), `function_call` (an assistant's call: consecutive ones make one
-assistant turn) and `function_call_output` (the tool's answer); `reasoning` items are
-skipped. `input_image` parts (`image_url`: a data URL, or an http(s) URL where the server
-fetches URLs) go with their message on a model with vision (gateway/content/images.py checks
-them); elsewhere they are the capability's 400. Files (and `file_id` images), hosted
-tools, `background`, `conversation` and prompt templates are refused with a 400 that says
-so.
+Input items are read by gateway/api/responses/inputs.py. Tools: `function`, `custom` (free
+text, one string argument for the model; calls come back as `custom_tool_call` items) and
+`namespace` (its inner tools offered by their own names; calls name the namespace); hosted
+tools (`web_search`, ...) are not offered and are named in the `X-NPU-Proxy-Ignored` header,
+as is `reasoning.summary` (no summaries are written: `summary` is always []).
+`include: ["reasoning.encrypted_content"]` gives reasoning items a blob the client replays
+with `store: false` (gateway/api/responses/sealed.py). `prompt_cache_key`, `client_metadata`,
+`safety_identifier`, `service_tier` and `strict` are accepted and change nothing. `background`,
+`conversation` and prompt templates are refused with a 400 that says so (docs/api-fields.md).
 """
 
 from __future__ import annotations
@@ -27,24 +28,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch, RequestPath
+from npu_proxy.gateway.api.responses.inputs import InputReader
 from npu_proxy.gateway.api.responses.reply import ResponseReply
+from npu_proxy.gateway.api.responses.sealed import Sealer
 from npu_proxy.gateway.api.responses.store import ResponseStore
-from npu_proxy.gateway.content.images import Images
+from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.params import json_schema_text, openai_params
 from npu_proxy.gateway.content.reasoning import template_vars
-from npu_proxy.gateway.content.tools import (
-    ToolRequest,
-    history_call,
-    responses_choice,
-    responses_tools,
-)
-from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.content.tools import ToolRequest, responses_choice, responses_tools
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.models.capabilities import VISION, Capabilities
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
-ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-TEXT_PARTS = ("input_text", "output_text", "text")
 EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = (None, "auto", "concise", "detailed")
 
@@ -92,88 +86,16 @@ class ResponsesRequest(msgspec.Struct):
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
+    include: list[str] | None = None
+    # Accepted, changing nothing here (Codex sends them with every request).
+    prompt_cache_key: str | None = None
+    client_metadata: dict[str, Any] | None = None
     # Extensions some clients send (vLLM style).
     top_k: int | None = None
     seed: int | None = None
 
 
 # --- translation -------------------------------------------------------------------------
-
-
-async def _content(value: Any, where: str, caps: Capabilities, requested: str,
-                   images: Images) -> tuple[str, list[bytes]]:
-    """An item's text and images."""
-    if isinstance(value, str):
-        return value, []
-    if not isinstance(value, list):
-        raise invalid(f"{where}.content must be a string or a list of parts", param="input")
-    texts = []
-    found: list[bytes] = []
-    for j, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind == "input_image":
-            require(caps, VISION, requested, "input")
-            if part.get("image_url") is None:
-                raise invalid(f"{where}.content[{j}]: an input_image needs an image_url (a data "
-                              "URL or an http(s) URL); file_id is not supported", param="input")
-            found.append(await images.url(part["image_url"], f"{where}.content[{j}].image_url",
-                                          "input"))
-        elif kind in ("input_file", "input_audio"):
-            raise invalid(f"{where}.content[{j}]: {kind} is not supported by this model",
-                          param="input")
-        else:
-            raise invalid(f"{where}.content[{j}] must be a part of type input_text or "
-                          "output_text with a string 'text'", param="input")
-    return "".join(texts), found
-
-
-async def input_messages(value: str | list[dict[str, Any]] | None, caps: Capabilities,
-                         requested: str, images: Images) -> list[ChatMessage]:
-    """The input as chat messages (see the module docstring)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [ChatMessage(role="user", content=value)]
-    out: list[ChatMessage] = []
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            role = item.get("role")
-            role = ROLES.get(role) if isinstance(role, str) else None
-            if role is None:
-                raise invalid(f"{where}.role must be user, assistant, system or developer",
-                              param="input")
-            text, found = await _content(item.get("content"), where, caps, requested, images)
-            out.append(ChatMessage(role=role, content=text, images=found))
-        elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            if not isinstance(name, str) or not isinstance(call_id, str):
-                raise invalid(f"{where}: a function_call needs a string call_id and name",
-                              param="input")
-            call = history_call(call_id, name, item.get("arguments"))
-            if out and out[-1].role == "assistant":
-                out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
-            else:
-                out.append(ChatMessage(role="assistant", content="", tool_calls=[call]))
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str):
-                raise invalid(f"{where}: a function_call_output needs a string call_id",
-                              param="input")
-            text, found = await _content(item.get("output"), where, caps, requested, images)
-            out.append(ChatMessage(role="tool", content=text, tool_call_id=call_id,
-                                   images=found))
-        elif kind == "reasoning":
-            continue  # NOTE: reasoning is not carried into the prompt, as chat templates drop it
-        else:
-            raise invalid(f"{where}: input items of type {kind!r} are not supported by this "
-                          "server", param="input")
-    return out
 
 
 def text_schema(text: TextConfig | None) -> str | None:
@@ -232,6 +154,9 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
 def _tool_echo(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(raw or []):
+        if item.get("type") != "function":
+            out.append(item)  # NOTE: namespace, custom and hosted tools are echoed as sent
+            continue
         strict = item.get("strict", True)
         if not isinstance(strict, bool):
             raise invalid(f"tools[{i}].strict must be a boolean", param="tools")
@@ -243,7 +168,7 @@ def _tool_echo(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 def _choice_echo(value: str | dict[str, Any] | None) -> str | dict[str, Any]:
     if isinstance(value, dict):
-        return {"type": "function", "name": value.get("name")}
+        return {"type": value.get("type"), "name": value.get("name")}
     return value or "auto"
 
 
@@ -267,6 +192,9 @@ class ResponsesRoutes(DialectRoutes):
     def __init__(self, requests: RequestPath, store: ResponseStore) -> None:
         super().__init__(requests)
         self.store = store
+        # NOTE: one secret per gateway run: reasoning handed out before a restart is not
+        # read back (ignored visibly), which costs the model its earlier thoughts, no more.
+        self.sealer = Sealer()
 
     def routes(self) -> list[Route]:
         return [
@@ -305,19 +233,23 @@ class ResponsesRoutes(DialectRoutes):
             history = list(prior.history)
         model = self.router.resolve(req.model, kind="llm")
         caps = await self.catalog.capabilities(model)
-        conversation = history + await input_messages(req.input, caps, req.model,
-                                                      self.requests.images())
+        ignored = Ignored()
+        reader = InputReader(caps, req.model, self.requests.images(), self.sealer, ignored)
+        conversation = history + await reader.messages(req.input)
         if not conversation:
             raise invalid("input is required (a string or a non-empty list of items)",
                           param="input")
         params = sampling(req)
-        tools = responses_tools(req.tools)
+        tools = responses_tools(req.tools, ignored)
         choice = responses_choice(req.tool_choice, bool(tools))
         if not tools and choice.mode == "required":
             raise invalid("tool_choice requires a call but no tools were given",
                           param="tool_choice")
         request_tools = ToolRequest(tools, choice, req.parallel_tool_calls is not False) \
             if tools else None
+        if req.reasoning is not None and req.reasoning.summary is not None:
+            ignored.add("reasoning.summary")
+        sealed = "reasoning.encrypted_content" in (req.include or [])
         store = req.store is not False and self.store.enabled
         echo = {
             "model": req.model, "instructions": req.instructions,
@@ -342,5 +274,5 @@ class ResponsesRoutes(DialectRoutes):
                                            request_tools, params, requested=req.model,
                                            template_vars=variables)
         reply = ResponseReply(echo, parser, self.store if store else None, conversation,
-                              thinking)
-        return Dispatch(model, msg, bool(req.stream), reply)
+                              thinking, self.sealer if sealed else None)
+        return Dispatch(model, msg, bool(req.stream), reply, ignored=ignored)

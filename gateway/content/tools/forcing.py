@@ -1,0 +1,62 @@
+"""A forced call (tool_choice required, any or a named function): the JSON schema the output
+must satisfy, so even a small model returns a call whose arguments validate."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from npu_proxy.gateway.content.tools.definitions import MAX_PARALLEL, ToolRequest
+
+
+def _rewrite_refs(node: Any, prefix: str) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                for root in ("#/$defs/", "#/definitions/"):
+                    if value.startswith(root):
+                        value = "#/$defs/" + prefix + value[len(root):]
+                out[key] = value
+            else:
+                out[key] = _rewrite_refs(value, prefix)
+        return out
+    if isinstance(node, list):
+        return [_rewrite_refs(v, prefix) for v in node]
+    return node
+
+
+def call_schema(req: ToolRequest) -> str | None:
+    """The JSON schema a forced call must satisfy, or None when nothing is forced.
+
+    NOTE: each tool's `$defs`/`definitions` move to the root (renamed per tool), because its
+    parameters schema is nested under `arguments` and its `#/$defs/...` refs must still resolve.
+    """
+    if not req.forced:
+        return None
+    defs: dict[str, Any] = {}
+    variants = []
+    for i, tool in enumerate(req.offered):
+        params = copy.deepcopy(tool.parameters)
+        prefix = f"t{i}_"
+        for key in ("$defs", "definitions"):
+            for name, sub in (params.pop(key, None) or {}).items():
+                defs[prefix + name] = _rewrite_refs(sub, prefix)
+        params.pop("$schema", None)
+        variants.append({
+            "type": "object",
+            "properties": {"name": {"const": tool.name},
+                           "arguments": _rewrite_refs(params, prefix)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    one: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema: dict[str, Any]
+    if req.parallel and not req.named:
+        schema = {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL}
+    else:
+        schema = dict(one)
+    if defs:
+        schema["$defs"] = defs
+    return json.dumps(schema, ensure_ascii=False)

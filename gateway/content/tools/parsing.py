@@ -1,0 +1,164 @@
+"""Tool calls found in a model's output, streamed or whole, by one parser (`CallParser`; see
+the package docstring for what counts as a call)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
+
+TAG_OPEN = "<tool_call>"
+TAG_CLOSE = "</tool_call>"
+_FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
+
+
+def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    name = obj.get("name")
+    tool = tools.get(name) if isinstance(name, str) else None
+    if tool is None:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name=tool.name, arguments=args, namespace=tool.namespace, kind=tool.kind)
+
+
+def _unfence(text: str) -> str:
+    """The inside of a Markdown code fence (```json ... ```, the closing fence optional).
+
+    NOTE: scanned, not matched with a regex: `\\s*(.*?)\\s*(?:```)?\\s*$` backtracked
+    quadratically on model output with long runs of spaces (issue 14).
+    """
+    if not text.startswith("```"):
+        return text
+    pos = 3
+    while pos < len(text) and text[pos] in _FENCE_INFO:
+        pos += 1
+    body = text[pos:].strip()
+    if body.endswith("```"):
+        body = body[:-3].rstrip()
+    return body
+
+
+def _json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
+    """Calls from a text that is nothing but JSON: one value or several in a row."""
+    text = text.strip()
+    if text.startswith("[TOOL_CALLS]"):
+        text = text[len("[TOOL_CALLS]"):].lstrip()
+    text = _unfence(text)
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,;":
+            pos += 1
+        if pos >= len(text):
+            break
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        for item in value if isinstance(value, list) else [value]:
+            call = _as_call(item, names)
+            if call is None:
+                return None
+            calls.append(call)
+    return calls or None
+
+
+def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+    """Split a finished output into text and calls (see the module docstring)."""
+    names = {t.name: t for t in tools}
+    if TAG_OPEN in text:
+        rest: list[str] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        for match in _TAGGED.finditer(text):
+            found = _json_calls(match.group(1), names)
+            rest.append(text[pos:match.start()])
+            if found is None:
+                rest.append(match.group(0))
+            else:
+                calls += found
+            pos = match.end()
+        rest.append(text[pos:])
+        if calls:
+            return "".join(rest).strip(), calls
+        return text, []
+    stripped = text.lstrip()
+    if stripped[:1] in ("{", "[", "`"):
+        found = _json_calls(stripped, names)
+        if found:
+            return "", found
+    return text, []
+
+
+class CallParser:
+    """Incremental: `feed` returns the text that is surely not part of a call, `finish` the
+    rest of the text and the calls.
+
+    Output that starts as JSON (after whitespace) is held back whole; otherwise text flows at
+    once, except a tail that could be the start of a `<tool_call>` tag, and everything from
+    such a tag on.
+    """
+
+    def __init__(self, tools: list[Tool]) -> None:
+        self.tools = tools
+        self._buf = ""
+        self._mode: Literal["start", "text", "held"] = "start"
+
+    def feed(self, text: str) -> str:
+        self._buf += text
+        if self._mode == "start":
+            head = self._buf.lstrip()
+            if not head:
+                return ""
+            if head[0] in "{[" or head.startswith((TAG_OPEN, "```")):
+                self._mode = "held"
+                return ""
+            if TAG_OPEN.startswith(head) or "```".startswith(head):
+                return ""
+            self._mode = "text"
+        if self._mode == "held":
+            return ""
+        at = self._buf.find(TAG_OPEN)
+        if at >= 0:
+            out, self._buf, self._mode = self._buf[:at], self._buf[at:], "held"
+            return out
+        keep = next((k for k in range(len(TAG_OPEN) - 1, 0, -1)
+                     if self._buf.endswith(TAG_OPEN[:k])), 0)
+        out = self._buf[:len(self._buf) - keep]
+        self._buf = self._buf[len(out):]
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        text, self._buf = self._buf, ""
+        if self._mode != "held":
+            return text, []
+        return parse_calls(text, self.tools)
+
+
+def split_calls(text: str, parser: CallParser | None) -> tuple[str, list[ToolCall]]:
+    """A whole (non-streamed) output through the same parser a stream uses."""
+    if parser is None:
+        return text, []
+    head = parser.feed(text)
+    rest, calls = parser.finish()
+    return (head + rest).strip() if calls else head + rest, calls
+
+
+def fragments(text: str, size: int = 24) -> list[str]:
+    """A call's arguments JSON cut into stream-sized pieces (clients concatenate them)."""
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]

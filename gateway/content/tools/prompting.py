@@ -1,0 +1,162 @@
+"""Tools put before the model: natively through a chat template that knows them, or as the
+fallback prompt (a `# Tools` section, earlier calls and results written as text); `Tooling`
+prepares a request's messages either way (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from npu_proxy.gateway.content.tools.definitions import ToolRequest
+from npu_proxy.gateway.content.tools.forcing import call_schema
+from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
+from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams
+
+
+def _call_text(name: str, arguments: Any) -> str:
+    return TAG_OPEN + "\n" + json.dumps({"name": name, "arguments": arguments},
+                                        ensure_ascii=False) + "\n" + TAG_CLOSE
+
+
+def _section(req: ToolRequest) -> str:
+    listed = "\n".join(json.dumps(t.as_json(), ensure_ascii=False) for t in req.offered)
+    lines = [
+        "# Tools",
+        "",
+        "You may call functions to help with the user's request. Each function is described "
+        "by a JSON schema:",
+        "<tools>", listed, "</tools>", "",
+    ]
+    if req.named:
+        lines.append(f'You must call the function "{req.choice.name}" now. Reply with only a '
+                     f'JSON object: {{"name": "{req.choice.name}", "arguments": {{...}}}} '
+                     "with the arguments its schema asks for.")
+    elif req.forced and req.parallel:
+        lines.append('You must call a function now. Reply with only a JSON array of calls, '
+                     'each {"name": <function name>, "arguments": {...}}.')
+    elif req.forced:
+        lines.append('You must call a function now. Reply with only a JSON object: '
+                     '{"name": <function name>, "arguments": {...}}.')
+    else:
+        lines += [
+            "To call a function, reply with only a JSON object with the function name and its "
+            "arguments, inside <tool_call></tool_call> tags:",
+            _call_text("<function name>", {"<argument>": "<value>"}),
+            "If no function is needed, answer in plain text.",
+        ]
+    return "\n".join(lines)
+
+
+def _fallback_history(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Calls and results written as text, for templates that know neither."""
+    out: list[ChatMessage] = []
+    names: dict[str, str] = {}
+    merging = False  # the last message out is a user turn of tool responses
+    for m in messages:
+        if m.role == "assistant" and m.tool_calls:
+            parts = [m.content] if m.content else []
+            for call in m.tool_calls:
+                fn = call.get("function") or {}
+                name = str(fn.get("name", ""))
+                if call.get("id"):
+                    names[str(call["id"])] = name
+                parts.append(_call_text(name, fn.get("arguments", {})))
+            out.append(ChatMessage(role="assistant", content="\n".join(parts)))
+            merging = False
+        elif m.role in ("tool", "function"):
+            name = m.name or names.get(m.tool_call_id or "", "")
+            block = "<tool_response>\n" + json.dumps({"name": name, "content": m.content},
+                                                     ensure_ascii=False) + "\n</tool_response>"
+            if merging:
+                out[-1] = ChatMessage(role="user", content=out[-1].content + "\n" + block)
+            else:
+                out.append(ChatMessage(role="user", content=block))
+            merging = True
+        else:
+            out.append(ChatMessage(role=m.role, content=m.content, name=m.name, images=m.images))
+            merging = False
+    return out
+
+
+def _named_results(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Tool results carry the called function's name (templates print it), found by the id of
+    the call they answer when the client did not send it."""
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        for call in m.tool_calls or []:
+            names[str(call.get("id"))] = str((call.get("function") or {}).get("name", ""))
+        if m.role == "tool" and not m.name and m.tool_call_id in names:
+            m = ChatMessage(role="tool", content=m.content, tool_call_id=m.tool_call_id,
+                            name=names[m.tool_call_id])
+        out.append(m)
+    return out
+
+
+def _with_system(messages: list[ChatMessage], section: str) -> list[ChatMessage]:
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        text = f"{first.content}\n\n{section}" if first.content else section
+        return [ChatMessage(role="system", content=text, images=first.images), *messages[1:]]
+    return [ChatMessage(role="system", content=section), *messages]
+
+
+def _has_tool_history(messages: list[ChatMessage]) -> bool:
+    return any(m.tool_calls or m.role in ("tool", "function") for m in messages)
+
+
+def prepare(messages: list[ChatMessage], req: ToolRequest | None,
+            native: bool) -> tuple[list[ChatMessage], list[dict[str, Any]] | None]:
+    """The messages and `Generate.tools` to send for a request, native or fallback."""
+    offered = req.offered if req is not None else []
+    if native:
+        return _named_results(messages), [t.as_openai() for t in offered] or None
+    if _has_tool_history(messages):
+        messages = _fallback_history(messages)
+    if req is not None and offered:
+        messages = _with_system(messages, _section(req))
+    return messages, None
+
+
+@dataclass
+class Prepared:
+    """A chat request made ready for the worker: what to send, and how to read the output."""
+
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None  # Generate.tools (native templates only)
+    request: ToolRequest | None
+
+    def parser(self) -> CallParser | None:
+        offered = self.request.offered if self.request is not None else []
+        return CallParser(offered) if offered else None
+
+
+class Tooling:
+    """Per served model, whether its chat template takes tools (read once from the model
+    files, like /api/show), and the preparation of a request's messages accordingly."""
+
+    def __init__(self, catalog: ModelCatalog) -> None:
+        self.catalog = catalog
+
+    async def native(self, model: ServedModel) -> bool:
+        return (await self.catalog.capabilities(model)).native_tools
+
+    async def prepare(self, model: ServedModel, messages: list[ChatMessage],
+                      req: ToolRequest | None, params: SamplingParams) -> Prepared:
+        """Messages and tools for the worker; a forced call sets `params.json_schema`."""
+        if req is not None and not req.tools:
+            req = None
+        if req is None and not _has_tool_history(messages):
+            return Prepared(messages, None, None)
+        out, tools = prepare(messages, req, await self.native(model))
+        schema = call_schema(req) if req is not None else None
+        if schema is not None:
+            if params.json_schema is not None:
+                raise invalid("a forced tool call cannot be combined with a response format",
+                              param="tool_choice")
+            params.json_schema = schema
+        return Prepared(out, tools, req)
