@@ -164,7 +164,8 @@ class CaptureProxy:
 
             def _relay(self) -> None:
                 body = self._read_body()
-                ex = Exchange(self.command, self.path, dict(self.headers.items()), body)
+                ex = Exchange(self.command, self.path,
+                              {k.lower(): v for k, v in self.headers.items()}, body)
                 proxy.exchanges.append(ex)
                 conn = http.client.HTTPConnection(host, port, timeout=120)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
