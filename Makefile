@@ -29,7 +29,8 @@ $(CLIENTS)/.installed: tests/clients/package.json tests/clients/package-lock.jso
 	  || echo "could not install the agent clients: their tests will be skipped"; \
 	else echo "node/npm not found: the agent clients' tests will be skipped"; fi
 
-run: setup
+# NOTE: the server alone needs the venv; the agent clients are for the tests.
+run: $(VENV)/.installed
 	$(BIN)/npx-supervisor start
 
 test: setup

@@ -200,6 +200,28 @@ class Prompting:
             raise ValueError(f"token id {bad} is not in the vocabulary (0 to {size - 1})")
         return str(self.tokenizer.decode(tokens, skip_special_tokens=False)) if tokens else ""
 
+    def count_past_cap(self, text: str, capped: int) -> int:
+        """The token count of a text whose encoding stopped at the tokenizer's cap.
+
+        NOTE: the tokenizers converted from GGUF end in a Minimum with the model's context
+        (8192 for SmolLM2), whatever max_length or truncation encode() gets, so a longer
+        prompt counts as the cap. Counted here in pieces that cannot reach the cap (a
+        character is at most 4 bytes, so at most 4 tokens) cut at whitespace, where byte-level
+        BPE's pre-tokenizer cuts too: exact but for a token at a cut, which is what a client
+        told "prompt is too long: N tokens" needs (Claude Code compacts by N).
+        """
+        size = max(1, self.context_length // 4 - 1)
+        total, start = 0, 0
+        while start < len(text):
+            end = min(len(text), start + size)
+            if end < len(text):
+                cut = max(text.rfind(" ", start + size // 2, end),
+                          text.rfind("\n", start + size // 2, end))
+                end = cut if cut > start else end
+            total += int(self.encode(text[start:end]).shape[1])
+            start = end
+        return max(total, capped)
+
     def fewest_tokens(self, text: str) -> int:
         """A lower bound of the text's token count, from its length alone: no token stands
         for more than `token_chars` characters.
@@ -529,12 +551,8 @@ class EngineBase:
         ids = self.prompting.encode(text)
         n = int(ids.shape[1])
         if n >= self.context_length > limit:
-            # NOTE: the converted tokenizers here stop at the model's context (8192 ids for
-            # SmolLM2, whatever max_length or truncation encode() is given): a count there is
-            # a lower bound, said as one.
-            return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
-                               message=f"prompt is at least {n} tokens, this worker takes at "
-                                       f"most {limit}", limit=limit, floor=n)
+            # NOTE: the tokenizer stopped at its cap (count_past_cap).
+            n = self.prompting.count_past_cap(text, n)
         if n > limit:
             return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
                                message=f"prompt is {n} tokens, this worker takes at most {limit}",
