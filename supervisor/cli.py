@@ -192,6 +192,25 @@ def show_config(**kw: Any) -> None:
     click.echo(msgspec.toml.encode(_everything(config)).decode())
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("client", type=click.Choice(["claude", "codex", "opencode"]))
+@click.option("--model", "-m", default="smollm2:135m", show_default=True,
+              help="The model the client uses.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@config_options
+def launch(client: str, model: str, args: tuple[str, ...], **kw: Any) -> None:
+    """Start CLIENT (Claude Code, Codex CLI or opencode) pointed at this server, as `ollama
+    launch` does: its URL, a key, MODEL and the context length, without editing the client's
+    own config files. Arguments after `--` go to the client."""
+    from npu_proxy.supervisor.launch import LaunchError
+    from npu_proxy.supervisor.launch import launch as start_client
+
+    try:
+        sys.exit(start_client(load(**kw), client, model, list(args)))
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _everything(obj: Any) -> Any:
     """A Struct as plain data with every field, defaults included (TOML has no null)."""
     if isinstance(obj, msgspec.Struct):

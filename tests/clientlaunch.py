@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,30 @@ BUILDERS: dict[str, Builder] = {
     "opencode": _opencode,
     "qwen": _qwen,
     "cn": _cn,
+}
+
+
+def _launched(tmp: Path, client: str, args: list[str]) -> Launch:
+    """`npx-supervisor launch CLIENT` as a user runs it: the client found on PATH, everything
+    else told by the launcher (URL, key, model, context length)."""
+    claude = _binary("@anthropic-ai/claude-code/bin/claude.exe")  # skips without the clients
+    env = _base_env(tmp / "home")
+    env["PATH"] = f"{claude.parent.parent.parent.parent / '.bin'}:{env['PATH']}"
+    env |= {"NPU_PROXY_PORT": "{PROXY_PORT}", "NPU_PROXY_HOST": "127.0.0.1",
+            "CODEX_HOME": str(tmp / "home" / ".codex"), "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+    (tmp / "home" / ".codex").mkdir(parents=True, exist_ok=True)
+    supervisor = Path(sys.executable).parent / "npx-supervisor"
+    return Launch([str(supervisor), "launch", client, "--model", LLM, "--", *args], env, {})
+
+
+CODEX_QUIET = [f"features.{k}=false" for k in ("plugins", "remote_plugin", "apps")] + [
+    "check_for_update_on_startup=false"]
+# The clients started through `npx-supervisor launch` (tests/test_launch.py).
+LAUNCHED: dict[str, Builder] = {
+    "launch-claude": lambda tmp: _launched(tmp, "claude", ["-p", PROMPT]),
+    "launch-codex": lambda tmp: _launched(tmp, "codex", [
+        "exec", "--skip-git-repo-check", *[p for c in CODEX_QUIET for p in ("-c", c)], PROMPT]),
 }
 PACKAGE = {"codex": "@openai/codex", "codex-oss": "@openai/codex",
            "claude": "@anthropic-ai/claude-code", "claude-fitted": "@anthropic-ai/claude-code",

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 from clientcap import CaptureProxy, Exchange, signature
-from clientlaunch import BUILDERS, KEY, PACKAGE, Launch
+from clientlaunch import BUILDERS, KEY, LAUNCHED, PACKAGE, Launch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clients" / "shapes"
 PINNED = json.loads((Path(__file__).parent / "clients" / "package.json").read_text())[
@@ -74,7 +75,9 @@ def _execute(name: str, launch: Launch, tmp: Path, base_url: str) -> Run:
     work = tmp / "work"
     work.mkdir(exist_ok=True)
     proxy = CaptureProxy(base_url)
-    env = {k: v.replace("{PROXY}", proxy.url) for k, v in launch.env.items()}
+    port = proxy.url.rsplit(":", 1)[1]
+    env = {k: v.replace("{PROXY}", proxy.url).replace("{PROXY_PORT}", port)
+           for k, v in launch.env.items()}
     argv = [a.replace("{PROXY}", proxy.url) for a in launch.argv]
     for path, text in launch.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +111,7 @@ def client_run(tmp_path_factory: pytest.TempPathFactory,
             pytest.skip(f"{name} answers a real prompt (slow): set NPU_PROXY_SLOW_TESTS=1")
         if name not in _RUNS:
             tmp = tmp_path_factory.mktemp(name)
-            _RUNS[name] = _execute(name, BUILDERS[name](tmp), tmp, base_url)
+            _RUNS[name] = _execute(name, (BUILDERS | LAUNCHED)[name](tmp), tmp, base_url)
         return _RUNS[name]
     yield run
     _RUNS.clear()
@@ -186,6 +189,34 @@ def test_claude_code_told_the_context_length(client_run: Callable[[str], Run]) -
     turn = _answered_or_overflowed(run, "/v1/messages", _anthropic_overflow,
                                    "Prompt is too long")
     assert turn.json()["max_tokens"] == 1024
+
+
+def test_launch_claude(client_run: Callable[[str], Run]) -> None:
+    """`npx-supervisor launch claude`: Claude Code reaches the server with the model, told
+    the context (it reserves 1024 tokens of reply, not 32000), and answers or reports the
+    overflow."""
+    run = client_run("launch-claude")
+    turn = _answered_or_overflowed(run, "/v1/messages", _anthropic_overflow,
+                                   "Prompt is too long")
+    assert turn.json()["model"] == "smollm2:135m" and turn.json()["max_tokens"] == 1024
+
+
+def test_launch_codex(client_run: Callable[[str], Run]) -> None:
+    """`npx-supervisor launch codex`: Codex's Responses provider given on its command line
+    (its own config.toml untouched) reaches the server with the model."""
+    run = client_run("launch-codex")
+    turn = _answered_or_overflowed(run, "/v1/responses", _openai_overflow,
+                                   "ran out of room in the model's context window")
+    assert turn.json()["model"] == "smollm2:135m"
+
+
+def test_launch_names_a_missing_client(tmp_path: Path) -> None:
+    """Not on PATH: said, with the npm command that installs it."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([str(Path(sys.executable).parent / "npx-supervisor"), "launch", "codex"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "npm install -g @openai/codex" in done.stderr
 
 
 @pytest.mark.slow
