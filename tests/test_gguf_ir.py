@@ -28,6 +28,7 @@ def _greedy(path: str) -> tuple[str, str]:
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     config = ov_genai.GenerationConfig()
     config.max_new_tokens = 12
+    config.apply_chat_template = False  # NOTE: the prompt is templated already (issue 28)
     return prompt, str(pipe.generate(prompt, config))
 
 
@@ -37,6 +38,7 @@ def test_converted_once_then_loaded_as_ir(tmp_path: Path,
     caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
     first = loadable(str(gguf), tmp_path)
     assert "converting" in caplog.text
+    assert "differs" not in caplog.text and "could not check" not in caplog.text
     folder = Path(first)
     assert folder == ir_folder(tmp_path / GGUF_IR, gguf)
     assert (folder / "openvino_model.xml").is_file()
@@ -108,14 +110,24 @@ def test_the_rewritten_graph_computes_the_same_numbers_with_fewer_products(
     monkeypatch.setattr(gguf_ir, "_rewrite", lambda folder: None)
     as_genai_saves_it = loadable(gguf, tmp_path / "plain")
     exact = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
-    # NOTE: with bf16 inference (OpenVINO's own default here) the numbers are rounded to bf16
-    # at other points of the graph (the split runs in f32), so they are not bit for bit equal.
-    for properties in (exact, default_properties("CPU")):
+    # NOTE: bf16 too (OpenVINO's default on CPUs with AMX; issue 28): merging gate and up
+    # moved the gate's Swish off the product's f32 accumulator onto bf16-rounded values.
+    for properties in (exact, default_properties("CPU"), {"INFERENCE_PRECISION_HINT": "bf16"}):
         plain_products, plain = _logits(as_genai_saves_it, properties)
         products, logits = _logits(rewritten, properties)
-        # q, k, v and gate, up of each of SmolLM2's 30 layers: one product each, same numbers.
-        assert (plain_products, products) == (212, 122)
+        # q, k and v of each of SmolLM2's 30 layers: one product each, same numbers.
+        assert (plain_products, products) == (212, 152)
         assert np.array_equal(logits, plain), properties
+
+
+def test_a_rewrite_that_changes_the_numbers_is_not_kept(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = str(locate(Config(), "smollm2:135m").path)
+    monkeypatch.setattr(gguf_ir, "agrees", lambda saved, rewritten, folder: False)
+    folder = Path(loadable(gguf, tmp_path))
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    assert sum(op.get_type_name() == "MatMul" for op in model.get_ordered_ops()) == 212
+    assert not (folder / "rewritten.xml").exists()
 
 
 def test_an_older_conversion_of_the_same_gguf_is_dropped(tmp_path: Path,

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
 from npu_proxy.models.store import GGUF_IR
@@ -24,7 +25,7 @@ from npu_proxy.models.store import GGUF_IR
 log = logging.getLogger(__name__)
 
 # NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
-FORMAT = "fused-1"
+FORMAT = "fused-2"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:
@@ -78,8 +79,77 @@ def _prune(root: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# The conversion's check that the rewritten graph answers as the saved one does (issue 28): a
+# chat prompt, then greedy steps with both models fed the saved model's tokens, at each
+# precision the CPU plugin runs here (f32 with its dynamic quantization, the workers' default;
+# bf16 where the CPU has it, OpenVINO's own default there).
+PROBE = [{"role": "user", "content": "Name three colours."}]
+PROBE_STEPS = 8
+# NOTE: the rewrites give the same numbers bit for bit; a bf16 ulp of a logit near 30 is 0.125.
+PROBE_RTOL = 1e-3
+
+
+def _probe_ids(folder: Path) -> Any:
+    import numpy as np
+    import openvino_genai as ov_genai
+
+    tokenizer = ov_genai.Tokenizer(str(folder))
+    prompt = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True)
+    return np.asarray(tokenizer.encode(prompt, add_special_tokens=False).input_ids.data,
+                      dtype=np.int64)
+
+
+def _greedy_logits(request: Any, ids: Any, forced: list[int] | None) -> tuple[Any, list[int]]:
+    """Each step's last logits (a prompt, then one token a step) and the tokens fed: the
+    argmax, or `forced`."""
+    import numpy as np
+
+    request.reset_state()
+    names = {p.get_any_name() for p in request.model_inputs}
+    steps, tokens, pos, current = [], [], 0, ids
+    for i in range(PROBE_STEPS):
+        n = current.shape[1]
+        feed = {"input_ids": current, "attention_mask": np.ones((1, pos + n), np.int64),
+                "position_ids": np.arange(pos, pos + n, dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, np.int32)}
+        request.infer({k: v for k, v in feed.items() if k in names})
+        pos += n
+        logits = request.get_tensor("logits").data[0, -1].astype(np.float32)
+        steps.append(logits.copy())
+        tokens.append(int(logits.argmax()) if forced is None else forced[i])
+        current = np.array([[tokens[-1]]], np.int64)
+    return np.stack(steps), tokens
+
+
+def agrees(saved: Path, rewritten: Path, folder: Path) -> bool:
+    """Whether `rewritten` computes what `saved` does on the probe (see PROBE)."""
+    import numpy as np
+    import openvino as ov
+
+    core = ov.Core()
+    precisions = ["f32"]
+    if "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        precisions.append("bf16")
+    ids = _probe_ids(folder)
+    for precision in precisions:
+        properties = {"INFERENCE_PRECISION_HINT": precision}
+        before = core.compile_model(saved, "CPU", properties).create_infer_request()
+        after = core.compile_model(rewritten, "CPU", properties).create_infer_request()
+        expected, tokens = _greedy_logits(before, ids, None)
+        got, _ = _greedy_logits(after, ids, tokens)
+        worst = float(np.abs(got - expected).max())
+        same = bool((got.argmax(axis=1) == expected.argmax(axis=1)).all())
+        if not same or worst > PROBE_RTOL * float(np.abs(expected).max()):
+            log.warning("the rewritten graph differs at %s (logits up to %.3g apart, greedy "
+                        "tokens %s): keeping the graph as converted", precision, worst,
+                        "the same" if same else "not the same")
+            return False
+    return True
+
+
 def _rewrite(folder: Path) -> None:
-    """The saved graph through workers/ir_fusion.py, saved in its place."""
+    """The saved graph through workers/ir_fusion.py, saved in its place if it still computes
+    the same numbers (agrees())."""
     import openvino as ov
 
     from npu_proxy.workers.ir_fusion import optimize
@@ -89,8 +159,16 @@ def _rewrite(folder: Path) -> None:
     # NOTE: saved beside, then renamed over: the model read maps the old .bin file.
     ov.save_model(model, folder / "rewritten.xml", compress_to_fp16=False)
     del model
+    try:
+        same = agrees(folder / "openvino_model.xml", folder / "rewritten.xml", folder)
+    except Exception:
+        log.exception("could not check the rewritten graph: keeping the graph as converted")
+        same = False
     for suffix in (".bin", ".xml"):
-        os.replace(folder / f"rewritten{suffix}", folder / f"openvino_model{suffix}")
+        if same:
+            os.replace(folder / f"rewritten{suffix}", folder / f"openvino_model{suffix}")
+        else:
+            (folder / f"rewritten{suffix}").unlink()
 
 
 def _convert(gguf: Path, done: Path) -> None:
