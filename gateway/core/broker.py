@@ -101,6 +101,8 @@ class WorkerLink:
             # NOTE: only until the supervisor's first status reaches a (re)started gateway
             # (it sends one a second): the heartbeat, read through the same table.
             state = ProcessState.STARTING
+            if self.heartbeat is None and self.spec.lazy:
+                state = ProcessState.IDLE  # NOTE: the supervisor starts lazy workers later
             event = reported(self.heartbeat.state) if self.heartbeat is not None else None
             if event is not None:
                 state = transition(state, event)
@@ -129,6 +131,11 @@ class WorkerLink:
         return silence_allowed(beat is not None and beat.blocking,
                                beat.stalled_for if beat is not None else 0.0,
                                self.spec.heartbeat_timeout, self.spec.stall_timeout)
+
+    @property
+    def idle(self) -> bool:
+        """Not loaded: a lazy worker without a process until a request needs it."""
+        return self.state == ProcessState.IDLE
 
     @property
     def serving(self) -> bool:

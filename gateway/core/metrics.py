@@ -46,6 +46,8 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900)
 
 LLM_ROLES = ("llm", "npu", "vlm")
+# How a worker's process ended when it was unloaded for idling (not counted as a restart).
+UNLOADED = "unloaded"
 # Paths probed by load balancers and Prometheus: counted, but logged at DEBUG only.
 QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
 
@@ -259,6 +261,11 @@ class Metrics:
             # A process that died before its first heartbeat reached us.
             self._new_process(event.worker, rec, event.pid)
         reason = "failed" if rec.exit_reason == "failed" else exit_reason(event.returncode)
+        link = self.broker.links.get(event.worker)
+        if link is not None and link.idle:
+            # NOTE: unloaded after its keep_alive (the supervisor said idle before the exit):
+            # its next process is a start on demand, not a restart.
+            reason = UNLOADED
         rec.exit_reason = reason
         if event.returncode != 0:
             rec.last_error = f"pid {event.pid} exited with code {event.returncode} ({reason})"
@@ -266,7 +273,9 @@ class Metrics:
 
     def _new_process(self, worker: str, rec: WorkerRecord, pid: int) -> None:
         """A restart is a new process; its label says how the one before it ended."""
-        if rec.pid:
+        if rec.pid and rec.exit_reason == UNLOADED:
+            rec.previous_pids.append(rec.pid)
+        elif rec.pid:
             reason = rec.exit_reason or "unknown"
             rec.restarts += 1
             rec.previous_pids.append(rec.pid)
