@@ -157,6 +157,11 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
 
+    def idle(self, worker: str) -> bool:
+        """The worker is not loaded (lazy, or unloaded after its keep_alive)."""
+        link = self.links.get(worker)
+        return link is not None and link.idle
+
     async def start(self) -> None:
         for spec in self.config.workers:
             if not spec.enabled:

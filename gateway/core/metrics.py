@@ -46,8 +46,6 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900)
 
 LLM_ROLES = ("llm", "npu", "vlm")
-# How a worker's process ended when it was unloaded for idling (not counted as a restart).
-UNLOADED = "unloaded"
 # Paths probed by load balancers and Prometheus: counted, but logged at DEBUG only.
 QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
 
@@ -261,24 +259,18 @@ class Metrics:
             # A process that died before its first heartbeat reached us.
             self._new_process(event.worker, rec, event.pid)
         reason = "failed" if rec.exit_reason == "failed" else exit_reason(event.returncode)
-        link = self.broker.links.get(event.worker)
-        if link is not None and link.idle:
-            # NOTE: unloaded after its keep_alive (the supervisor said idle before the exit):
-            # its next process is a start on demand, not a restart.
-            reason = UNLOADED
-        rec.exit_reason = reason
+        # NOTE: unloaded for idling (said idle before the exit): its next process no restart.
+        rec.exit_reason = reason = "unloaded" if self.broker.idle(event.worker) else reason
         if event.returncode != 0:
             rec.last_error = f"pid {event.pid} exited with code {event.returncode} ({reason})"
             self.recent.error(event.worker, rec.last_error)
 
     def _new_process(self, worker: str, rec: WorkerRecord, pid: int) -> None:
         """A restart is a new process; its label says how the one before it ended."""
-        if rec.pid and rec.exit_reason == UNLOADED:
+        if rec.pid:
             rec.previous_pids.append(rec.pid)
-        elif rec.pid:
-            reason = rec.exit_reason or "unknown"
+        if rec.pid and (reason := rec.exit_reason or "unknown") != "unloaded":
             rec.restarts += 1
-            rec.previous_pids.append(rec.pid)
             self.restarts.labels(worker, reason).inc()
             log.info("worker %s restarted as pid %d (the previous process: %s)", worker, pid,
                      reason, extra={"worker": worker})

@@ -35,9 +35,8 @@ from npu_proxy.protocol.messages import WorkerExited
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
-    from npu_proxy.gateway.core.broker import WorkerLink
-    from npu_proxy.gateway.core.model_table import ServedModel
-    from npu_proxy.gateway.core.switching import Switcher
+    from npu_proxy.gateway.core.broker import Broker, WorkerLink
+    from npu_proxy.gateway.core.model_table import ModelTable, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,20 @@ async def ask(config: Config, command: control.Command, expect: type[R], what: s
 
 
 class Residency:
-    def __init__(self, switcher: Switcher) -> None:
-        self.switcher = switcher
-        self.config = switcher.config
-        self.broker = switcher.broker
+    """Starts and unloads lazy workers. Shares with the Switcher (which makes it) the
+    per-worker locks, the workers' last use, the models' requested keep_alive and the
+    workers being switched."""
+
+    def __init__(self, config: Config, broker: Broker, table: ModelTable,
+                 locks: dict[str, asyncio.Lock], used_at: dict[str, float],
+                 keep_alive: dict[str, float], pending: dict[str, str]) -> None:
+        self.config = config
+        self.broker = broker
+        self.table = table
+        self.locks = locks
+        self.used_at = used_at
+        self.keep_alive = keep_alive
+        self.pending = pending
         # worker -> the start requests for it wait on
         self.starting: dict[str, asyncio.Task[None]] = {}
         # workers told to unload (until the supervisor says they are idle)
@@ -83,7 +92,7 @@ class Residency:
         return link.serving and link.name not in self.unloading
 
     def _lock(self, worker: str) -> asyncio.Lock:
-        return self.switcher.locks.setdefault(worker, asyncio.Lock())
+        return self.locks.setdefault(worker, asyncio.Lock())
 
     # --- starting ------------------------------------------------------------------------
 
@@ -129,7 +138,7 @@ class Residency:
             log.info("starting worker %s: a request needs it", name, extra={"worker": name})
             await ask(self.config, control.Start(worker=name), control.Ok, f"start worker {name}")
             await self._wait_serving(link, spec, old_pid, before)
-            self.switcher.used_at[name] = time.monotonic()
+            self.used_at[name] = time.monotonic()
             log.info("worker %s serves, %.2f s after a request needed it", name,
                      time.monotonic() - began, extra={"worker": name})
 
@@ -160,10 +169,10 @@ class Residency:
         keep = spec.idle_stop
         if keep is None:
             return None
-        table = self.switcher.table
+        table = self.table
         current = table.current_model(spec)
         if current != table.default_model(spec):
-            keep = self.switcher.keep_alive.get(current, keep)
+            keep = self.keep_alive.get(current, keep)
         return keep
 
     def reap(self, now: float) -> None:
@@ -174,15 +183,15 @@ class Residency:
             if keep is None or link is None or not link.serving:
                 continue
             name = spec.name
-            lock = self.switcher.locks.get(name)
+            lock = self.locks.get(name)
             if name in self.unloading or name in self.starting or name in \
-                    self.switcher.pending or (lock is not None and lock.locked()):
+                    self.pending or (lock is not None and lock.locked()):
                 continue
             beat = link.heartbeat
             if link.requests or (beat is not None and (beat.in_flight or beat.queue)):
-                self.switcher.used_at[name] = now
+                self.used_at[name] = now
                 continue
-            idle = now - self.switcher.used_at.setdefault(name, now)
+            idle = now - self.used_at.setdefault(name, now)
             if idle >= keep:
                 # NOTE: marked now, so that a request from here on waits for the next start
                 # instead of being routed to a worker about to drain.
@@ -215,7 +224,7 @@ class Residency:
     def expires_at(self, model: ServedModel) -> float | None:
         """Wall-clock time `model` is unloaded with its workers' keep_alive (None: it is not
         held by such a worker)."""
-        table = self.switcher.table
+        table = self.table
         now = time.monotonic()
         left = []
         for worker in model.workers:
@@ -224,7 +233,7 @@ class Residency:
             if spec.idle_stop is None or link is None or not link.serving or \
                     table.current_model(spec) != table.default_model(spec):
                 continue
-            left.append(spec.idle_stop - (now - self.switcher.used_at.get(worker, now)))
+            left.append(spec.idle_stop - (now - self.used_at.get(worker, now)))
         return time.time() + max(0.0, max(left)) if left else None
 
     async def stop(self) -> None:

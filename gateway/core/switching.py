@@ -61,7 +61,8 @@ class Switcher:
         # model -> wall-clock time of that request (what /api/ps counts expires_at from)
         self.touched_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.residency = Residency(self)
+        self.residency = Residency(config, broker, table, self.locks, self.used_at,
+                                   self.keep_alive, self.pending)
 
     # --- requests ------------------------------------------------------------------------
 
