@@ -21,8 +21,8 @@ Role = Literal["llm", "npu", "embed", "vlm", "rerank"]
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
 DEFAULT_RERANK_MODEL = "all-minilm-rerank:l6-v2"
-
-
+# Seconds a lazy worker stays loaded after its last request: Ollama's default keep_alive.
+DEFAULT_WORKER_KEEP_ALIVE = 300.0
 
 class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """Where a model's files come from: a Hugging Face repository (its allow-listed files, or
@@ -82,6 +82,17 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     device: str = "CPU"
     model: str = ""
     enabled: bool = True
+    # Start on the first request that needs this worker instead of at start-up? None = the
+    # role's default: lazy for embed and rerank, and for an llm/npu/vlm worker whose model
+    # is not the default one (the first llm or npu worker's, else the first vlm worker's);
+    # never for a worker served by another host or on a --worker-only host (no gateway
+    # there to start it). Until then the worker is `idle` (not loaded): no process.
+    lazy: bool | None = None
+    # Seconds this worker stays loaded after its last request before it is stopped (back
+    # to `idle`, not loaded; the next request that needs it starts it again); -1 = always
+    # resident. None = DEFAULT_WORKER_KEEP_ALIVE (5 minutes, Ollama's) for a lazy worker,
+    # -1 otherwise.
+    keep_alive: float | None = None
     # Seconds a worker may stay loading/warming before it is killed (NPU compiles are slow).
     # 0 = the role's default: 1800 s for npu, 600 s otherwise.
     load_timeout: float = 0.0
@@ -145,6 +156,11 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
         if self.address:
             # NOTE: the supervisor that could reload it runs on the other host.
             self.allow_switch = False
+            self.lazy = False
+        if self.lazy is None and self.role in ("embed", "rerank"):
+            self.lazy = True
+        if self.keep_alive is not None and self.keep_alive < 0:
+            self.keep_alive = -1.0
         if self.allow_switch is None:
             self.allow_switch = self.role != "npu"
         if self.load_timeout <= 0:
@@ -170,6 +186,14 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.max_running = 1
         elif self.max_running <= 0:
             self.max_running = 256
+
+    @property
+    def idle_stop(self) -> float | None:
+        """Seconds idle after which the worker is stopped (not loaded); None = never."""
+        keep = self.keep_alive
+        if keep is None:
+            keep = DEFAULT_WORKER_KEEP_ALIVE if self.lazy else -1.0
+        return None if keep < 0 or self.address else keep
 
     @property
     def model_name(self) -> str:
@@ -336,6 +360,18 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     models: dict[str, ModelSource] = msgspec.field(default_factory=dict)
     # Seconds a request waits for a worker to switch to the model it names.
     switch_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        # NOTE: whether a generation worker is lazy depends on the other workers (is its
+        # model the default one?), so it is settled here, once, for every process alike.
+        generators = [w for w in self.workers if w.enabled and w.role in ("llm", "npu")] or \
+            [w for w in self.workers if w.enabled and w.role == "vlm"]
+        default = generators[0].model_name if generators else ""
+        for spec in self.workers:
+            if self.worker_only:
+                spec.lazy = False
+            elif spec.lazy is None:
+                spec.lazy = spec.model_name != default
 
     def remote_bind_refusal(self) -> str | None:
         """Why this configuration must not start (a remote bind without a key), or None."""

@@ -31,13 +31,23 @@ class Status(msgspec.Struct, tag=True):
 
 
 class Start(msgspec.Struct, tag=True):
-    """Start a stopped or failed worker (with its configuration as it is now)."""
+    """Start a stopped, failed or idle (not loaded) worker (with its configuration as it is
+    now); the gateway sends it for a lazy worker a request needs. A worker draining after
+    Unload is started again once it has exited."""
 
     worker: str
 
 
 class Stop(msgspec.Struct, tag=True):
     """Drain and stop a worker; it stays stopped until started."""
+
+    worker: str
+
+
+class Unload(msgspec.Struct, tag=True):
+    """Stop a worker that idled past its keep_alive (the gateway decides): drained like Stop,
+    but not held: it is `idle` (not loaded) until Start, and no crash (no restart, no
+    backoff). A worker switched to another model goes back to its configured one."""
 
     worker: str
 
@@ -60,7 +70,7 @@ class Shutdown(msgspec.Struct, tag=True):
     """Stop every process and the supervisor."""
 
 
-Command = Ping | Status | Start | Stop | Restart | Load | Shutdown
+Command = Ping | Status | Start | Stop | Restart | Load | Shutdown | Unload
 
 
 # --- replies (supervisor -> CLI, gateway) ------------------------------------------------

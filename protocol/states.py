@@ -12,6 +12,8 @@ and `npx-supervisor status` all name a worker's state with `ProcessState.label`.
     any of those  --terminate-->  draining               (stop, drained restart, switch)
     any of those  --hung------->  unresponsive           (killed by the supervisor)
     any live one  --exit------->  backoff -> starting | stopped (held) | failed (crash loop)
+    idle --spawn--> starting ... ready --terminate--> draining --exit_idle--> idle
+                                                      (a lazy worker: not loaded until needed)
 
 The numbering is the wire format of `Heartbeat.state`: append, never renumber.
 """
@@ -47,6 +49,10 @@ class ProcessState(enum.IntEnum):
     # Alive but hung: past its load deadline, heartbeats stopped, or no progress while busy.
     # The supervisor kills it; the gateway also says so when it stops hearing a worker.
     UNRESPONSIVE = 10
+    # Not loaded: a lazy worker that no request has needed yet, or that was stopped after
+    # idling for its keep_alive. No process; the gateway starts it on the next request that
+    # needs it. Neither down nor failed: it can serve, after a load.
+    IDLE = 11
 
     @property
     def label(self) -> str:
@@ -65,7 +71,8 @@ class ProcessState(enum.IntEnum):
     @property
     def alive(self) -> bool:
         """A process exists in this state (the others are between or after processes)."""
-        return self not in (ProcessState.STOPPED, ProcessState.FAILED, ProcessState.BACKOFF)
+        return self not in (ProcessState.STOPPED, ProcessState.FAILED, ProcessState.BACKOFF,
+                            ProcessState.IDLE)
 
 
 class Event(enum.Enum):
@@ -92,16 +99,18 @@ class Event(enum.Enum):
     EXIT = "exit"
     # It exited while an operator holds it stopped.
     EXIT_HELD = "exit_held"
+    # It exited after being stopped for idling past its keep_alive: not loaded, not a crash.
+    EXIT_IDLE = "exit_idle"
     # It exited once too often within the restart window: the supervisor gives up.
     CRASH_LOOP = "crash_loop"
-    # An operator stopped it while no process runs (in backoff or failed).
+    # An operator stopped it while no process runs (in backoff, failed or idle).
     STOP = "stop"
 
 
 _S = ProcessState
 _WORKER_LIVE = (_S.STARTING, _S.LOADING, _S.WARMING, _S.READY, _S.BUSY)
 _ALIVE = (*_WORKER_LIVE, _S.DRAINING, _S.RUNNING, _S.UNRESPONSIVE)
-_DOWN = (_S.BACKOFF, _S.STOPPED, _S.FAILED)
+_DOWN = (_S.BACKOFF, _S.STOPPED, _S.FAILED, _S.IDLE)
 
 # NOTE: states may be skipped (a supervisor that subscribes to a new worker's heartbeats
 # late misses its first ones), so a report moves any earlier live state forward.
@@ -122,8 +131,9 @@ _ROWS: tuple[tuple[Event, tuple[ProcessState, ...], ProcessState], ...] = (
     (Event.TERMINATE,        (*_WORKER_LIVE, _S.RUNNING),                     _S.DRAINING),
     (Event.EXIT,             _ALIVE,                                          _S.BACKOFF),
     (Event.EXIT_HELD,        _ALIVE,                                          _S.STOPPED),
+    (Event.EXIT_IDLE,        _ALIVE,                                          _S.IDLE),
     (Event.CRASH_LOOP,       _ALIVE,                                          _S.FAILED),
-    (Event.STOP,             (_S.BACKOFF, _S.FAILED),                         _S.STOPPED),
+    (Event.STOP,             (_S.BACKOFF, _S.FAILED, _S.IDLE),                _S.STOPPED),
 )
 
 TRANSITIONS: dict[tuple[Event, ProcessState], ProcessState] = {

@@ -53,6 +53,8 @@ class Child:
         self.next_start = 0.0
         self.expected_exit = False
         self.hold = False
+        # Told to stop for idling (control.Unload): its exit makes it idle, not a restart.
+        self.unloading = False
         self.kill_at = 0.0
         self.heartbeat_at = 0.0
         self.stalled_for = 0.0
@@ -91,6 +93,7 @@ class Child:
         self.blocking = False
         self.cpu = None
         self.expected_exit = False
+        self.unloading = False
         self.kill_at = 0.0
         log.info("started %s pid %d", self.name, self.proc.pid)
 

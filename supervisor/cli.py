@@ -17,6 +17,7 @@ import msgspec
 from npu_proxy.protocol.config import Config, is_loopback_host, redacted
 from npu_proxy.protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from npu_proxy.protocol.logs import setup_logging
+from npu_proxy.protocol.states import ProcessState
 from npu_proxy.supervisor.cli_common import call, config_options, load
 from npu_proxy.supervisor.doctor import doctor
 from npu_proxy.supervisor.logfiles import follow as follow_lines
@@ -148,7 +149,8 @@ def status(as_json: bool, **kw: Any) -> None:
     header = ("WORKER", "ROLE", "DEVICE", "MODEL", "STATE", "PID", "UPTIME", "RESTARTS",
               "LAST ERROR")
     rows = [header] + [
-        (c.name, c.role, c.device or "-", c.model or "-", c.state.label,
+        (c.name, c.role, c.device or "-", c.model or "-",
+         "idle (not loaded)" if c.state == ProcessState.IDLE else c.state.label,
          str(c.pid or "-"), _age(c.uptime) if c.pid else "-", str(c.restarts),
          _last_line(c.last_error))
         for c in reply.children

@@ -39,6 +39,7 @@ from npu_proxy.protocol.control import (
     Status,
     StatusReply,
     Stop,
+    Unload,
 )
 from npu_proxy.protocol.keys import KeysError, ensure_keys, load_keys, public_key, worker_clients
 from npu_proxy.protocol.messages import (
@@ -111,6 +112,7 @@ class Supervisor:
             Stop: self._stop,
             Restart: self._restart,
             Load: self._load,
+            Unload: self._unload,
         }
 
     # --- set-up --------------------------------------------------------------------------
@@ -189,6 +191,9 @@ class Supervisor:
                           self._log(spec.name), self.echo)
             child.model = spec.model_name
             child.device = spec.device
+            if spec.enabled and spec.lazy:
+                # NOTE: not loaded until a request needs it; the gateway then starts it.
+                child.state = ProcessState.IDLE
             self.children[spec.name] = child
             sub = self.ctx.socket(zmq.SUB)
             configure_sub(sub, TOPIC_HEARTBEAT)
@@ -206,7 +211,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         self.setup()
         for spec in self.config.local_workers():
-            if spec.enabled:
+            if spec.enabled and not spec.lazy:
                 self.children[spec.name].spawn()
         if "gateway" in self.children:
             self.children["gateway"].spawn()
@@ -325,6 +330,10 @@ class Supervisor:
         child.kill_at = 0.0
         if child.hold:
             child.apply(Event.EXIT_HELD)
+        elif child.unloading:
+            child.unloading = False
+            child.apply(Event.EXIT_IDLE)
+            self._go_home(child)
         else:
             self._schedule_restart(child, counted=not child.expected_exit)
         if child.kind != "gateway":
@@ -408,11 +417,13 @@ class Supervisor:
 
     def _release(self, name: str) -> Child:
         """The named child with an operator's hold lifted and its configuration as it is
-        now; spawned at once (a fresh crash count) when no process runs."""
+        now; spawned at once (a fresh crash count) when no process runs. One being unloaded
+        is started again once it has exited."""
         child = self._child(name)
         if child.kind != "gateway":
             self._reload_spec(child.name)
         child.hold = False
+        child.unloading = False
         if child.pid is None:
             child.crash_times.clear()
             child.spawn()
@@ -487,6 +498,7 @@ class Supervisor:
             self._set_spec(msgspec.structs.replace(
                 spec, model=target, switched_from="" if target == home else home))
         child.hold = False
+        child.unloading = False
         if child.pid is None:
             child.crash_times.clear()
             child.last_error = ""
@@ -494,6 +506,25 @@ class Supervisor:
         elif changed:
             self._terminate(child)  # NOTE: drains; the exit handler restarts it at once
         return Loaded(model=target, changed=changed)
+
+    def _unload(self, command: Unload) -> Reply:
+        """Stop a worker the gateway found idle past its keep_alive: drained, then `idle`."""
+        child = self._child(command.worker)
+        if child.kind == "gateway":
+            raise Refusal("the gateway is not unloaded")
+        if child.pid is None or child.hold:
+            return Ok()  # NOTE: already not running, or an operator's stop is under way
+        log.info("unloading %s: idle past its keep_alive", child.name)
+        child.unloading = True
+        self._terminate(child)
+        return Ok()
+
+    def _go_home(self, child: Child) -> None:
+        """An unloaded worker that served a switched-to model starts with its own next."""
+        spec = self.config.worker(child.name)
+        if spec.switched_from:
+            self._set_spec(msgspec.structs.replace(spec, model=spec.switched_from,
+                                                   switched_from=""))
 
     def _check_model(self, name: str) -> None:
         """A model named over the control socket: one of the configuration's own, or a name

@@ -12,8 +12,19 @@ LLM = "smollm2:135m"
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One real server (gateway + CPU LLM worker + embedding worker + rerank worker, the
-    default workers) shared by the suite."""
-    srv = Server(tmp_path_factory.mktemp("server")).start()
+    default workers) shared by the suite.
+
+    NOTE: its embed and rerank workers are resident (`lazy = false`), not started by their
+    first request as by default: many tests use them, in any order and a few at once, and
+    several look at their process (heartbeats, pids, metrics) before asking anything. A
+    lazy first request would make whichever test runs first pay a worker's start within its
+    client timeout on two shared cores. The lazy path has its own servers (test_lazy.py).
+    """
+    srv = Server(tmp_path_factory.mktemp("server"), workers=[
+        {"name": "llm", "role": "llm"},
+        {"name": "embed", "role": "embed", "lazy": False},
+        {"name": "rerank", "role": "rerank", "lazy": False},
+    ]).start()
     yield srv
     srv.stop()
 

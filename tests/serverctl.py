@@ -214,7 +214,8 @@ class Server:
                 time.sleep(0.3)
                 continue
             workers = [c for c in kids.values() if c["role"] != "gateway"]
-            if all(c["state"] in ("ready", "busy") for c in workers):
+            # NOTE: a lazy worker is idle (not loaded) until a request needs it.
+            if all(c["state"] in ("ready", "busy", "idle") for c in workers):
                 if self.worker_only or self.config.worker_only:
                     return
                 try:

@@ -68,7 +68,8 @@ def test_every_event_in_every_state_has_an_answer() -> None:
             # A process exists before and after, or the event is what starts or ends it.
             if event in (Event.SPAWN, Event.SPAWN_SILENT):
                 assert after.alive or after == state
-            elif event in (Event.EXIT, Event.EXIT_HELD, Event.CRASH_LOOP, Event.STOP):
+            elif event in (Event.EXIT, Event.EXIT_HELD, Event.EXIT_IDLE, Event.CRASH_LOOP,
+                           Event.STOP):
                 assert not after.alive or after == state
             else:
                 assert after.alive == state.alive, (event, state, after)

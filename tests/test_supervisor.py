@@ -78,8 +78,9 @@ def test_worker_properties_reach_openvino(tmp_path: Path) -> None:
     """`properties` in a worker section go to its pipeline; a name OpenVINO does not know
     fails that worker with OpenVINO's own message, and the other workers serve on."""
     srv = Server(tmp_path, workers=[
-        {"name": "embed", "role": "embed", "properties": {"INFERENCE_NUM_THREADS": 1}},
-        {"name": "typo", "role": "embed", "max_restarts": 1,
+        {"name": "embed", "role": "embed", "lazy": False,
+         "properties": {"INFERENCE_NUM_THREADS": 1}},
+        {"name": "typo", "role": "embed", "max_restarts": 1, "lazy": False,
          "properties": {"INFERENCE_NUM_THREAD": 1}},
     ], backoff_initial=0.2).start(wait=False)
     try:

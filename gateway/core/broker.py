@@ -101,6 +101,8 @@ class WorkerLink:
             # NOTE: only until the supervisor's first status reaches a (re)started gateway
             # (it sends one a second): the heartbeat, read through the same table.
             state = ProcessState.STARTING
+            if self.heartbeat is None and self.spec.lazy:
+                state = ProcessState.IDLE  # NOTE: the supervisor starts lazy workers later
             event = reported(self.heartbeat.state) if self.heartbeat is not None else None
             if event is not None:
                 state = transition(state, event)
@@ -131,6 +133,11 @@ class WorkerLink:
                                self.spec.heartbeat_timeout, self.spec.stall_timeout)
 
     @property
+    def idle(self) -> bool:
+        """Not loaded: a lazy worker without a process until a request needs it."""
+        return self.state == ProcessState.IDLE
+
+    @property
     def serving(self) -> bool:
         # NOTE: only once the gateway has heard the process itself: that proves its SUB is
         # connected, so the frames of a request sent there are not lost.
@@ -149,6 +156,11 @@ class Broker:
         self._push_now: dict[str, zmq.Socket[bytes]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
+
+    def idle(self, worker: str) -> bool:
+        """The worker is not loaded (lazy, or unloaded after its keep_alive)."""
+        link = self.links.get(worker)
+        return link is not None and link.idle
 
     async def start(self) -> None:
         for spec in self.config.workers:

@@ -50,10 +50,14 @@ def worker_row(metrics: Metrics, spec: WorkerSpec, link: WorkerLink | None) -> d
         last_error = supervised.last_error or last_error
     # NOTE: a disabled worker has no link; the supervisor holds it stopped.
     state = link.state if link is not None else ProcessState.STOPPED
+    if state == ProcessState.IDLE:
+        beat = None  # NOTE: not loaded: its last heartbeat was a process that is gone
     return {
         "name": name, "role": spec.role, "device": spec.device, "model": spec.model_name,
         "state": state.label,
         "up": bool(link is not None and link.serving),
+        # A process runs for it (idle = not loaded: started by the next request needing it).
+        "loaded": state.alive,
         "pid": beat.pid if beat is not None else None,
         "queue": beat.queue if beat is not None else 0,
         "in_flight": beat.in_flight if beat is not None else 0,
@@ -90,10 +94,13 @@ class HealthRoutes:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
+        """Can the server answer a generation now: an LLM worker serves, or one is idle (not
+        loaded, started by the request). Workers that are not loaded are not waited for."""
         llm = [link for link in self.broker.links.values() if link.spec.role in LLM_ROLES]
         serving = [link.name for link in llm if link.serving]
-        if serving:
-            return JSONResponse({"status": "ready", "workers": serving})
+        idle = [link.name for link in llm if link.idle]
+        if serving or idle:
+            return JSONResponse({"status": "ready", "workers": serving, "not_loaded": idle})
         if not llm:
             reason = "no LLM worker is configured"
         else:

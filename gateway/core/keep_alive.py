@@ -2,9 +2,11 @@
 
 The Switcher (gateway/core/switching.py) remembers it per model with the time of the
 request, and /api/ps `expires_at` is computed from that (last use + keep_alive, like Ollama).
-NOTE: a worker keeps its configured model loaded for its whole life; only a model a worker
-was switched to is unloaded when its keep_alive runs out. A model not used yet was loaded by
-its worker at start-up with no deadline, so it reports Ollama's "forever" date.
+NOTE: a resident worker (the default model's) keeps its configured model loaded for its whole
+life; only a model it was switched to is unloaded when its keep_alive runs out, and a model
+not used yet was loaded at start-up with no deadline, so it reports Ollama's "forever" date.
+A lazy worker is unloaded after its own keep_alive (WorkerSpec.keep_alive,
+gateway/core/residency.py), which /api/ps reports instead.
 """
 
 from __future__ import annotations

@@ -259,7 +259,8 @@ class Metrics:
             # A process that died before its first heartbeat reached us.
             self._new_process(event.worker, rec, event.pid)
         reason = "failed" if rec.exit_reason == "failed" else exit_reason(event.returncode)
-        rec.exit_reason = reason
+        # NOTE: unloaded for idling (said idle before the exit): its next process no restart.
+        rec.exit_reason = reason = "unloaded" if self.broker.idle(event.worker) else reason
         if event.returncode != 0:
             rec.last_error = f"pid {event.pid} exited with code {event.returncode} ({reason})"
             self.recent.error(event.worker, rec.last_error)
@@ -267,9 +268,9 @@ class Metrics:
     def _new_process(self, worker: str, rec: WorkerRecord, pid: int) -> None:
         """A restart is a new process; its label says how the one before it ended."""
         if rec.pid:
-            reason = rec.exit_reason or "unknown"
-            rec.restarts += 1
             rec.previous_pids.append(rec.pid)
+        if rec.pid and (reason := rec.exit_reason or "unknown") != "unloaded":
+            rec.restarts += 1
             self.restarts.labels(worker, reason).inc()
             log.info("worker %s restarted as pid %d (the previous process: %s)", worker, pid,
                      reason, extra={"worker": worker})

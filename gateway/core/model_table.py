@@ -87,7 +87,9 @@ class ModelTable:
 
     def current_model(self, spec: WorkerSpec) -> str:
         link = self.broker.links.get(spec.name)
-        if link is not None and link.heartbeat is not None:
+        # NOTE: an idle worker's last heartbeat is its previous process's; it starts with
+        # its configured model (the supervisor puts a switched one back when unloading it).
+        if link is not None and link.heartbeat is not None and not link.idle:
             return self.canonical(link.heartbeat.model)
         return self.canonical(spec.model_name)
 
@@ -110,7 +112,8 @@ class ModelTable:
         running = []
         for spec in self.config.workers:
             link = self.broker.links.get(spec.name)
-            beat = link.heartbeat.model if link is not None and link.heartbeat else None
+            beat = link.heartbeat.model if link is not None and link.heartbeat and \
+                not link.idle else None
             running.append((spec.name, spec.enabled, spec.role, spec.model_name,
                             spec.switched_from, beat))
         return (self.store.version(), tuple(running))

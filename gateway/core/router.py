@@ -289,8 +289,9 @@ class Router:
         down = False
         images = isinstance(msg, Generate | Tokenize) and any(
             m.images for m in msg.messages or [])
+        unloading = self.switcher.residency.unloading
         for link in self.candidates(model, images):
-            if not link.serving:
+            if not link.serving or link.name in unloading:
                 down = True
                 reason = reason if reason != "preferred" else "worker_unavailable"
                 continue

@@ -13,6 +13,9 @@ configured model once it has been idle for the last keep_alive given for that mo
 (Ollama's default five minutes; 0 = as soon as it is idle; negative = never). The Switcher is
 the one place a model's keep_alive and last request are kept; /api/ps reports `expires_at`
 from them.
+
+Lazy workers (started by a request, unloaded after their own keep_alive) are the Residency's
+(gateway/core/residency.py), which shares the Switcher's per-worker locks and last use.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from npu_proxy.gateway.core.errors import GatewayError, unavailable
 from npu_proxy.gateway.core.keep_alive import DEFAULT_KEEP_ALIVE
 from npu_proxy.gateway.core.model_table import ROLE_KIND
+from npu_proxy.gateway.core.residency import Residency, ask
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import WorkerState
@@ -39,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONTROL_TIMEOUT = 10.0
 REAP_INTERVAL = 0.5
 
 
@@ -58,6 +61,8 @@ class Switcher:
         # model -> wall-clock time of that request (what /api/ps counts expires_at from)
         self.touched_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.residency = Residency(config, broker, table, self.locks, self.used_at,
+                                   self.keep_alive, self.pending)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -74,7 +79,7 @@ class Switcher:
         if model is None:
             return
         self._mark(model.workers)
-        if keep_alive > 0 and not model.workers:
+        if keep_alive > 0 and (not model.workers or self.residency.sleeper(model.workers)):
             self._spawn(self.ensure(model))
 
     def expires_at(self, name: str) -> float:
@@ -82,6 +87,8 @@ class Switcher:
         forever, and for a model no request named yet (its worker loaded it at start-up)."""
         name = self.table.canonical(name)
         model = self.table.models().get(name)
+        if model is not None and (lazy := self.residency.expires_at(model)) is not None:
+            return lazy
         name = model.runs if model is not None else name
         since = self.touched_at.get(name)
         return math.inf if since is None else since + self.keep_alive[name]
@@ -99,6 +106,8 @@ class Switcher:
             switching = [w for w in model.workers if self.pending.get(w) == model.runs]
             if switching and not any(links[w].serving for w in model.workers if w in links):
                 await self.load(switching[0], model.runs)
+            await self.residency.ready(model.workers)
+            self._mark(model.workers)
             return model
         worker = self.pick(model)
         await self.load(worker, model.runs)
@@ -165,16 +174,8 @@ class Switcher:
             log.info("switching worker %s to model %s", worker, target,
                      extra={"worker": worker})
             command = control.Load(worker=worker, model="" if target == home else target)
-            try:
-                # NOTE: the one blocking client, in a thread: the event loop never waits.
-                reply = await asyncio.to_thread(control.call, self.config, command,
-                                                control.Loaded, CONTROL_TIMEOUT)
-            except control.NoSupervisor:
-                raise unavailable("the supervisor does not answer on its control socket"
-                                  ) from None
-            except control.ControlError as exc:
-                raise unavailable(f"the supervisor refused to switch worker {worker} to "
-                                  f"'{target}': {exc}") from None
+            reply = await ask(self.config, command, control.Loaded,
+                              f"switch worker {worker} to '{target}'")
             try:
                 await self._wait(worker, target, old_pid if reply.changed else -1, deadline)
             except GatewayError:
@@ -226,8 +227,10 @@ class Switcher:
 
     def _reap(self) -> None:
         now = time.monotonic()
+        self.residency.reap(now)
         for spec in self.config.workers:
-            if not spec.enabled or not spec.allow_switch:
+            # NOTE: a worker with a keep_alive of its own is unloaded, not switched back.
+            if not spec.enabled or not spec.allow_switch or spec.idle_stop is not None:
                 continue
             link = self.broker.links.get(spec.name)
             lock = self.locks.get(spec.name)
@@ -259,6 +262,7 @@ class Switcher:
             log.warning("background model switch failed: %s", exc)
 
     async def stop(self) -> None:
+        await self.residency.stop()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

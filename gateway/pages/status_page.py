@@ -26,6 +26,7 @@ td.state { font-weight: 600; }
 .st-ready, .st-busy, .st-running { color: #1a7f37; }
 .st-starting, .st-loading, .st-warming, .st-backoff, .st-draining { color: #9a6700; }
 .st-failed, .st-unresponsive, .st-stopped { color: #b3261e; }
+.st-idle { color: #666; font-weight: normal; }
 .empty { color: #888; }
 form { margin-top: 1em; }
 input { font: inherit; padding: .3em; }
@@ -62,7 +63,7 @@ function workers(list) {
     cell(tr, w.role);
     cell(tr, w.device);
     cell(tr, w.model);
-    cell(tr, w.state, "state st-" + w.state);
+    cell(tr, w.state === "idle" ? "idle (not loaded)" : w.state, "state st-" + w.state);
     cell(tr, String(w.restarts), "num");
     cell(tr, String(w.queue), "num");
     cell(tr, String(w.in_flight), "num");
