@@ -28,6 +28,7 @@ from npu_proxy.models.ctranslate2 import CT2FormatError, CT2Model, read_model_bi
 _ACTIVATIONS = {0: "relu", 1: "gelu_new", 2: "silu", 3: "gelu"}
 _SPECIAL_NAMES = ("<|endoftext|>", "<|startoftranscript|>", "<|translate|>", "<|transcribe|>",
                   "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>")
+MULTILINGUAL_VOCAB = 51865
 _LANGUAGE = re.compile(r"<\|[a-z]{2,3}(?:_[a-z]+)?\|>")
 
 
@@ -135,8 +136,10 @@ def _config(model: CT2Model, ct2_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _generation_config(ids: dict[str, int], ct2_config: dict[str, Any],
-                       languages: dict[str, int]) -> dict[str, Any]:
-    multilingual = len(languages) > 1
+                       languages: dict[str, int], vocab_size: int) -> dict[str, Any]:
+    # NOTE: English-only Whisper models have 51864 tokens, multilingual ones 51865 or more
+    # (Transformers' own test); the English-only tokenizers carry the language tokens too.
+    multilingual = vocab_size >= MULTILINGUAL_VOCAB
     config: dict[str, Any] = {
         "alignment_heads": ct2_config.get("alignment_heads", []),
         "begin_suppress_tokens": list(ct2_config.get("suppress_ids_begin", [220, 50256])),
@@ -200,7 +203,8 @@ def write_hf_folder(ct2_dir: Path, out: Path) -> None:
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     dumps = {
         "config.json": config,
-        "generation_config.json": _generation_config(ids, ct2_config, languages),
+        "generation_config.json": _generation_config(ids, ct2_config, languages,
+                                                     config["vocab_size"]),
         "preprocessor_config.json": {**_PREPROCESSOR, "feature_size": config["num_mel_bins"]},
         "tokenizer.json": full,
         "vocab.json": tokenizer["model"]["vocab"],

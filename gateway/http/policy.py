@@ -16,8 +16,10 @@ In order, for every HTTP request:
    `<img>` or `<script>`), refused unless it is a top-level navigation.
 3. Body type: text/plain, multipart/form-data and application/x-www-form-urlencoded — the
    three a page may send cross-origin without a preflight — are 415 on every route that
-   takes a body. A body with no Content-Type is accepted (non-browser clients that send raw
-   JSON); any other type needs a preflight, which step 2 governs. NOTE: `curl -d` sends
+   takes a body, but for multipart/form-data on the routes whose API is multipart
+   (`MULTIPART_PATHS`: OpenAI's audio uploads). A body with no Content-Type is accepted
+   (non-browser clients that send raw JSON); any other type needs a preflight, which step
+   2 governs. NOTE: `curl -d` sends
    application/x-www-form-urlencoded, so curl needs `-H 'Content-Type: application/json'`
    (or `--json`); every SDK (OpenAI, Anthropic, Ollama, LangChain) sends application/json.
 """
@@ -40,6 +42,8 @@ WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 # What a page may send cross-origin without asking first (the CORS "simple" body types).
 SIMPLE_BODY_TYPES = frozenset({"text/plain", "multipart/form-data",
                                "application/x-www-form-urlencoded"})
+# Routes whose API is multipart (OpenAI's audio uploads); step 2 still decides for browsers.
+MULTIPART_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 ALLOW_METHODS = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
 # What the official SDKs send from a browser (OpenAI's and Anthropic's generated clients add
 # the x-stainless-* set; Anthropic's wants its direct-browser-access opt-in).
@@ -175,7 +179,8 @@ class HttpPolicyMiddleware:
             await send(message)
 
         media = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
-        if method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES:
+        if method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES and not (
+                media == "multipart/form-data" and scope.get("path") in MULTIPART_PATHS):
             # NOTE: an allowed page may read why (CORS headers added by send_with_cors).
             error = GatewayError(415, "unsupported_media_type",
                                  f"Content-Type {media} is not accepted: send the JSON body "

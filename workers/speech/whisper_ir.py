@@ -108,13 +108,16 @@ def ensure_whisper_ir(dest: Path, python: str = "") -> Path:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         done = subprocess.run([exporter, "-c", _EXPORT, str(hf), str(out)], env=env,
                               capture_output=True, text=True, check=False)
-        if done.returncode != 0 or not is_ready(out):
+        models = ("openvino_encoder_model.xml", "openvino_decoder_model.xml")
+        if done.returncode != 0 or not all((out / name).is_file() for name in models):
             tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
             raise RuntimeError("exporting Whisper to OpenVINO IR failed (exit "
                                f"{done.returncode}): " + "\n".join(tail))
-        for name in ("generation_config.json", "preprocessor_config.json", "config.json"):
-            if not (out / name).is_file():
-                shutil.copyfile(hf / name, out / name)
+        # NOTE: the tokenizer is converted here, by this server's openvino-tokenizers (the
+        # version its WhisperPipeline reads); optimum-intel 2.2 skipped it for this folder.
+        _convert_tokenizer(hf, out)
+        for name in ("generation_config.json", "preprocessor_config.json"):
+            shutil.copyfile(hf / name, out / name)
         _publish(out, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,6 +125,17 @@ def ensure_whisper_ir(dest: Path, python: str = "") -> Path:
              "exported in %.1f s)", time.perf_counter() - started, mapped - started,
              time.perf_counter() - mapped)
     return dest
+
+
+def _convert_tokenizer(hf: Path, out: Path) -> None:
+    import openvino
+    import openvino_tokenizers
+    from transformers import AutoTokenizer
+
+    tokenizer, detokenizer = openvino_tokenizers.convert_tokenizer(
+        AutoTokenizer.from_pretrained(hf), with_detokenizer=True)
+    openvino.save_model(tokenizer, out / "openvino_tokenizer.xml")
+    openvino.save_model(detokenizer, out / "openvino_detokenizer.xml")
 
 
 def _publish(built: Path, dest: Path) -> None:
