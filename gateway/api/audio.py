@@ -48,6 +48,17 @@ log = logging.getLogger(__name__)
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 # NOTE: a frame later than the deadline by this much means a stalled worker.
 _GRACE_S = 5.0
+# The form, for the OpenAPI document (gateway/pages/openapi.py).
+FORM_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["file", "model"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"}, "model": {"type": "string"},
+        "language": {"type": "string"}, "prompt": {"type": "string"},
+        "temperature": {"type": "number"},
+        "response_format": {"type": "string", "enum": list(transcript.FORMATS)},
+        "timestamp_granularities[]": {"type": "array", "items": {
+            "type": "string", "enum": ["segment", "word"]}},
+        "stream": {"type": "boolean"}}}
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 
