@@ -67,20 +67,21 @@ def speak(tmp: Path, text: str = SENTENCE) -> Path:
     return out
 
 
-def silent_wav(seconds: float, rate: int = 16_000) -> bytes:
+def silent_wav(seconds: float, rate: int = 16_000, width: int = 2) -> bytes:
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as wav:
         wav.setnchannels(1)
-        wav.setsampwidth(2)
+        wav.setsampwidth(width)
         wav.setframerate(rate)
-        wav.writeframes(b"\0\0" * int(seconds * rate))
+        # NOTE: 8-bit WAV samples are unsigned: silence is 128.
+        wav.writeframes((b"\x80" if width == 1 else b"\0" * width) * int(seconds * rate))
     return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
 def srv(whisper_ir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("asr"), workers=[{"name": "asr", "role": "asr"}],
-                    max_audio_bytes=1024 * 1024, max_audio_seconds=20.0).start()
+                    max_audio_bytes=1024 * 1024, max_audio_seconds=60.0).start()
     yield server
     server.stop()
 
@@ -193,6 +194,21 @@ def test_flac_mp3_and_stereo_48k_are_read(srv: Server, recording: Path) -> None:
         assert has_words(r.json()["text"]), (fmt, r.json())
 
 
+def test_long_audio_is_transcribed_window_by_window(srv: Server, recording: Path) -> None:
+    """Two sentences 32 s apart: the second lies in Whisper's second 30 s window."""
+    samples, rate = soundfile.read(recording, dtype="float32")
+    gap = np.zeros(int(29 * rate), dtype=np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.concatenate([samples, gap, samples]), rate, format="FLAC")
+    r = post(srv, buffer.getvalue(), name="long.flac", response_format="verbose_json")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text"].lower().count("paris") == 2, body["text"]
+    assert 34 < body["duration"] < 36
+    late = [s for s in body["segments"] if "paris" in s["text"].lower() and s["start"] >= 30]
+    assert late, body["segments"]
+
+
 def test_the_model_is_listed_with_its_capability(srv: Server, client: openai.OpenAI) -> None:
     assert "whisper:tiny.en" in {m.id for m in client.models.list()}
     # NOTE: /api/show, /api/tags and /v1/models agree, and chat, embeddings, rerank... are 400s.
@@ -219,7 +235,8 @@ def test_the_sdk_raises_bad_request_for_garbage(client: openai.OpenAI) -> None:
 def test_too_large_and_too_long(srv: Server) -> None:
     error = assert_error(post(srv, silent_wav(40.0)), 413, "file")  # 1.28 MB > 1 MiB
     assert "max_audio_bytes" in error["message"]
-    error = assert_error(post(srv, silent_wav(25.0, rate=8000)), 400, "file")  # 400 KB, 25 s
+    error = assert_error(post(srv, silent_wav(70.0, rate=8000, width=1)), 400,
+                         "file")  # 560 KB, 70 s
     assert "max_audio_seconds" in error["message"]
 
 
