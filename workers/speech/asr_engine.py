@@ -69,6 +69,8 @@ class AsrEngine:
         self.faults = FaultInjector(spec)
         self._inbox: queue.SimpleQueue[tuple[float, Transcribe]] = queue.SimpleQueue()
         self._cancelled: set[str] = set()
+        # Ids of the requests queued or running: an abort names one of them, or is late.
+        self._pending: set[str] = set()
         self._current = ""
         # The sequence number of the current request's next frame.
         self._seq = 0
@@ -87,9 +89,12 @@ class AsrEngine:
 
     def submit(self, msg: Any) -> None:
         if isinstance(msg, Transcribe):
+            self._pending.add(msg.id)
             self._inbox.put((time.time(), msg))
         elif isinstance(msg, Abort):
-            self._cancelled.add(msg.id)
+            # NOTE: the gateway also aborts after the last frame; such an id is not kept.
+            if msg.id in self._pending:
+                self._cancelled.add(msg.id)
         else:
             # NOTE: the gateway routes only Transcribe here; anything else is answered.
             self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
@@ -132,6 +137,7 @@ class AsrEngine:
                 continue
             if req.id in self._cancelled:
                 self._cancelled.discard(req.id)
+                self._pending.discard(req.id)
                 continue
             self._busy, self._current, self._seq = True, req.id, 0
             self.announce()
@@ -145,6 +151,7 @@ class AsrEngine:
                                  message=f"transcription failed: {exc}"))
             finally:
                 self._busy, self._current = False, ""
+                self._pending.discard(req.id)
                 self._cancelled.discard(req.id)
 
     # --- one request ---------------------------------------------------------------------
@@ -157,10 +164,16 @@ class AsrEngine:
     def _config(self, req: Transcribe) -> Any:
         config = self.pipe.get_generation_config()
         config.return_timestamps = req.timestamps
+        # NOTE: an English-only model hears English whatever the request says (and its
+        # translation is its transcription).
         if self.multilingual:
             config.task = req.task
             if req.language:
-                config.language = f"<|{req.language}|>"
+                token = f"<|{req.language}|>"
+                if token not in config.lang_to_id:
+                    raise Cancelled(ErrorCode.BAD_REQUEST, f"language {req.language!r} is not "
+                                                           "one this model knows")
+                config.language = token
         if req.temperature > 0:
             config.do_sample = True
             config.temperature = req.temperature
