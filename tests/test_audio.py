@@ -33,8 +33,13 @@ WORDS = ("world", "france", "paris")
 MODEL = "whisper-1"  # NOTE: OpenAI's name, an alias of the embedded whisper:tiny.en
 ESPEAK = shutil.which("espeak-ng")
 
-pytestmark = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed "
-                                "(Debian package espeak-ng; .ci/run installs it)")
+pytestmark = [
+    pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed (Debian package "
+                       "espeak-ng; .ci/run installs it)"),
+    # NOTE: on a fresh machine the first test builds the converter venv (torch, ~10 min
+    # here) and the Whisper IR (~3 min); a timeout mid-pip would leave that venv broken.
+    pytest.mark.timeout(1800),
+]
 
 
 def converter_python() -> str:
