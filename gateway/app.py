@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from npu_proxy.gateway.admin.create import BLOBS_PREFIX, CreateRoutes
 from npu_proxy.gateway.admin.manage import ModelRoutes
 from npu_proxy.gateway.api.anthropic import AnthropicRoutes
+from npu_proxy.gateway.api.audio import AudioRoutes
 from npu_proxy.gateway.api.embeddings import EmbeddingRoutes
 from npu_proxy.gateway.api.ollama.routes import OllamaRoutes
 from npu_proxy.gateway.api.openai import OpenAIRoutes
@@ -133,6 +134,7 @@ class Gateway:
             *EmbeddingRoutes(self.requests).routes(),
             *RerankRoutes(self.requests).routes(),
             *TokenizerRoutes(self.requests).routes(),
+            *AudioRoutes(self.requests).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

@@ -8,7 +8,8 @@ resolved first. The first of these that has the model wins:
 2. a `[models]` entry of the config file with a local `path`;
 3. an embedded default shipped as a file inside a PyPI package (SmolLM2's GGUF);
 4. the embedded embedding model: its IR folder in the model cache, `MINILM_IR_FOLDER` (and
-   the embedded reranker made from it, `MINILM_RERANK_FOLDER`);
+   the embedded reranker made from it, `MINILM_RERANK_FOLDER`), and the embedded Whisper's
+   (`WHISPER_IR_FOLDER`);
 5. a local file or folder named by the name itself.
 
 What the user pulled or configured comes before the built-in defaults, so a name is never
@@ -40,6 +41,8 @@ from npu_proxy.protocol.config import Config
 MINILM_IR_FOLDER = "all-minilm-l6-v2"
 # The folder the embedded reranker built from the same MiniLM files is converted into.
 MINILM_RERANK_FOLDER = "all-minilm-l6-v2-rerank"
+# The folder the embedded Whisper tiny.en is built into (workers/speech/whisper_ir.py).
+WHISPER_IR_FOLDER = "whisper-tiny-en"
 
 
 class Origin(enum.Enum):
@@ -113,6 +116,8 @@ def locate(config: Config, name: str, store: ModelStore | None = None,
         return Location(minilm_ir_folder(config), Origin.EMBEDDED_IR)
     if entry is not None and entry.kind == "rerank":
         return Location(config.model_cache_path() / MINILM_RERANK_FOLDER, Origin.EMBEDDED_IR)
+    if entry is not None and entry.kind == "asr":
+        return Location(config.model_cache_path() / WHISPER_IR_FOLDER, Origin.EMBEDDED_IR)
     path = Path(wanted).expanduser()
     if allow_path and path.exists():
         return Location(path, Origin.LOCAL)

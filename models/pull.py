@@ -432,6 +432,8 @@ def _detect_kind(plan: PullPlan, folder: Path) -> str:
     archs = [str(a) for a in cfg.get("architectures") or []]
     if any(a.endswith("ForSequenceClassification") for a in archs):
         return "rerank"  # a cross-encoder (what TextRerankPipeline runs)
+    if "WhisperForConditionalGeneration" in archs:
+        return "asr"  # speech recognition (what WhisperPipeline runs)
     generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
     if archs and not any(a.endswith(generative) for a in archs):
         return "embed"

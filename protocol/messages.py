@@ -167,7 +167,23 @@ class Rerank(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     log_id: str = ""
 
 
-WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize | Rerank
+class Transcribe(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Speech to text (answered with `Transcription`; with `stream`, `Delta` frames first)."""
+
+    id: str
+    model: str
+    audio: bytes  # mono 16 kHz little-endian float32 samples (gateway/content/audio.py)
+    deadline: float
+    task: str = "transcribe"  # or "translate" (into English)
+    language: str = ""  # ISO-639-1; "" = detected (multilingual models)
+    prompt: str = ""  # Whisper's initial prompt: the text the speech continues
+    temperature: float = 0.0
+    timestamps: bool = False  # send the segments' times (Transcription.segments)
+    stream: bool = False
+    log_id: str = ""
+
+
+WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize | Rerank | Transcribe
 
 
 # --- worker -> gateway -------------------------------------------------------------------
@@ -333,10 +349,31 @@ class Reranked(msgspec.Struct, tag=True, array_like=True):
     timings: Timings
 
 
+class Segment(msgspec.Struct, array_like=True):
+    """A stretch of speech: seconds from the start of the audio, and its text."""
+
+    start: float
+    end: float
+    text: str
+
+
+class Transcription(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """The whole text of a Transcribe request (after its Delta frames, when streamed)."""
+
+    id: str
+    seq: int
+    text: str
+    duration: float  # seconds of audio
+    timings: Timings
+    language: str = ""
+    segments: list[Segment] = []  # only when the request asked for timestamps
+    tokens: int = 0  # generated
+
+
 WorkerReply = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
-               | Heartbeat | Reranked)
+               | Heartbeat | Reranked | Transcription)
 RequestFrame = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
-                | Reranked)
+                | Reranked | Transcription)
 
 def request_decoder() -> msgspec.msgpack.Decoder[WorkerRequest]:
     """One decoder per receiving socket (decoders are not shared across threads)."""

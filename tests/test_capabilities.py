@@ -70,6 +70,7 @@ def test_openai_and_anthropic_refuse_what_the_model_cannot_do(base_url: str) -> 
 def test_capabilities_from_kind_and_template() -> None:
     assert capabilities("embed", "").names == ["embedding"]
     assert capabilities("rerank", "").names == ["rerank"]
+    assert capabilities("asr", "").names == ["transcription"]
     plain = capabilities("llm", "{% for m in messages %}{{ m.content }}{% endfor %}")
     assert plain.names == ["completion", "tools"] and not plain.native_tools
     native = capabilities("llm", "{% if tools %}{{ tools | tojson }}{% endif %}")

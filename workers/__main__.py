@@ -35,6 +35,11 @@ def _build_engine(proc: WorkerProcess) -> Engine:
 
         return RerankEngine(spec, str(path), proc.emit, proc.config.model_cache_path(),
                             build_minilm=found.origin is Origin.EMBEDDED_IR)
+    if spec.role == "asr":
+        from npu_proxy.workers.speech.asr_engine import AsrEngine
+
+        return AsrEngine(proc.config, spec, str(path), proc.emit,
+                         build_embedded=found.origin is Origin.EMBEDDED_IR)
     from npu_proxy.models.facts import describe_model
     from npu_proxy.workers.batch_engine import BatchEngine
     from npu_proxy.workers.gguf_ir import loadable

@@ -21,15 +21,11 @@ import zmq
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
     Abort,
-    Detokenize,
-    Embed,
     ErrorCode,
     Failed,
-    Generate,
     Heartbeat,
     RequestFrame,
-    Rerank,
-    Tokenize,
+    WorkerRequest,
     WorkerState,
     encode,
     request_decoder,
@@ -137,7 +133,7 @@ class WorkerProcess:
             self._dispatch(msg)
         pull.close()
 
-    def _dispatch(self, msg: Generate | Embed | Abort | Tokenize | Detokenize | Rerank) -> None:
+    def _dispatch(self, msg: WorkerRequest) -> None:
         engine = self.engine
         if isinstance(msg, Abort):
             if engine is not None:

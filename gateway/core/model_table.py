@@ -33,18 +33,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # A worker role's kind of model; "vlm" is a text-generation model that also takes images.
-ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm", "rerank": "rerank"}
+ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm", "rerank": "rerank",
+             "asr": "asr"}
 # Each kind as a 400 names it: what the model is, and the API to use it with.
 KIND_WHAT = {"llm": ("a text generation model", "chat or generate"),
              "vlm": ("a vision-language model", "chat or generate"),
              "embed": ("an embedding model", "embeddings"),
-             "rerank": ("a reranking model", "rerank (POST /v1/rerank)")}
+             "rerank": ("a reranking model", "rerank (POST /v1/rerank)"),
+             "asr": ("a speech-recognition model",
+                     "audio transcriptions (POST /v1/audio/transcriptions)")}
 
 
 @dataclasses.dataclass
 class ServedModel:
     name: str
-    kind: str  # "llm", "vlm", "embed" or "rerank"
+    kind: str  # "llm", "vlm", "embed", "rerank" or "asr"
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""

@@ -49,6 +49,7 @@ from npu_proxy.protocol.messages import (
     TokenCount,
     Tokenize,
     TokenLogprob,
+    Transcribe,
 )
 
 log = logging.getLogger(__name__)
@@ -361,6 +362,15 @@ class Router:
     async def rerank(self, model: ServedModel, msg: Rerank) -> Scored:
         frame, headers = await self._one_reply(model, msg, Reranked)
         return Scored(frame, headers)
+
+    async def transcribe(self, model: ServedModel, msg: Transcribe
+                         ) -> tuple[RequestStream, RequestFrame, dict[str, str]]:
+        """Dispatch speech to an asr worker: its stream (the caller closes it), first frame
+        and route headers (gateway/api/audio.py reads the rest)."""
+        model = await self.switcher.ensure(model)
+        stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
+        device = self.broker.links[stream.worker].spec.device
+        return stream, frame, route_headers(device, stream.worker, reason, 0)
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:

@@ -21,7 +21,9 @@ In order, for every HTTP request:
 3. Body type, for browser requests only (an Origin, or `Sec-Fetch-Site` cross-site or
    same-site): text/plain, multipart/form-data and application/x-www-form-urlencoded — the
    three a page may send cross-origin without a preflight — are 415 on every route that
-   takes a body; any other type needs a preflight, which step 2 governs. A request without
+   takes a body, but for multipart/form-data on the routes whose API is multipart
+   (`MULTIPART_PATHS`: OpenAI's audio uploads); any other type needs a preflight, which
+   step 2 governs. A request without
    those markers may send its JSON with any Content-Type, as Ollama reads it: `curl -d`
    (Ollama's own docs) sends application/x-www-form-urlencoded, and so do PowerShell's
    Invoke-RestMethod and Python's urllib. NOTE: a browser cannot abuse that, because every
@@ -58,6 +60,8 @@ PAGE_FETCH = frozenset({"cross-site", "same-site"})
 # What a page may send cross-origin without asking first (the CORS "simple" body types).
 SIMPLE_BODY_TYPES = frozenset({"text/plain", "multipart/form-data",
                                "application/x-www-form-urlencoded"})
+# Routes whose API is multipart (OpenAI's audio uploads); step 2 still decides for browsers.
+MULTIPART_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 ALLOW_METHODS = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
 # What the official SDKs send from a browser (OpenAI's and Anthropic's generated clients add
 # the x-stainless-* set; Anthropic's wants its direct-browser-access opt-in).
@@ -222,7 +226,8 @@ class HttpPolicyMiddleware:
 
         media = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
         if (method not in ("GET", "HEAD", "OPTIONS") and media in SIMPLE_BODY_TYPES
-                and browser_request(scope)):
+                and browser_request(scope) and not (
+                    media == "multipart/form-data" and scope.get("path") in MULTIPART_PATHS)):
             # NOTE: an allowed page may read why (CORS headers added by send_with_cors).
             error = GatewayError(415, "unsupported_media_type",
                                  f"Content-Type {media} is not accepted: send the JSON body "

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from npu_proxy.gateway.admin import create as create_api
 from npu_proxy.gateway.admin import manage as models_api
 from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api import audio as audio_api
 from npu_proxy.gateway.api import embeddings as embed_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api import rerank as rerank_api
@@ -56,6 +57,7 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
 # (method, path) -> the media type of a body that is not JSON (read as a stream of bytes).
 RAW_BODIES: dict[tuple[str, str], str] = {
     ("POST", create_api.BLOBS_PREFIX + "{digest}"): "application/octet-stream",
+    **{("POST", path): "multipart/form-data" for path in audio_api.PATHS},
 }
 
 # Routes whose method usually carries a body but whose handler takes none.
@@ -102,9 +104,10 @@ def document(routes: list[BaseRoute]) -> dict[str, Any]:
                     "required": True, "content": {"application/json": {"schema": body}}}
             raw = RAW_BODIES.get((method, route.path))
             if raw is not None:
-                operation["requestBody"] = {
-                    "required": True,
-                    "content": {raw: {"schema": {"type": "string", "format": "binary"}}}}
+                schema = audio_api.FORM_SCHEMA if raw == "multipart/form-data" else {
+                    "type": "string", "format": "binary"}
+                operation["requestBody"] = {"required": True,
+                                            "content": {raw: {"schema": schema}}}
             paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

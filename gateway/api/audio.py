@@ -1,0 +1,236 @@
+"""POST /v1/audio/transcriptions and /v1/audio/translations: speech to text in OpenAI's shape.
+
+The body is multipart/form-data, as the OpenAI SDKs send it: `file` (the audio), `model`,
+and optionally `language`, `prompt`, `temperature`, `response_format` (json, text, srt, vtt,
+verbose_json), `timestamp_granularities[]` and `stream`. The gateway decodes the audio
+(gateway/content/audio.py, in a thread) and an `asr` worker transcribes it (one Transcribe
+request, answered by Delta frames when streamed and one Transcription). `stream=true` is
+SSE: `transcript.text.delta` events, then `transcript.text.done`. Errors are OpenAI's shape;
+an unreadable file is a 400 naming `file`, a file over max_audio_bytes a 413.
+
+A translation is a transcription into English: an English-only model (the embedded
+whisper:tiny.en) hears English, so for it the two routes are the same. Word timestamps
+(`timestamp_granularities[]=word`) are not served: asked for, they are left out, with the
+`X-NPU-Proxy-Ignored` header and a log line; segments are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.datastructures import FormData, UploadFile
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.content import transcript
+from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
+from npu_proxy.gateway.core.broker import RequestStream
+from npu_proxy.gateway.core.errors import GatewayError, from_failed, invalid
+from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
+from npu_proxy.gateway.http.wire import OPENAI, SSE
+from npu_proxy.protocol.messages import (
+    Abort,
+    Delta,
+    Failed,
+    RequestFrame,
+    Transcribe,
+    Transcription,
+)
+
+log = logging.getLogger(__name__)
+
+PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
+# NOTE: a frame later than the deadline by this much means a stalled worker.
+_GRACE_S = 5.0
+# The form, for the OpenAPI document (gateway/pages/openapi.py).
+FORM_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["file", "model"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"}, "model": {"type": "string"},
+        "language": {"type": "string"}, "prompt": {"type": "string"},
+        "temperature": {"type": "number"},
+        "response_format": {"type": "string", "enum": list(transcript.FORMATS)},
+        "timestamp_granularities[]": {"type": "array", "items": {
+            "type": "string", "enum": ["segment", "word"]}},
+        "stream": {"type": "boolean"}}}
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
+
+
+def _text(form: FormData, name: str) -> str:
+    value = form.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise invalid(f"'{name}' must be a text field, not a file", param=name)
+    return value.strip()
+
+
+def _flag(form: FormData, name: str) -> bool:
+    value = _text(form, name).lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise invalid(f"'{name}' must be true or false, got {value!r}", param=name)
+
+
+def _temperature(form: FormData) -> float:
+    raw = _text(form, "temperature")
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        raise invalid(f"'temperature' must be a number, got {raw!r}",
+                      param="temperature") from None
+    if not 0.0 <= value <= 1.0:
+        raise invalid(f"'temperature' must be between 0 and 1, got {value:g}",
+                      param="temperature")
+    return value
+
+
+def _granularities(form: FormData) -> list[str]:
+    values = [*form.getlist("timestamp_granularities[]"), *form.getlist(
+        "timestamp_granularities")]
+    found = [v.strip() for v in values if isinstance(v, str) and v.strip()]
+    wrong = [v for v in found if v not in ("segment", "word")]
+    if wrong:
+        raise invalid(f"'timestamp_granularities[]' takes segment and word, got {wrong[0]!r}",
+                      param="timestamp_granularities[]")
+    return found
+
+
+class AudioRoutes(DialectRoutes):
+    def routes(self) -> list[Route]:
+        return [Route(path, self.endpoint, methods=["POST"], name=f"audio_{task}")
+                for path, task in PATHS.items()]
+
+    @property
+    def limits(self) -> AudioLimits:
+        config = self.router.config
+        return AudioLimits(config.max_audio_bytes, config.max_audio_seconds)
+
+    async def endpoint(self, request: Request) -> Response:
+        try:
+            return await self._serve(request, PATHS[request.url.path])
+        except GatewayError as exc:
+            return OPENAI.error_response(exc)
+
+    async def _form(self, request: Request) -> FormData:
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "multipart/form-data":
+            raise GatewayError(415, "unsupported_media_type",
+                               f"Content-Type {media or '(none)'} is not accepted here: send "
+                               "multipart/form-data with the audio as 'file'")
+        try:
+            return await request.form(max_files=1, max_fields=64)
+        except Exception as exc:  # NOTE: Starlette raises its own and python-multipart's
+            raise invalid(f"the multipart body cannot be read: {exc}") from None
+
+    async def _serve(self, request: Request, task: str) -> Response:
+        form = await self._form(request)
+        try:
+            return await self._transcribe(request, form, task)
+        finally:
+            await form.close()
+
+    async def _transcribe(self, request: Request, form: FormData, task: str) -> Response:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise invalid("'file' is required: the audio file to transcribe", param="file")
+        model = self.router.resolve(_text(form, "model"), kind="asr")
+        response_format = _text(form, "response_format") or "json"
+        if response_format not in transcript.FORMATS:
+            raise invalid(f"'response_format' must be one of {', '.join(transcript.FORMATS)}, "
+                          f"got {response_format!r}", param="response_format")
+        stream = _flag(form, "stream")
+        if stream and response_format not in ("json", "text"):
+            raise invalid("'stream' takes response_format json or text", param="stream")
+        temperature = _temperature(form)
+        language = _text(form, "language").lower()
+        if language and not (2 <= len(language) <= 3 and language.isalpha()):
+            raise invalid(f"'language' must be an ISO-639-1 code such as 'en', got "
+                          f"{language!r}", param="language")
+        headers: dict[str, str] = {}
+        if "word" in _granularities(form):
+            log.info("request_id=%s timestamp_granularities word ignored: not served",
+                     request_id(request))
+            headers["X-NPU-Proxy-Ignored"] = "timestamp_granularities[]=word"
+        limits = self.limits
+        if upload.size is not None and upload.size > limits.max_bytes:
+            raise too_large(upload.size, limits)
+        data = await upload.read(limits.max_bytes + 1)
+        audio = await asyncio.to_thread(decode, data, limits)
+        msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
+                         deadline=self.router.deadline(), task=task, language=language,
+                         prompt=_text(form, "prompt"), temperature=temperature,
+                         timestamps=response_format in transcript.TIMED, stream=stream,
+                         log_id=request_id(request))
+        stream_, first, route = await unless_disconnected(
+            request, self.router.transcribe(model, msg))
+        headers.update(route)
+        if stream:
+            return StreamingResponse(self._events(stream_, first, msg), media_type=SSE,
+                                     headers=headers)
+        try:
+            done = await unless_disconnected(request, self._finish(stream_, first, msg))
+        finally:
+            self._close(stream_)
+        result = transcript.body(done, response_format, task, temperature)
+        if isinstance(result, str):
+            return Response(result, media_type=transcript.MEDIA[response_format],
+                            headers=headers)
+        return Response(dumps(result), media_type="application/json", headers=headers)
+
+    # --- the worker's frames ---------------------------------------------------------------
+
+    def _close(self, stream: RequestStream) -> None:
+        # NOTE: an abort after the last frame is a no-op in the worker; before it, it stops
+        # a transcription nobody waits for.
+        self.router.broker.send(stream.worker, Abort(id=stream.id))
+        self.router.broker.close(stream)
+
+    async def _next(self, stream: RequestStream, msg: Transcribe) -> RequestFrame:
+        try:
+            return await stream.next_frame(max(0.1, msg.deadline + _GRACE_S - time.time()))
+        except TimeoutError:
+            raise GatewayError(504, "timeout", "the transcription did not finish in time") \
+                from None
+
+    async def _frames(self, stream: RequestStream, first: RequestFrame,
+                      msg: Transcribe) -> AsyncIterator[Delta | Transcription]:
+        frame = first
+        while True:
+            if isinstance(frame, Failed):
+                raise from_failed(frame)
+            if isinstance(frame, Delta | Transcription):
+                yield frame
+                if isinstance(frame, Transcription):
+                    return
+            else:
+                raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+            frame = await self._next(stream, msg)
+
+    async def _finish(self, stream: RequestStream, first: RequestFrame,
+                      msg: Transcribe) -> Transcription:
+        async for frame in self._frames(stream, first, msg):
+            if isinstance(frame, Transcription):
+                return frame
+        raise GatewayError(500, "internal", "the worker sent no transcription")
+
+    async def _events(self, stream: RequestStream, first: RequestFrame,
+                      msg: Transcribe) -> AsyncIterator[bytes]:
+        try:
+            async for frame in self._frames(stream, first, msg):
+                event: dict[str, Any] = (transcript.delta_event(frame.text)
+                                         if isinstance(frame, Delta)
+                                         else transcript.done_event(frame))
+                yield OPENAI.frame(event)
+        except GatewayError as exc:
+            yield OPENAI.error_event(exc)
+        finally:
+            self._close(stream)

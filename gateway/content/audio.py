@@ -1,0 +1,137 @@
+"""Uploaded audio files decoded to what Whisper reads: mono float32 samples at 16 kHz.
+
+WAV (PCM, 8/16/24/32-bit) is read with the standard library's `wave`; every other format
+libsndfile reads (FLAC, MP3, OGG Vorbis/Opus, float WAV, AIFF, ...) with `soundfile`, whose
+wheels carry libsndfile. Several channels are averaged; another rate is resampled with
+`soxr`. NOTE: M4A/AAC and WebM (what some browsers record) need FFmpeg, which no well-kept
+pure wheel brings: such a file is a 400 that says which formats are read.
+
+Limits, checked from the header before the samples are decoded: the file's bytes
+(`max_audio_bytes`, 413) and its length (`max_audio_seconds`, 400). Anything unreadable is a
+400 naming the field `file`. Decoding is CPU work: callers run `decode` in a thread.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+
+SAMPLE_RATE = 16_000
+FORMATS = "WAV, FLAC, MP3, OGG (Vorbis, Opus), AIFF"
+
+
+@dataclass(frozen=True)
+class AudioLimits:
+    max_bytes: int
+    max_seconds: float
+
+
+@dataclass(frozen=True)
+class Audio:
+    samples: np.ndarray[Any, np.dtype[np.float32]]  # mono, SAMPLE_RATE
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+    def pcm(self) -> bytes:
+        """Little-endian float32 bytes (protocol/messages.py Transcribe.audio)."""
+        return self.samples.astype("<f4").tobytes()
+
+
+def unreadable(detail: str) -> GatewayError:
+    return invalid(f"'file' is not audio this server can read ({detail}); send one of: "
+                   f"{FORMATS}", param="file")
+
+
+def too_large(size: int, limits: AudioLimits) -> GatewayError:
+    return GatewayError(413, "request_too_large",
+                        f"'file' is {size} bytes; the limit is {limits.max_bytes} "
+                        "(max_audio_bytes)", param="file")
+
+
+def _too_long(seconds: float, limits: AudioLimits) -> GatewayError:
+    return invalid(f"'file' is {seconds:.1f} s of audio; the limit is {limits.max_seconds:g} s "
+                   "(max_audio_seconds)", param="file")
+
+
+def _pcm_wav(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int] | None:
+    """Integer PCM WAV through `wave`; None for a WAV that `wave` does not read (float)."""
+    try:
+        with wave.open(io.BytesIO(data)) as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            frames = wav.getnframes()
+            if rate <= 0 or channels <= 0:
+                raise unreadable("a WAV header without a rate or channels")
+            if frames / rate > limits.max_seconds:
+                raise _too_long(frames / rate, limits)
+            raw = wav.readframes(frames)
+    except (wave.Error, EOFError) as exc:
+        if "unknown format" in str(exc):
+            return None  # NOTE: float or compressed WAV: libsndfile reads those.
+        raise unreadable(f"a broken WAV file: {exc}") from None
+    if width == 3:
+        b = np.frombuffer(raw[:len(raw) // 3 * 3], np.uint8).reshape(-1, 3).astype(np.int32)
+        ints = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8
+        samples = ints.astype(np.float32) / float(1 << 23)
+    elif width in (1, 2, 4):
+        kind: Any = {1: np.dtype(np.uint8), 2: np.dtype("<i2"), 4: np.dtype("<i4")}[width]
+        ints = np.frombuffer(raw[:len(raw) // width * width], kind)
+        if width == 1:
+            samples = (ints.astype(np.float32) - 128.0) / 128.0
+        else:
+            samples = ints.astype(np.float32) / float(1 << (8 * width - 1))
+    else:
+        raise unreadable(f"{8 * width}-bit WAV samples")
+    usable = len(samples) // channels * channels
+    return samples[:usable].reshape(-1, channels), rate
+
+
+def _soundfile(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int]:
+    try:
+        import soundfile
+    except ImportError:  # NOTE: a dependency; without it only PCM WAV is read
+        raise unreadable("only PCM WAV is read without the soundfile package") from None
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as sound:
+            if sound.samplerate <= 0 or sound.channels <= 0:
+                raise unreadable("no sample rate or channels")
+            if sound.frames > 0 and sound.frames / sound.samplerate > limits.max_seconds:
+                raise _too_long(sound.frames / sound.samplerate, limits)
+            # NOTE: read with a bound, since some formats (MP3) may not know their length.
+            most = int(limits.max_seconds * sound.samplerate) + 1
+            samples = sound.read(frames=most, dtype="float32", always_2d=True)
+            rate = int(sound.samplerate)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        # NOTE: libsndfile's message names the in-memory file object; only its reason helps.
+        raise unreadable(str(exc).rsplit(": ", 1)[-1] or type(exc).__name__) from None
+    if len(samples) / rate > limits.max_seconds:
+        raise _too_long(len(samples) / rate, limits)
+    return samples, rate
+
+
+def decode(data: bytes, limits: AudioLimits) -> Audio:
+    """The audio in `data` as mono 16 kHz samples, within the limits (GatewayError)."""
+    if len(data) > limits.max_bytes:
+        raise too_large(len(data), limits)
+    if not data:
+        raise unreadable("an empty file")
+    found = _pcm_wav(data, limits) if data[:4] == b"RIFF" and data[8:12] == b"WAVE" else None
+    samples, rate = found if found is not None else _soundfile(data, limits)
+    if samples.size == 0:
+        raise unreadable("no samples")
+    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
+    if rate != SAMPLE_RATE:
+        import soxr
+
+        mono = soxr.resample(mono, rate, SAMPLE_RATE)
+    mono = np.ascontiguousarray(mono, dtype=np.float32)
+    if not np.isfinite(mono).all():
+        raise unreadable("samples that are not finite numbers")
+    return Audio(np.clip(mono, -1.0, 1.0))

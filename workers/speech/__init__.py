@@ -1,0 +1,1 @@
+"""Speech workers: the `asr` role (WhisperPipeline) and what builds its embedded model."""

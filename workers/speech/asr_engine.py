@@ -1,0 +1,260 @@
+"""The asr engine: one WhisperPipeline turning speech into text, one request at a time.
+
+The gateway sends the audio decoded (mono 16 kHz float32, gateway/content/audio.py). The
+engine cuts it into Whisper's 30 s windows and transcribes them in order, each window after
+the first prompted with the end of the text so far (as Whisper's own long-form decoding
+conditions on the previous text), and joins the texts. A streamed request gets each piece of
+text as a `Delta` as the pipeline decodes it; every request ends with one `Transcription`
+(the whole text, the segments with their times when asked).
+
+NOTE: WhisperPipeline streams only without timestamps (openvino-genai 2026.4: "Streamer
+supported for short-form audio (< 30 seconds) with return_timestamps=False only"); with
+timestamps, a streamed request gets each window's segments as they are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino_genai as ov_genai
+
+from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.messages import (
+    Abort,
+    Delta,
+    ErrorCode,
+    Failed,
+    Segment,
+    Timings,
+    Transcribe,
+    Transcription,
+)
+from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+# Whisper's window: the encoder reads 30 s of audio at a time.
+WINDOW = 30 * SAMPLE_RATE
+# NOTE: a last window shorter than this is mostly padding to Whisper, which then tends to
+# invent words; it is left out unless it is the whole audio.
+MIN_TAIL = SAMPLE_RATE // 10
+# Characters of the text so far that prompt the next window.
+CONTEXT_CHARS = 200
+
+
+class Cancelled(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AsrEngine:
+    def __init__(self, config: Config, spec: WorkerSpec, model_path: str, emit: Emit,
+                 build_embedded: bool = False) -> None:
+        self.config = config
+        self.spec = spec
+        self.model_path = model_path
+        # The embedded Whisper: its folder at model_path is built on first load.
+        self.build_embedded = build_embedded
+        self.emit = emit
+        self.faults = FaultInjector(spec)
+        self._inbox: queue.SimpleQueue[tuple[float, Transcribe]] = queue.SimpleQueue()
+        self._cancelled: set[str] = set()
+        # Ids of the requests queued or running: an abort names one of them, or is late.
+        self._pending: set[str] = set()
+        self._current = ""
+        # The sequence number of the current request's next frame.
+        self._seq = 0
+        self._busy = False
+        self.generated_tokens = 0
+        self.served = 0
+        self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
+        self.pipe: Any = None
+        self.multilingual = False
+
+    # --- the worker process's side ------------------------------------------------------
+
+    def has_room(self) -> bool:
+        return self._inbox.qsize() < self.spec.max_queue
+
+    def submit(self, msg: Any) -> None:
+        if isinstance(msg, Transcribe):
+            self._pending.add(msg.id)
+            self._inbox.put((time.time(), msg))
+        elif isinstance(msg, Abort):
+            # NOTE: the gateway also aborts after the last frame; such an id is not kept.
+            if msg.id in self._pending:
+                self._cancelled.add(msg.id)
+        else:
+            # NOTE: the gateway routes only Transcribe here; anything else is answered.
+            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
+                             message=f"worker {self.spec.name} only transcribes speech"))
+
+    @property
+    def queue_depth(self) -> int:
+        return self._inbox.qsize()
+
+    @property
+    def in_flight(self) -> int:
+        return int(self._busy)
+
+    @property
+    def blocking(self) -> bool:
+        # NOTE: a window's generate() may hold the GIL between streamed pieces; silence
+        # while busy then counts against stall_timeout, not heartbeat_timeout.
+        return self._busy
+
+    def load(self, properties: dict[str, Any]) -> None:
+        folder = Path(self.model_path)
+        if self.build_embedded:
+            ensure_whisper_ir(folder, self.config.converter_python)
+        self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
+        self.multilingual = bool(self.pipe.get_generation_config().is_multilingual)
+
+    def warm_up(self) -> None:
+        self.pipe.generate(np.zeros(SAMPLE_RATE, dtype=np.float32), max_new_tokens=4)
+
+    def abort_all(self, reason: str) -> None:
+        if self._current:
+            self._cancelled.add(self._current)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.progress_at = time.monotonic()
+            try:
+                arrived, req = self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if req.id in self._cancelled:
+                self._cancelled.discard(req.id)
+                self._pending.discard(req.id)
+                continue
+            self._busy, self._current, self._seq = True, req.id, 0
+            self.announce()
+            try:
+                self._transcribe(arrived, req)
+            except Cancelled as exc:
+                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc)))
+            except Exception as exc:
+                log.exception("transcription %s failed", req.log_id or req.id)
+                self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
+                                 message=f"transcription failed: {exc}"))
+            finally:
+                self._busy, self._current = False, ""
+                self._pending.discard(req.id)
+                self._cancelled.discard(req.id)
+
+    # --- one request ---------------------------------------------------------------------
+
+    def _next(self) -> int:
+        """The current request's next sequence number (its frames count from 0)."""
+        self._seq += 1
+        return self._seq - 1
+
+    def _config(self, req: Transcribe) -> Any:
+        config = self.pipe.get_generation_config()
+        config.return_timestamps = req.timestamps
+        # NOTE: an English-only model hears English whatever the request says (and its
+        # translation is its transcription).
+        if self.multilingual:
+            config.task = req.task
+            if req.language:
+                token = f"<|{req.language}|>"
+                if token not in config.lang_to_id:
+                    raise Cancelled(ErrorCode.BAD_REQUEST, f"language {req.language!r} is not "
+                                                           "one this model knows")
+                config.language = token
+        if req.temperature > 0:
+            config.do_sample = True
+            config.temperature = req.temperature
+        return config
+
+    def _check(self, req: Transcribe) -> None:
+        if req.id in self._cancelled:
+            raise Cancelled(ErrorCode.ABORTED, "aborted")
+        if time.time() > req.deadline:
+            raise Cancelled(ErrorCode.DEADLINE_EXCEEDED, "the transcription ran past its "
+                                                         "deadline")
+
+    def _transcribe(self, arrived: float, req: Transcribe) -> None:
+        if len(req.audio) % 4:
+            raise Cancelled(ErrorCode.BAD_REQUEST, "audio must be float32 samples")
+        samples = np.frombuffer(req.audio, dtype="<f4").astype(np.float32)
+        started = time.time()
+        config = self._config(req)
+        texts: list[str] = []
+        segments: list[Segment] = []
+        tokens = 0
+        language = "" if self.multilingual else "en"
+        starts = list(range(0, max(len(samples), 1), WINDOW))
+        for at in starts:
+            window = samples[at:at + WINDOW]
+            if at and len(window) < MIN_TAIL:
+                break
+            self._check(req)
+            so_far = " ".join(texts)
+            prompt = so_far[-CONTEXT_CHARS:] if so_far else req.prompt
+            if prompt:
+                config.initial_prompt = prompt
+            pieces: list[str] = []
+
+            def on_piece(piece: str, pieces: list[str] = pieces) -> ov_genai.StreamingStatus:
+                self.progress_at = time.monotonic()
+                self.faults.on_tokens(1)
+                if req.stream and piece:
+                    text = piece.lstrip() if self._seq == 0 else piece
+                    if not pieces and texts and not text.startswith(" "):
+                        text = " " + text
+                    if text:
+                        self.emit(Delta(id=req.id, seq=self._next(), text=text, tokens=1))
+                pieces.append(piece)
+                if req.id in self._cancelled or time.time() > req.deadline:
+                    return ov_genai.StreamingStatus.CANCEL
+                return ov_genai.StreamingStatus.RUNNING
+
+            streamer = None if req.timestamps else on_piece
+            result = self.pipe.generate(window, config, streamer)
+            self.progress_at = time.monotonic()
+            self._check(req)
+            offset = at / SAMPLE_RATE
+            if req.timestamps:
+                for chunk in result.chunks:
+                    n = len(getattr(chunk, "token_ids", []) or [])
+                    tokens += n
+                    self.faults.on_tokens(max(n, 1))
+                    segment = Segment(start=round(offset + float(chunk.start_ts), 2),
+                                      end=round(offset + float(max(chunk.end_ts,
+                                                                   chunk.start_ts)), 2),
+                                      text=chunk.text.strip())
+                    segments.append(segment)
+                    if req.stream and segment.text:
+                        text = segment.text if self._seq == 0 else " " + segment.text
+                        self.emit(Delta(id=req.id, seq=self._next(), text=text,
+                                        tokens=max(n, 1)))
+            else:
+                tokens += len(pieces)
+            if not language:
+                # NOTE: the detected language's token (e.g. "<|de|>"), on multilingual models.
+                language = str(getattr(result, "language", "") or "").strip("<|>")
+            text = result.texts[0].strip() if result.texts else ""
+            if text:
+                texts.append(text)
+        self.generated_tokens += tokens
+        self.served += 1
+        done = time.time()
+        self.emit(Transcription(
+            id=req.id, seq=self._next(), text=" ".join(texts), duration=len(samples) / SAMPLE_RATE,
+            timings=Timings(queue_ns=int((started - arrived) * 1e9),
+                            decode_ns=int((done - started) * 1e9),
+                            total_ns=int((done - arrived) * 1e9)),
+            language=language, segments=segments, tokens=tokens))
