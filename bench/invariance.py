@@ -7,6 +7,10 @@ step, then batched decode), `staggered` (one prompt added per step, so each pref
 the others' decode steps and the batch size changes on every step) and `repeat-prefix` (every
 prompt run again right after itself: its prompt is a prefix-cache hit, so only its last block
 is computed). A configuration is batch-invariant when all of them give the alone texts.
+Recorded in docs/performance.md ("Deterministic mode"): only one request at a time in the
+pipeline (what `repeat-prefix` runs, and what the engine's deterministic mode does) gave
+the lone texts every time; the scheduler's max_num_seqs = 1 does not serialise the
+pipeline.
 
     python bench/invariance.py [--tokens 48] [--prompts 8] [--only NAME,...]
 

@@ -194,12 +194,13 @@ def test_max_completion_tokens_wins(client: openai.OpenAI) -> None:
 def test_stop_is_honoured(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
                                           stop=["Paris"], extra_body=FORCED)
-    assert resp.choices[0].message.content == "The capital of France is "
+    # NOTE: the space before "Paris" may be that token's (` Paris`), so it may go with it.
+    assert (resp.choices[0].message.content or "").rstrip() == "The capital of France is"
     assert resp.choices[0].finish_reason == "stop"
     streamed = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
                                               stop="Paris", stream=True, extra_body=FORCED)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed) == \
-        "The capital of France is "
+    assert "".join(c.choices[0].delta.content or "" for c in streamed).rstrip() == \
+        "The capital of France is"
 
 
 def test_developer_role(client: openai.OpenAI) -> None:
