@@ -2,10 +2,15 @@
 chunks checked, failures counted by reason, latency, throughput and memory of each process.
 
     python bench/load.py [--streams 512] [--seconds 60] [--max-tokens 16] [--quick]
+                         [--deterministic off|on|both]
                          [--url URL [--config npu-proxy.toml]]
 
 Without --url a private server is started (one `llm` worker on the CPU, its defaults, so
-admission control answers 503 beyond the running requests and the worker's queue). Each of
+admission control answers 503 beyond the running requests and the worker's queue);
+`--deterministic on` gives that worker `deterministic = true`, and `both` runs the load on one
+server of each, one after the other, and ends with their texts differing from the idle
+server's and their tokens/s side by side (the cost of deterministic mode, as a ratio of one
+run). Each of
 the N streams is a client loop: a streaming chat request (`stream_options.include_usage`,
 `ignore_eos`, temperature 0, `max_tokens`), then the next, until the time is up; requests in
 flight then finish (no new ones start). A 503/429 with Retry-After is waited out (with a
@@ -548,8 +553,16 @@ def _cli_status(config: str | None) -> Any:
     return json.loads(out.stdout)
 
 
+@dataclass
+class Summary:
+    code: int
+    completed: int
+    diverged: int
+    tokens_per_s: float
+
+
 async def bench(url: str, args: argparse.Namespace, sampler: Sampler | None,
-                logs_folder: Path | None) -> int:
+                logs_folder: Path | None) -> Summary:
     load = Load(url, args.streams, args.max_tokens, args.timeout, args.backoff)
     try:
         await load.warm()
@@ -564,7 +577,10 @@ async def bench(url: str, args: argparse.Namespace, sampler: Sampler | None,
             sampler.finish()
         await load.close()
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    return report(load, args, wall, cpu, sampler, logs)
+    code = report(load, args, wall, cpu, sampler, logs)
+    ok = [r for r in load.results if r.failure is None]
+    return Summary(code, len(ok), sum(1 for r in load.results if r.diverged),
+                   sum(r.tokens for r in ok) / wall)
 
 
 def main() -> int:
@@ -577,6 +593,9 @@ def main() -> int:
                         help="client read timeout (s): the longest wait for the next bytes")
     parser.add_argument("--no-backoff", dest="backoff", action="store_false",
                         help="do not wait out Retry-After before a stream's next request")
+    parser.add_argument("--deterministic", choices=("off", "on", "both"), default="off",
+                        help="the private server's llm worker in deterministic mode; both: "
+                             "one run each, compared")
     parser.add_argument("--url", help="a running server instead of a private one")
     parser.add_argument("--config", help="with --url: its npu-proxy.toml, to find the pids "
                                          "(default: npx-supervisor's own default)")
@@ -601,17 +620,36 @@ def main() -> int:
         with contextlib.suppress(Exception):
             config = load_config(Path(args.config) if args.config else None)
             folder = config.runtime_path() / "logs"
-        return asyncio.run(bench(args.url.rstrip("/"), args, sampler, folder))
+        return asyncio.run(bench(args.url.rstrip("/"), args, sampler, folder)).code
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.deterministic]
+    summaries = [private(args, mode) for mode in modes]
+    if len(summaries) == 2:
+        off, on = summaries
+        print(f"\ndeterministic off: {off.diverged} of {off.completed} texts differ from the "
+              f"idle server's, {off.tokens_per_s:.1f} tokens/s")
+        ratio = on.tokens_per_s / max(off.tokens_per_s, 1e-9)
+        print(f"deterministic on:  {on.diverged} of {on.completed} texts differ, "
+              f"{on.tokens_per_s:.1f} tokens/s = x{ratio:.2f}")
+    # NOTE: a deterministic worker whose text changed under load fails the run.
+    broken = any(s.diverged for s, on in zip(summaries, modes, strict=True) if on)
+    return max(s.code for s in summaries) or int(broken)
+
+
+def private(args: argparse.Namespace, deterministic: bool) -> Summary:
+    """The load on a private server of one llm worker (deterministic or not)."""
     with tempfile.TemporaryDirectory(prefix="npx-bench-load-") as tmp:
-        server = Server(Path(tmp), workers=[{"name": "llm", "role": "llm"}]).start()
+        server = Server(Path(tmp), workers=[
+            {"name": "llm", "role": "llm", "deterministic": deterministic}]).start()
         try:
             def rows() -> dict[str, Any]:
                 reply = server.status()
                 return {"pid": reply.pid, "children": [c.as_json() for c in reply.children]}
 
             sampler = Sampler(rows)
-            print(f"private server {server.url}: one llm worker on CPU "
-                  f"(max_queue {server.config.worker('llm').max_queue})", flush=True)
+            spec = server.config.worker("llm")
+            print(f"\nprivate server {server.url}: one llm worker on CPU, deterministic "
+                  f"{'on' if deterministic else 'off'} (max_running {spec.max_running}, "
+                  f"max_queue {spec.max_queue})", flush=True)
             return asyncio.run(bench(server.url, args, sampler,
                                      server.config.runtime_path() / "logs"))
         finally:

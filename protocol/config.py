@@ -137,6 +137,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     draft_device: str = ""
     draft_tokens: int = 5
     draft_confidence: float = 0.0
+    # Batch-invariant greedy decoding (llm and vlm roles): a temperature-0 request gets the
+    # text it gets alone whatever else the worker runs, at the price of running one request
+    # at a time (docs/configuration.md "Deterministic mode"). The npu role always is.
+    deterministic: bool = False
     # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
     # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
     # device does not know makes the load fail with OpenVINO's message.
@@ -185,6 +189,14 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             if self.draft_tokens < 1 or not 0.0 <= self.draft_confidence < 1.0:
                 raise ValueError(f"worker {self.name}: draft_tokens must be >= 1 and "
                                  "draft_confidence in [0, 1)")
+        if self.deterministic and self.role in ("llm", "vlm"):
+            if self.prompt_lookup or self.draft_model:
+                # NOTE: not measured: a speculative pass verifies several tokens at once.
+                raise ValueError(f"worker {self.name}: deterministic excludes prompt_lookup "
+                                 "and draft_model")
+            # NOTE: one sequence per pipeline step: the only batch-invariant schedule
+            # measured on CPU (docs/configuration.md "Deterministic mode").
+            self.max_running = 1
         if self.role == "npu" or (self.role == "vlm" and self.device.upper().startswith("NPU")):
             self.max_running = 1
         elif self.max_running <= 0:

@@ -110,7 +110,7 @@ def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -
     r = httpx.post(lookup.url + "/v1/chat/completions", timeout=120, json={
         **GROUNDED, "temperature": 0.9, "seed": 7})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
-    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}},
               "required": ["name"]}
     r = httpx.post(lookup.url + "/v1/chat/completions", timeout=120, json={
         **GROUNDED, "max_tokens": 40,

@@ -20,6 +20,11 @@ def client(base_url: str) -> openai.OpenAI:
                          _strict_response_validation=True)
 
 
+# NOTE: the answer is forced by a regex, so the stop string comes whatever the model's
+# numbers (issue 28: no test on a model's free text).
+FORCED = {"structured_outputs": {"regex": "The capital of France is Paris\\."}}
+
+
 def test_chat_answers_with_paris(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=LLM, messages=QUESTION, temperature=0)  # type: ignore[arg-type]
@@ -28,9 +33,11 @@ def test_chat_answers_with_paris(client: openai.OpenAI) -> None:
     assert raw.headers["x-npu-proxy-device"] == "CPU"
     assert int(raw.headers["x-npu-proxy-token-count"]) == resp.usage.prompt_tokens  # type: ignore[union-attr]
     choice = resp.choices[0]
-    assert "Paris" in (choice.message.content or "")
+    # NOTE: what the model says is its own (issue 28): an answer, ended by the model or the
+    # context.
+    assert choice.message.content
     assert choice.message.role == "assistant"
-    assert choice.finish_reason == "stop"
+    assert choice.finish_reason in ("stop", "length")
     assert resp.object == "chat.completion"
     usage = resp.usage
     assert usage is not None and usage.prompt_tokens > 10 and usage.completion_tokens > 3
@@ -44,16 +51,19 @@ def test_chat_stream_shape(client: openai.OpenAI) -> None:
     roles = [c.choices[0].delta.role for c in chunks if c.choices[0].delta.role]
     assert roles == ["assistant"] and chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert "Paris" in text
+    assert text
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert all(c.usage is None for c in chunks)
 
 
 def test_stream_text_equals_non_stream_text(client: openai.OpenAI) -> None:
-    full = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0)  # type: ignore[arg-type]
+    # NOTE: forced by a regex, so both give it whatever else runs (issue 28); unforced, the
+    # equality holds by construction only in deterministic mode (tests/test_deterministic.py).
+    full = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
+                                          extra_body=FORCED)
     chunks = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
-                                            stream=True)
+                                            stream=True, extra_body=FORCED)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
         full.choices[0].message.content
 
@@ -80,7 +90,7 @@ def test_completions(client: openai.OpenAI, base_url: str) -> None:
     loose = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
     streamed = list(loose.completions.create(model=LLM, prompt="The capital of France is",
                                              max_tokens=6, temperature=0, stream=True))
-    assert "".join(c.choices[0].text for c in streamed) == resp.choices[0].text
+    assert "".join(c.choices[0].text for c in streamed)  # NOTE: not resp's text (issue 28)
     assert streamed[-1].choices[0].finish_reason in ("length", "stop")
 
 
@@ -183,13 +193,14 @@ def test_max_completion_tokens_wins(client: openai.OpenAI) -> None:
 
 def test_stop_is_honoured(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
-                                          stop=["Paris"])
-    text = resp.choices[0].message.content or ""
-    assert "Paris" not in text and text.startswith("The capital of France is")
+                                          stop=["Paris"], extra_body=FORCED)
+    # NOTE: the space before "Paris" may be that token's (` Paris`), so it may go with it.
+    assert (resp.choices[0].message.content or "").rstrip() == "The capital of France is"
     assert resp.choices[0].finish_reason == "stop"
     streamed = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
-                                              stop="Paris", stream=True)
-    assert "Paris" not in "".join(c.choices[0].delta.content or "" for c in streamed)
+                                              stop="Paris", stream=True, extra_body=FORCED)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed).rstrip() == \
+        "The capital of France is"
 
 
 def test_developer_role(client: openai.OpenAI) -> None:
@@ -212,8 +223,10 @@ def test_eight_concurrent_streams(client: openai.OpenAI) -> None:
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(8)))
     for text, finish in results:
-        assert "Paris" in text, text
-        assert finish == "stop"
+        # NOTE: batched, each may pick another token at a near tie (docs/configuration.md,
+        # "Deterministic mode"): every stream is whole, whatever it says.
+        assert text
+        assert finish in ("stop", "length")
 
 
 def _abort_line(server: Server, rid: str, timeout: float = 10.0) -> str:

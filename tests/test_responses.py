@@ -27,7 +27,8 @@ LLM = "smollm2:135m"
 ASK = "What is the weather in Paris?"
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"city": {"type": "string"},
+    # NOTE: lengths bounded, so any greedy decode is a short object (issue 28).
+    "properties": {"city": {"type": "string", "maxLength": 24},
                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"],
     "additionalProperties": False,
@@ -88,8 +89,9 @@ def test_input_items_and_reasoning_accepted(client: openai.OpenAI) -> None:
 
 
 def test_json_schema_format(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string"},
-                                               "age": {"type": "integer"}},
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                               "age": {"type": "integer", "minimum": 0,
+                                                       "maximum": 150}},
               "required": ["name", "age"], "additionalProperties": False}
     resp = client.responses.create(
         model=LLM, input="Invent a person.", temperature=0, max_output_tokens=64,

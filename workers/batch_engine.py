@@ -75,9 +75,12 @@ def default_properties(device: str, speculative: bool = False) -> dict[str, Any]
 
 
 def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
-    """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step."""
+    """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step;
+    deterministic: one sequence per step (spec.max_running is 1), no prefix caching."""
     sched = ov_genai.SchedulerConfig()
-    sched.enable_prefix_caching = True
+    # NOTE: a prefix-cache hit computes only the prompt's uncached tail, in other shapes than
+    # the whole prompt; deterministic mode makes every request compute its whole prompt.
+    sched.enable_prefix_caching = not spec.deterministic
     sched.cache_size = max(1, int(spec.kv_cache_gb))
     # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
     # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
@@ -104,6 +107,8 @@ class BatchEngine(EngineBase):
         properties = {**default_properties(self.spec.device, speculative), **properties}
         # NOTE: what the pipeline really gets (the worker logged its own properties only).
         log.info("OpenVINO properties in effect: %s", properties)
+        if self.spec.deterministic:
+            log.info("deterministic: one sequence per step, no prefix caching")
         if self.spec.prompt_lookup:
             properties = {**properties, "prompt_lookup": True}
         if self.draft_path:
