@@ -263,10 +263,11 @@ def test_bad_fields(srv: Server, recording: Path) -> None:
 
 def test_a_worker_killed_mid_request_fails_only_that_request(
         whisper_ir: Path, recording: Path, tmp_path: Path) -> None:
-    # NOTE: two asr workers; the first (in config order) exits after 3 decoded pieces.
+    # NOTE: two resident asr workers; the first (in config order) exits after 3 decoded
+    # pieces. Resident: a lazy sibling is started only when every worker of the model is idle.
     server = Server(tmp_path, workers=[
-        {"name": "asr-bad", "role": "asr", "faults": {"exit_after_tokens": 3}},
-        {"name": "asr", "role": "asr"}]).start()
+        {"name": "asr-bad", "role": "asr", "lazy": False, "faults": {"exit_after_tokens": 3}},
+        {"name": "asr", "role": "asr", "lazy": False}]).start()
     try:
         first = post(server, recording.read_bytes())
         error = assert_error(first, 503, None)
