@@ -176,6 +176,12 @@ def test_list_copy_and_delete(client: ollama.Client, http: httpx.Client,
         client.create(model=LLM, from_=PIRATE)
     assert taken.value.status_code == 400 and "already exists" in taken.value.error
 
+    # NOTE: a copy is an alias here: its source is not deleted from under it (issue 27's
+    # data loss), the copies go first.
+    with pytest.raises(ollama.ResponseError) as kept:
+        client.delete(PIRATE2)
+    assert kept.value.status_code == 400 and COPY in kept.value.error
+    assert client.delete(COPY).status == "success"
     assert client.delete(PIRATE2).status == "success"
     listed = tags(client)
     assert PIRATE2 not in listed and COPY not in listed and PIRATE in listed
