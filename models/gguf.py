@@ -1,6 +1,7 @@
 """The GGUF file header, read in pure Python (format v2/v3, either byte order): its metadata
 keys and the tensor count by type, without loading any tensor. Arrays longer than a bound are
-not materialised (their length is kept).
+not materialised (their length is kept); more than `MAX_METADATA_KEYS` keys or arrays nested
+deeper than `MAX_ARRAY_DEPTH` are a GGUFError.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ GGUF_MAGIC = b"GGUF"
 # NOTE: arrays longer than this (token lists, merges, scores) are not materialised; Ollama
 # uses the same cut-off for /api/show without `verbose`.
 DEFAULT_MAX_ARRAY_LEN = 1024
+# NOTE: a header is a few dozen keys and arrays nest once at most (llama.cpp reads no deeper);
+# the bounds keep a hostile file's metadata from growing the reader's memory or its stack.
+MAX_METADATA_KEYS = 65_536
+MAX_ARRAY_DEPTH = 8
 # llama.cpp `enum llama_ftype` (llama.h); 4-6 and 33-35 are retired but may appear in old files.
 GGUF_FILE_TYPES: dict[int, str] = {
     0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 5: "Q4_2", 6: "Q4_3",
@@ -111,20 +116,22 @@ class _Reader:
         self.advance(n)
         return self.buf[start : self.pos].decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, max_array_len: int) -> object:
+    def value(self, vtype: int, max_array_len: int, depth: int = 0) -> object:
         if vtype in _SCALAR_CODES:
             return self.scalar(_SCALAR_CODES[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype != _ARRAY:
             raise GGUFError(f"unknown value type {vtype} at byte {self.pos}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise GGUFError(f"arrays nested deeper than {MAX_ARRAY_DEPTH} at byte {self.pos}")
         item_type, length = self.u32(), self.u64()
         if length > max_array_len:
-            self.skip_items(item_type, length)
+            self.skip_items(item_type, length, depth + 1)
             return SkippedArray(item_type, length)
-        return [self.value(item_type, max_array_len) for _ in range(length)]
+        return [self.value(item_type, max_array_len, depth + 1) for _ in range(length)]
 
-    def skip_items(self, item_type: int, length: int) -> None:
+    def skip_items(self, item_type: int, length: int, depth: int) -> None:
         if item_type in _SCALAR_CODES:
             self.advance(struct.calcsize(_SCALAR_CODES[item_type]) * length)
         elif item_type == _STRING:
@@ -139,8 +146,10 @@ class _Reader:
                 raise GGUFError("string array runs past the end of the file")
             self.pos = pos
         elif item_type == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise GGUFError(f"arrays nested deeper than {MAX_ARRAY_DEPTH} at byte {self.pos}")
             for _ in range(length):
-                self.skip_items(self.u32(), self.u64())
+                self.skip_items(self.u32(), self.u64(), depth + 1)
         else:
             raise GGUFError(f"unknown array item type {item_type} at byte {self.pos}")
 
@@ -164,6 +173,9 @@ def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) 
             r = _Reader(buf, endian)
             r.pos = 8
             tensor_count, kv_count = r.u64(), r.u64()
+            if kv_count > MAX_METADATA_KEYS:
+                raise GGUFError(f"{path}: {kv_count} metadata keys (at most "
+                                f"{MAX_METADATA_KEYS} are read)")
             metadata: dict[str, object] = {}
             for _ in range(kv_count):
                 key = r.string()

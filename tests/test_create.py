@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,6 +283,26 @@ def test_refusals_in_ollama_shape(http: httpx.Client) -> None:
             assert r.status_code in (200, 400, 404), (field, value, r.text)
     assert http.request("DELETE", "/api/delete", json={"model": new}).status_code in (200, 404)
     assert new not in {m["name"] for m in http.get("/api/tags").json()["models"]}
+
+
+def test_a_hostile_gguf_header_is_a_400(http: httpx.Client) -> None:
+    """Arrays nested past the interpreter's recursion limit, and more keys than any model has:
+    refused in Ollama's shape, never a 500."""
+    value, vtype = b"\7", 0
+    for _ in range(50_000):
+        value, vtype = struct.pack("<IQ", vtype, 1) + value, 9
+    deep = (b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"k" + struct.pack("<I", vtype)
+            + value + b"\0" * 32)
+    keys = b"".join(struct.pack("<Q", 6) + b"k%05d" % i + struct.pack("<IB", 0, 1)
+                    for i in range(70_000))
+    many = b"GGUF" + struct.pack("<IQQ", 3, 0, 70_000) + keys + b"\0" * 32
+    for data, said in ((deep, "nested deeper"), (many, "metadata keys")):
+        digest = sha256_of(data)
+        assert http.post(f"/api/blobs/{digest}", content=data).status_code == 201
+        r = http.post("/api/create", json={"model": name("hostile"),
+                                           "files": {"m.gguf": digest}})
+        assert r.status_code == 400, r.text
+        assert set(r.json()) == {"error"} and said in r.json()["error"]
 
 
 # --- a restart ----------------------------------------------------------------------------

@@ -203,6 +203,17 @@ def test_the_limits_are_named_with_their_numbers(low: Server) -> None:
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_counts_are_checked_before_any_message_is_read(low: Server) -> None:
+    """Too many messages, the last one bad: the count is what is refused (it is checked on
+    the decoded list, before any per-message work), not the message."""
+    messages = [*_turns(MAX_MESSAGES), {"role": "wizard", "content": "x"}]
+    r = httpx.post(low.url + "/v1/chat/completions", timeout=60,
+                   json={"model": LLM, "messages": messages})
+    assert r.status_code == 400
+    message, param = _error(r)
+    assert "max_messages" in message and param == "messages", message
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/api/generate", {"prompt": "z" * (MAX_CHARS + 1)}),
     ("/api/generate", {"prompt": "z" * MAX_CHARS, "system": "s"}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -23,6 +24,7 @@ from npu_proxy.models.facts import (
     format_parameter_count,
     read_gguf_header,
 )
+from npu_proxy.models.gguf import MAX_ARRAY_DEPTH, MAX_METADATA_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +221,35 @@ def test_bad_gguf(tmp_path: Path, data: bytes, message: str) -> None:
     path.write_bytes(data)
     with pytest.raises(GGUFError, match=message):
         read_gguf_header(path)
+
+
+def _nested(depth: int) -> bytes:
+    """A GGUF with one key: arrays of one array, `depth` deep, around a u8."""
+    value = struct.pack("<B", 7)
+    vtype = 0
+    for _ in range(depth):
+        value, vtype = struct.pack("<IQ", vtype, 1) + value, 9
+    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _value("<", 8, "k")
+            + struct.pack("<I", vtype) + value + b"\0" * 32)
+
+
+def test_nesting_and_key_count_are_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "n.gguf"
+    path.write_bytes(_nested(MAX_ARRAY_DEPTH))
+    assert read_gguf_header(path).metadata["k"] == functools.reduce(
+        lambda v, _: [v], range(MAX_ARRAY_DEPTH), 7)
+    # Deeper, it is refused, also far past the interpreter's recursion limit.
+    for depth in (MAX_ARRAY_DEPTH + 1, 50_000):
+        path.write_bytes(_nested(depth))
+        with pytest.raises(GGUFError, match="nested deeper"):
+            read_gguf_header(path)
+    many = {f"k{i}": (4, i) for i in range(MAX_METADATA_KEYS + 1)}
+    path.write_bytes(_gguf(many))
+    with pytest.raises(GGUFError, match="metadata keys"):
+        read_gguf_header(path)
+    del many["k0"]
+    path.write_bytes(_gguf(many))
+    assert len(read_gguf_header(path).metadata) == MAX_METADATA_KEYS
 
 
 def test_truncated_string_array(tmp_path: Path) -> None:

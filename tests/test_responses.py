@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -366,12 +367,36 @@ def test_store_bounds_count_bytes_and_age() -> None:
     clock[0] = 10.5
     assert store.get("b") is None and store.get("c") is None and store.get("d")
     assert not store.put("big", {"id": "x" * 20_000}, said)  # larger than the whole store
-    small = ResponseStore(max_count=100, ttl=10.0, max_bytes=100, clock=lambda: clock[0])
+    small = ResponseStore(max_count=100, ttl=10.0, max_bytes=1000, clock=lambda: clock[0])
     for name in ("e", "f", "g"):
         assert small.put(name, {"id": name * 20}, said)
     assert len(small) < 3 and small.get("g")
     assert store.delete("d") and not store.delete("d")
     assert not ResponseStore(0, 10.0, 100).put("x", {}, said)
+
+
+def test_store_byte_cap_bounds_the_memory_it_holds() -> None:
+    """An echoed schema of empty objects: 2 bytes of JSON each, ~50 bytes each decoded."""
+    cap = 1_000_000
+    def schema() -> dict[str, Any]:  # NOTE: built anew per response, as each is decoded
+        return {"type": "object", "properties": {f"p{i}": {} for i in range(20_000)}}
+
+    said = [ChatMessage(role="user", content="hi")]
+    store = ResponseStore(max_count=10_000, ttl=60.0, max_bytes=cap)
+    tracemalloc.start()
+    try:
+        for i in range(40):
+            body = {"id": f"r{i}", "text": {"format": {"type": "json_schema", "schema": schema()}}}
+            store.put(f"r{i}", body, said)
+            del body
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0 < len(store) < 40
+    assert held < 2 * cap, f"{held:,} bytes held under a cap of {cap:,}"
+    kept = store.get("r39")
+    assert kept is not None and kept.body["text"]["format"]["schema"] == schema()
+    assert kept.history == said
 
 
 def test_raw_stream_names_each_event_after_its_type(base_url: str) -> None:

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from playwright.sync_api import expect, sync_playwright
 from serverctl import Server, wait_for
 
 from npu_proxy.gateway.core.recent import Recent
+from npu_proxy.gateway.pages.status import cookie_name, cookie_token
 
 LLM = "smollm2:135m"
 KEY = "status-key-456"
@@ -159,7 +161,7 @@ def test_the_key_guards_page_stream_and_snapshot(keyed: Server) -> None:
     cookie = ok.headers["set-cookie"]
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert KEY not in cookie, "the cookie holds a token, not the key"
-    jar = {"npu_proxy_key": ok.cookies["npu_proxy_key"]}
+    jar = {cookie_name(keyed.port): ok.cookies[cookie_name(keyed.port)]}
     with httpx.Client(base_url=url, cookies=jar) as client:
         shown = client.get("/", headers={"Accept": BROWSER_ACCEPT})
         assert shown.status_code == 200 and "<tbody id=\"workers\">" in shown.text
@@ -167,6 +169,39 @@ def test_the_key_guards_page_stream_and_snapshot(keyed: Server) -> None:
         # The cookie is good for the status routes only, never as an API key.
         assert client.get("/api/tags").status_code == 401
         assert client.get("/v1/models").status_code == 401
+
+
+def test_the_cookie_is_per_port_expires_and_logins_are_rate_limited(keyed: Server) -> None:
+    ok = httpx.post(keyed.url + "/status/login", json={"key": KEY})
+    name = cookie_name(keyed.port)
+    assert ok.status_code == 204 and str(keyed.port) in name
+    max_age = re.search(r"max-age=(\d+)", ok.headers["set-cookie"].lower())
+    assert max_age is not None and 0 < int(max_age[1]) <= 7 * 24 * 3600
+
+    def shown(value: str, cookie: str = name) -> int:
+        return httpx.get(keyed.url + "/status.json", cookies={cookie: value}).status_code
+
+    assert shown(ok.cookies[name]) == 200
+    later = int(time.time()) + 3600
+    assert shown(cookie_token(KEY, keyed.port, later)) == 200
+    # A token for another port (another server with the same key), or one past its expiry,
+    # or under the unscoped name, opens nothing.
+    assert shown(cookie_token(KEY, keyed.port + 1, later)) == 401
+    assert shown(cookie_token(KEY, keyed.port, int(time.time()) - 1)) == 401
+    assert shown(ok.cookies[name], cookie="npu_proxy_key") == 401
+
+    # Wrong keys from one address: after a few, 429 with Retry-After, even for the right key;
+    # another address is not held back. NOTE: 127.0.0.2 is loopback too, so the addresses
+    # the other tests log in from stay free.
+    transport = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=keyed.url, transport=transport) as guesser:
+        codes = [guesser.post("/status/login", json={"key": f"guess{i}"}).status_code
+                 for i in range(12)]
+        assert codes[0] == 401 and codes[-1] == 429, codes
+        held = guesser.post("/status/login", json={"key": KEY})
+        assert held.status_code == 429 and int(held.headers["retry-after"]) >= 1
+        assert "set-cookie" not in held.headers
+    assert httpx.post(keyed.url + "/status/login", json={"key": KEY}).status_code == 204
 
 
 def test_pages_open_at_once_are_bounded(keyed: Server) -> None:

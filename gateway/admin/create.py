@@ -213,7 +213,9 @@ class CreateRoutes:
                                  f"first with POST /api/blobs/sha256:{hex_digest}")
         try:
             read_gguf_header(path)  # NOTE: the header only, so a worker never loads garbage
-        except (ModelInfoError, OSError, ValueError) as exc:
+        # NOTE: RecursionError and MemoryError too: whatever a hostile header makes of the
+        # reader is the client's file at fault, never a 500.
+        except (ModelInfoError, OSError, ValueError, RecursionError, MemoryError) as exc:
             raise BlobError(400, f"{file!r} (sha256:{hex_digest}) is not in GGUF format: "
                                  f"{str(exc).removeprefix(str(path) + ': ')}") from exc
         return file, f"sha256:{hex_digest}"

@@ -61,17 +61,23 @@ class Limits:
             raise invalid(f"the request offers {tools} tools; the limit is "
                           f"{self.config.max_tools} (max_tools)", param="tools")
 
+    def check_counts(self, messages: int, tools: int) -> None:
+        """The counts as decoded, before any per-message work (a million empty messages
+        translated one by one held the event loop for seconds before the count refused
+        them)."""
+        limit = self.config.max_messages
+        if messages > limit:
+            raise invalid(f"the request has {messages} messages; the limit is {limit} "
+                          "(max_messages)", param="messages")
+        limit = self.config.max_tools
+        if tools > limit:
+            raise invalid(f"the request offers {tools} tools; the limit is {limit} "
+                          "(max_tools)", param="tools")
+
     def check_input(self, messages: list[ChatMessage] | None, prompt: str | None,
                     tools: ToolRequest | None) -> None:
         """Counts and prompt length: a 400 naming the limit and its setting."""
-        limit = self.config.max_messages
-        if messages is not None and len(messages) > limit:
-            raise invalid(f"the request has {len(messages)} messages; the limit is {limit} "
-                          "(max_messages)", param="messages")
-        limit = self.config.max_tools
-        if tools is not None and len(tools.tools) > limit:
-            raise invalid(f"the request offers {len(tools.tools)} tools; the limit is {limit} "
-                          "(max_tools)", param="tools")
+        self.check_counts(len(messages or ()), len(tools.tools) if tools is not None else 0)
         limit = self.config.max_prompt_chars
         chars = prompt_chars(messages, prompt, tools)
         if chars > limit:

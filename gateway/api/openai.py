@@ -454,6 +454,7 @@ class OpenAIRoutes(DialectRoutes):
         if not req.messages:
             raise invalid("'messages' is a required property and must be non-empty",
                           param="messages")
+        self.requests.limits.check_counts(len(req.messages), len(req.tools or ()))
         _check_common(req)
         top = _chat_logprobs(req)
         model = self.router.resolve(req.model, kind="llm")

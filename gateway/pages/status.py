@@ -18,8 +18,11 @@ latest errors (gateway/core/recent.py), and how many pages are open.
 With an API key set, all of them want it: in a header like every route (gateway/http/auth.py
 leaves /status* to this module), or, since a browser's EventSource sends no headers, as the
 HttpOnly SameSite=Strict cookie the login sets. The cookie holds a token derived from the key,
-not the key, and only these routes accept it. Without the key, `GET /` in a browser is the
-key form (401) and shows nothing of the server.
+not the key, and only these routes accept it. Its name carries the port (two servers on one
+host do not share it: cookies ignore ports) and its token the port and an expiry, checked here
+as well as by the browser (Max-Age). Failed logins are counted per client address: past
+`LOGIN_FAILURES` in `LOGIN_WINDOW_S`, /status/login answers 429 with Retry-After. Without
+the key, `GET /` in a browser is the key form (401) and shows nothing of the server.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -52,6 +57,12 @@ from npu_proxy.protocol.config import Config
 log = logging.getLogger(__name__)
 
 COOKIE = "npu_proxy_key"
+# NOTE: a day: a status page left open keeps its stream; a new login is a key away.
+COOKIE_MAX_AGE_S = 24 * 3600
+LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 60.0
+# NOTE: the failure table's size is bounded, so a client with many addresses cannot grow it.
+LOGIN_TRACKED = 4096
 PUSH_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 # NOTE: what the browser waits before it reconnects a stream that ended (a gateway restart).
@@ -65,9 +76,47 @@ class LoginRequest(msgspec.Struct):
     key: str
 
 
-def cookie_token(api_key: str) -> str:
-    """The cookie's value: proves the key was given, yet is no API key itself."""
-    return hmac.new(api_key.encode(), b"npu-proxy status page", hashlib.sha256).hexdigest()
+def cookie_name(port: int) -> str:
+    return f"{COOKIE}_{port}"
+
+
+def cookie_token(api_key: str, port: int, expires: int) -> str:
+    """The cookie's value: proves the key was given (to this port, until `expires`, a Unix
+    time), yet is no API key itself."""
+    message = f"npu-proxy status page:{port}:{expires}".encode()
+    mac = hmac.new(api_key.encode(), message, hashlib.sha256).hexdigest()
+    return f"{expires}.{mac}"
+
+
+class LoginFailures:
+    """Failed logins per client address in a sliding window, in a bounded table."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._seen: OrderedDict[str, list[float]] = OrderedDict()
+
+    def _recent(self, client: str) -> list[float]:
+        now = self.clock()
+        times = [t for t in self._seen.get(client, ()) if now - t < LOGIN_WINDOW_S]
+        if times:
+            self._seen[client] = times
+        else:
+            self._seen.pop(client, None)
+        return times
+
+    def retry_after(self, client: str) -> int:
+        """Seconds until `client` may try again; 0 when it may now."""
+        times = self._recent(client)
+        if len(times) < LOGIN_FAILURES:
+            return 0
+        return max(1, math.ceil(times[-LOGIN_FAILURES] + LOGIN_WINDOW_S - self.clock()))
+
+    def failed(self, client: str) -> None:
+        times = self._recent(client)
+        self._seen[client] = [*times[-LOGIN_FAILURES:], self.clock()]
+        self._seen.move_to_end(client)
+        while len(self._seen) > LOGIN_TRACKED:
+            self._seen.popitem(last=False)
 
 
 class EventStream(StreamingResponse):
@@ -95,7 +144,8 @@ class StatusRoutes:
         self.streams = 0
         self._closing = asyncio.Event()
         self._key = config.api_key.encode()
-        self._token = cookie_token(config.api_key).encode() if config.api_key else b""
+        self._cookie = cookie_name(config.port)
+        self._failures = LoginFailures()
 
     def routes(self) -> list[Route]:
         return [
@@ -123,8 +173,12 @@ class StatusRoutes:
             return True
         if hmac.compare_digest(_sent_key(request.scope).encode(), self._key):
             return True
-        cookie = request.cookies.get(COOKIE, "").encode("utf-8", "replace")
-        return hmac.compare_digest(cookie, self._token)
+        cookie = request.cookies.get(self._cookie, "")
+        expires, _, _ = cookie.partition(".")
+        if not expires.isdigit() or len(expires) > 12 or int(expires) <= time.time():
+            return False
+        token = cookie_token(self.config.api_key, self.config.port, int(expires))
+        return hmac.compare_digest(cookie.encode("utf-8", "replace"), token.encode())
 
     def _refused(self, request: Request) -> Response:
         exc = GatewayError(401, "authentication", "invalid or missing API key")
@@ -139,11 +193,21 @@ class StatusRoutes:
             return dialect_for(request.scope).error_response(exc)
         if not self._key:
             return Response(status_code=204)
+        client = request.client.host if request.client else ""
+        wait = self._failures.retry_after(client)
+        if wait:
+            limited = GatewayError(429, "rate_limit",
+                                   f"too many failed logins; try again in {wait} s",
+                                   retry_after=wait)
+            return dialect_for(request.scope).error_response(limited)
         if not hmac.compare_digest(key.encode("utf-8", "replace"), self._key):
+            self._failures.failed(client)
             return self._refused(request)
         response = Response(status_code=204)
-        response.set_cookie(COOKIE, self._token.decode(), path="/", httponly=True,
-                            samesite="strict")
+        token = cookie_token(self.config.api_key, self.config.port,
+                             int(time.time()) + COOKIE_MAX_AGE_S)
+        response.set_cookie(self._cookie, token, max_age=COOKIE_MAX_AGE_S, path="/",
+                            httponly=True, samesite="strict")
         return response
 
     # --- the page, its snapshot and its stream -------------------------------------------

@@ -162,6 +162,7 @@ form.addEventListener("submit", async (event) => {
       return;
     }
     wrong.textContent = answer.status === 401 ? "That is not the API key."
+      : answer.status === 429 ? "Too many wrong keys: try again in a minute."
       : "The server answered " + answer.status + ".";
   } catch (error) {
     wrong.textContent = "The server could not be reached.";

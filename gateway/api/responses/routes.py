@@ -211,7 +211,7 @@ class ResponsesRoutes(DialectRoutes):
         found = self.store.get(response_id)
         if found is None:
             raise self._not_found(response_id)
-        return JSONResponse(found.body)
+        return Response(found.body_json, media_type="application/json")
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]

@@ -6,8 +6,10 @@ continue it (`previous_response_id`: its conversation is prepended) and so that
 and a restarted gateway has forgotten them all, as a client of a local server may expect.
 
 Three settings of protocol/config.py bound it: `responses_store_max` responses,
-`responses_store_ttl` seconds each, `responses_store_max_bytes` of their JSON in all; past any
-of them the oldest go first. Every entry lives for the same time, so the oldest entry is also
+`responses_store_ttl` seconds each, `responses_store_max_bytes` in all; past any of them the
+oldest go first. An entry is kept encoded (the object as JSON, the conversation as MessagePack)
+and decoded when read, so the byte cap bounds the memory held: decoded, an echoed schema of
+`{}` holds ~24 times its JSON size. Every entry lives for the same time, so the oldest entry is also
 the first to expire and insertion order is the only order kept.
 """
 
@@ -24,17 +26,34 @@ import msgspec
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import ChatMessage
 
+# NOTE: what an entry costs beside its two encodings: the Stored object, two bytes objects,
+# its key and its slot in the OrderedDict.
+ENTRY_OVERHEAD = 400
+_history = msgspec.msgpack.Decoder(list[ChatMessage])
+
 
 @dataclass(frozen=True)
 class Stored:
     """One response: its object as the client saw it, and its conversation (the input items of
     every response it continues, its own input and its output; never `instructions`, which
-    OpenAI does not carry over to a continuation)."""
+    OpenAI does not carry over to a continuation). Both kept encoded."""
 
-    body: dict[str, Any]
-    history: list[ChatMessage]
-    size: int
+    body_json: bytes
+    history_msgpack: bytes
     expires: float
+
+    @property
+    def size(self) -> int:
+        return len(self.body_json) + len(self.history_msgpack) + ENTRY_OVERHEAD
+
+    @property
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = msgspec.json.decode(self.body_json)
+        return body
+
+    @property
+    def history(self) -> list[ChatMessage]:
+        return _history.decode(self.history_msgpack)
 
 
 class ResponseStore:
@@ -65,12 +84,13 @@ class ResponseStore:
         is larger than the whole store may be)."""
         if not self.enabled:
             return False
-        size = len(msgspec.json.encode(body)) + len(msgspec.json.encode(history))
-        if size > self.max_bytes:
+        item = Stored(msgspec.json.encode(body), msgspec.msgpack.encode(history),
+                      self.clock() + self.ttl)
+        if item.size > self.max_bytes:
             return False
         self._pop(response_id)
-        self._items[response_id] = Stored(body, history, size, self.clock() + self.ttl)
-        self._bytes += size
+        self._items[response_id] = item
+        self._bytes += item.size
         while len(self._items) > self.max_count or self._bytes > self.max_bytes:
             self._pop(next(iter(self._items)))
         return True
