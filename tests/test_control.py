@@ -19,7 +19,7 @@ from npu_proxy.supervisor.service import Refusal, Supervisor
 COMMANDS: list[control.Command] = [
     control.Ping(), control.Status(), control.Start(worker="llm"), control.Stop(worker="llm"),
     control.Restart(worker="llm", now=True), control.Load(worker="llm", model="qwen2.5:0.5b"),
-    control.Shutdown(),
+    control.Unload(worker="embed"), control.Shutdown(),
 ]
 
 
