@@ -33,6 +33,7 @@ from npu_proxy.gateway.core.metrics import Metrics, MetricsMiddleware
 from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.auth import ApiKeyMiddleware
 from npu_proxy.gateway.http.body_limit import BodyLimitMiddleware
+from npu_proxy.gateway.http.drain import DrainBudget
 from npu_proxy.gateway.http.policy import HttpPolicyMiddleware
 from npu_proxy.gateway.http.util import accept_request_id
 from npu_proxy.gateway.http.wire import api_label
@@ -157,13 +158,17 @@ class Gateway:
         routes = self.routes()
         starlette = Starlette(routes=routes, lifespan=self.lifespan)
         starlette.router = IndexedRouter(routes, lifespan=self.lifespan)
-        inner: ASGIApp = ApiKeyMiddleware(starlette, self.config.api_key)
-        # NOTE: Host, Origin and body type come before the key (a preflight carries none)
-        # and inside the body limit, so a refused body has been read to its end.
+        budget = DrainBudget.from_config(self.config)
+        # NOTE: the body limit sits inside the Host, Origin and key checks, so a body is kept
+        # only for a request they let through; theirs read a refused body and drop it
+        # (gateway/http/drain.py), within a budget.
+        inner: ASGIApp = BodyLimitMiddleware(
+            starlette, self.config.max_body_bytes, exempt=(BLOBS_PREFIX,),
+            max_receiving=self.config.max_receiving_bodies, budget=budget)
+        inner = ApiKeyMiddleware(inner, self.config.api_key, budget)
+        # NOTE: Host, Origin and body type come before the key (a preflight carries none),
+        # and all of them inside the metrics and request ids, so a refusal is counted and
+        # carries its X-Request-ID.
         inner = HttpPolicyMiddleware(inner, self.config)
-        # NOTE: the body limit sits outside the key check, so a refused client's body is
-        # read to its end too (see BodyLimitMiddleware), and inside the metrics and request
-        # ids, so a 413 is counted and carries its X-Request-ID.
-        inner = BodyLimitMiddleware(inner, self.config.max_body_bytes, exempt=(BLOBS_PREFIX,))
         return RequestIdMiddleware(
             MetricsMiddleware(inner, self.metrics, starlette.routes, api_label))

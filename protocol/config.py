@@ -356,6 +356,24 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # address a client names (SSRF): turn it on only where that is acceptable.
     image_urls: bool = False
     image_url_timeout: float = 10.0
+    # A JSON schema for structured output or a tool's parameters (gateway/content/schema_check.py):
+    # its subschemas, counted as they are met, and their nesting; a 400 beyond either.
+    # NOTE: checking is linear in the schema's text; 20,000 subschemas is far more than any
+    # real schema has (OpenAI's own limit is 5,000 properties, 10 levels), and 64 levels is
+    # deeper than XGrammar's compiler is comfortable with anyway.
+    max_schema_nodes: int = 20_000
+    max_schema_depth: int = 64
+    # Request bodies being received at once (gateway/http/body_gate.py), counted from the
+    # first byte read to the last, after the Host, Origin and key checks; one more is 503
+    # with Retry-After before its body is read. A body must keep arriving: a read waiting
+    # longer than body_read_timeout seconds for its next chunk ends the request (408).
+    # NOTE: 64 bodies of at most max_body_bytes pin at most 2 GiB; one that trickles in
+    # holds a slot only body_read_timeout seconds per chunk.
+    max_receiving_bodies: int = 64
+    body_read_timeout: float = 30.0
+    # A refused request's body (401, 403, 413, 503) is read and dropped, up to this many
+    # bytes, so its client sees the answer; beyond that the connection is closed.
+    max_drain_bytes: int = 64 * 1024 * 1024
     # Responses API (/v1/responses): responses kept for previous_response_id and
     # GET/DELETE /v1/responses/{id} (a request's `store`, true by default as in OpenAI), in the
     # gateway's memory only: at most this many, each for this many seconds, and at most this

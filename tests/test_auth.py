@@ -87,3 +87,14 @@ def test_workers_are_never_given_the_key(srv: Server) -> None:
     assert worker != gateway
     assert KEY not in worker.read_text() and KEY in gateway.read_text()
     assert worker.stat().st_mode & 0o777 == 0o600 and gateway.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_unauthenticated_8_mib_upload_is_401_and_the_server_stays_usable(srv: Server) -> None:
+    """Decided from the headers: the body is read and dropped (tests/test_body_gate.py counts
+    what is kept), the client sees the 401, the next request on the connection is served."""
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", content=b"x" * (8 * 1024 * 1024),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = client.get("/api/tags", headers={"authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200

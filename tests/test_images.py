@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import ipaddress
 import os
 import random
 import struct
@@ -44,9 +45,10 @@ from npu_proxy.gateway.api import anthropic_input as anthropic_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
 from npu_proxy.gateway.api.responses import inputs as responses_api
+from npu_proxy.gateway.content import image_fetch
 from npu_proxy.gateway.content import images as images_mod
+from npu_proxy.gateway.content.image_fetch import GENERIC, MAX_REDIRECTS, is_public
 from npu_proxy.gateway.content.images import (
-    MAX_REDIRECTS,
     ImageLimits,
     Images,
     check_image,
@@ -313,6 +315,14 @@ def site() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.fixture
+def open_site(site: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The loopback site, with its address taken as public (only for these tests)."""
+    loopback = ipaddress.ip_address("127.0.0.1")
+    monkeypatch.setattr(image_fetch, "is_public", lambda a: a == loopback or is_public(a))
+    return site
+
+
 URLS = ImageLimits(urls=True, max_bytes=len(PNG) + 100, url_timeout=1.0)
 
 
@@ -327,32 +337,83 @@ def test_urls_are_refused_unless_enabled(site: str) -> None:
     refused(lambda: asyncio.run(fetch_image(site + "/png", "f", LIMITS)), "image_urls")
 
 
-def test_an_enabled_url_is_fetched_and_checked(site: str) -> None:
-    assert fetch(site + "/png") == PNG
-    assert fetch(site + "/redirect") == PNG
+def test_an_enabled_url_is_fetched_and_checked(open_site: str) -> None:
+    assert fetch(open_site + "/png") == PNG
+    assert fetch(open_site + "/redirect") == PNG
 
 
-@pytest.mark.parametrize(("path", "words"), [
-    ("/big", ("max_image_bytes",)),
-    ("/nolength", ("max_image_bytes",)),
-    ("/missing", ("HTTP 404",)),
-    ("/loop", (f"more than {MAX_REDIRECTS} times",)),
-    ("/file", ("http(s) URL",)),
-    ("/hang", ("image_url_timeout",)),
+@pytest.mark.parametrize("path", ["/big", "/nolength", "/missing", "/loop", "/file", "/hang"])
+def test_a_bad_url_is_the_one_generic_400(open_site: str, path: str) -> None:
+    """Too large, 404, a redirect loop (more than MAX_REDIRECTS), a redirect to file:, a
+    timeout: all the same answer, so the server tells a client nothing about what it
+    reached."""
+    err = refused(lambda: fetch(open_site + path), GENERIC)
+    assert err.message == f"messages[0].content[0].image_url: {GENERIC}"
+    assert MAX_REDIRECTS == 5
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:{port}/png", "http://10.0.0.1/x.png", "http://169.254.169.254/latest/",
+    "http://localhost:{port}/png", "http://[::1]:{port}/png",
+    "http://[::ffff:127.0.0.1]:{port}/png", "http://0.0.0.0:{port}/png",
+    "http://192.168.1.1/x.png", "http://100.64.0.1/x.png", "http://224.0.0.1/x.png",
+    "http://240.0.0.1/x.png", "http://[fe80::1]/x.png", "http://[64:ff9b::7f00:1]/x.png",
 ])
-def test_a_bad_url_is_a_400(site: str, path: str, words: tuple[str, ...]) -> None:
-    refused(lambda: fetch(site + path), *words)
+def test_urls_to_addresses_that_are_not_public_are_the_generic_400(site: str, url: str) -> None:
+    """The loopback site answers /png, yet no URL reaching it (or any non-public address)
+    is fetched; `localhost` is refused for what it resolves to."""
+    url = url.format(port=site.rsplit(":", 1)[1])
+    refused(lambda: fetch(url), GENERIC)
 
 
-def test_a_url_that_hangs_holds_up_no_other_request(site: str) -> None:
+def test_a_redirect_to_loopback_is_refused(site: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first hop (the test site) is taken as public; its redirect back to the same
+    loopback address is checked again and refused."""
+    checked: list[str] = []
+
+    def first_only(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        checked.append(str(address))
+        return len(checked) == 1
+
+    monkeypatch.setattr(image_fetch, "is_public", first_only)
+    refused(lambda: fetch(site + "/redirect"), GENERIC)
+    assert checked == ["127.0.0.1", "127.0.0.1"]
+    checked.clear()
+    assert fetch(site + "/png") == PNG  # the same first hop, not redirected: fetched
+
+
+@pytest.mark.parametrize(("address", "public"), [
+    ("8.8.8.8", True), ("2606:4700:4700::1111", True), ("127.0.0.1", False),
+    ("10.1.2.3", False), ("172.16.0.1", False), ("169.254.169.254", False), ("0.0.0.0", False),
+    ("::", False), ("::1", False), ("::ffff:169.254.169.254", False), ("::ffff:8.8.8.8", True),
+    ("fd00::1", False), ("ff02::1", False), ("2002:7f00:1::", False), ("255.255.255.255", False),
+])
+def test_the_address_check(address: str, public: bool) -> None:
+    assert is_public(ipaddress.ip_address(address)) is public
+
+
+def test_fetched_bytes_count_against_the_request(open_site: str) -> None:
+    """Two URL images within the per-image cap, but over what the request may add."""
+    budget = ImageLimits(urls=True, max_bytes=len(PNG) + 100, url_timeout=5.0,
+                         fetched_bytes=len(PNG) + 10)
+
+    async def two() -> None:
+        images = Images(budget)
+        assert await images.url(open_site + "/png", "f", "p") == PNG
+        await images.url(open_site + "/png", "g", "p")
+
+    refused(lambda: asyncio.run(two()), GENERIC)
+
+
+def test_a_url_that_hangs_holds_up_no_other_request(open_site: str) -> None:
     """The fetch runs on the event loop without blocking it: another image is fetched while
     the first still waits."""
 
     async def both() -> bytes:
         patient = ImageLimits(urls=True, url_timeout=60.0)
-        slow = asyncio.create_task(Images(patient).url(site + "/hang", "f", "p"))
+        slow = asyncio.create_task(Images(patient).url(open_site + "/hang", "f", "p"))
         await asyncio.sleep(0)
-        fast = await Images(patient).url(site + "/png", "f", "p")
+        fast = await Images(patient).url(open_site + "/png", "f", "p")
         assert not slow.done()
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -196,7 +196,8 @@ class RequestPath:
                   template_vars: dict[str, Any] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
         if params.json_schema is not None:
-            check_schema(params.json_schema)
+            cfg = self.router.config
+            check_schema(params.json_schema, cfg.max_schema_nodes, cfg.max_schema_depth)
         if params.regex is not None:
             check_regex(params.regex)
         return Generate(id=request_key(request), model=model.name, params=params,

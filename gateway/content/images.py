@@ -19,10 +19,10 @@ image file's own bytes (`ChatMessage.images`), each of them:
 - one of at most `max_images` in the request.
 
 `http(s)` URLs are fetched only when `image_urls` is on (off by default: a 400 says so),
-with httpx on the event loop (never blocking it), within `image_url_timeout` seconds in all
-and the byte cap, following at most MAX_REDIRECTS redirects and only to http(s). NOTE: a
-server that fetches URLs can be made to reach any address it can (SSRF); turn it on only
-where that is acceptable.
+with httpx on the event loop (never blocking it), within `image_url_timeout` seconds in all,
+the byte cap and what is left of the request's `max_body_bytes` after its earlier fetched
+images; only public addresses, pinned, redirects checked, every failure the same 400
+(gateway/content/image_fetch.py).
 
 Every refusal is a 400 in the caller's API's shape that names the field (its `param` is the
 request's top-level field, its message the exact place, e.g.
@@ -34,20 +34,20 @@ from __future__ import annotations
 import asyncio
 import binascii
 import io
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
-import httpx
 from PIL import Image
 
+from npu_proxy.gateway.content.image_fetch import GENERIC, MAX_URL_CHARS, FetchRefused, fetch
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.protocol.config import Config
 
+log = logging.getLogger(__name__)
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
-MAX_REDIRECTS = 5
-MAX_URL_CHARS = 8192
 _LINE_BREAKS = str.maketrans("", "", "\r\n")
 
 
@@ -58,11 +58,13 @@ class ImageLimits:
     max_count: int = 16
     urls: bool = False
     url_timeout: float = 10.0
+    # Bytes all the images fetched for one request may add to it (its max_body_bytes).
+    fetched_bytes: int = 32 * 1024 * 1024
 
     @classmethod
     def from_config(cls, config: Config) -> ImageLimits:
         return cls(config.max_image_bytes, config.max_image_pixels, config.max_images,
-                   config.image_urls, config.image_url_timeout)
+                   config.image_urls, config.image_url_timeout, config.max_body_bytes)
 
 
 def _bad(field: str, param: str, why: str) -> GatewayError:
@@ -167,20 +169,21 @@ def _verify(data: bytes) -> None:
         img.verify()
 
 
-async def fetch_image(url: str, field: str, limits: ImageLimits, param: str | None = None
-                      ) -> bytes:
-    """An http(s) image URL's checked bytes, if this server fetches URLs."""
+async def fetch_image(url: str, field: str, limits: ImageLimits, param: str | None = None,
+                      cap: int | None = None) -> bytes:
+    """An http(s) image URL's checked bytes (at most `cap`, default the image cap), if this
+    server fetches URLs; every failure is the same 400 (gateway/content/image_fetch.py)."""
     param = param or field
     if not limits.urls:
         raise _bad(field, param, "image URLs are not fetched by this server (image_urls is off "
                    "in its configuration); send the image inline as base64 or a data: URL")
+    cap = limits.max_bytes if cap is None else min(cap, limits.max_bytes)
     try:
-        async with asyncio.timeout(limits.url_timeout):
-            data = await _download(url, field, param, limits)
-    except TimeoutError:
-        raise _bad(field, param, f"fetching the image took more than {limits.url_timeout:g} "
-                   "s (image_url_timeout)") from None
-    return check_image(data, field, limits, param)
+        data = await fetch(url, cap, limits.url_timeout)
+        return check_image(data, field, limits, param)
+    except (FetchRefused, GatewayError) as exc:
+        log.info("image URL in %s not fetched: %s", field, exc)
+        raise _bad(field, param, GENERIC) from None
 
 
 def _http_url(url: str, field: str, param: str) -> None:
@@ -191,40 +194,6 @@ def _http_url(url: str, field: str, param: str) -> None:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or \
             len(url) > MAX_URL_CHARS:
         raise _bad(field, param, "an image URL must be an http(s) URL or a data: URL")
-
-
-async def _download(url: str, field: str, param: str, limits: ImageLimits) -> bytes:
-    headers = {"Accept": "image/*", "Accept-Encoding": "identity"}
-    try:
-        async with httpx.AsyncClient(follow_redirects=False, trust_env=False,
-                                     timeout=limits.url_timeout) as client:
-            for _ in range(MAX_REDIRECTS + 1):
-                _http_url(url, field, param)
-                async with client.stream("GET", url, headers=headers) as resp:
-                    if resp.is_redirect and "location" in resp.headers:
-                        url = urljoin(url, resp.headers["location"])
-                        continue
-                    if resp.status_code != 200:
-                        raise _bad(field, param, f"fetching the image answered HTTP "
-                                   f"{resp.status_code}")
-                    return await _read(resp, field, param, limits)
-    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-        raise _bad(field, param, f"fetching the image failed: {type(exc).__name__}") from None
-    raise _bad(field, param, f"fetching the image was redirected more than {MAX_REDIRECTS} "
-               "times")
-
-
-async def _read(resp: httpx.Response, field: str, param: str, limits: ImageLimits) -> bytes:
-    declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limits.max_bytes:
-        raise _too_large(field, param, int(declared), limits)
-    body = bytearray()
-    # NOTE: raw bytes: a body compressed against Accept-Encoding: identity is no image.
-    async for chunk in resp.aiter_raw():
-        body += chunk
-        if len(body) > limits.max_bytes:
-            raise _too_large(field, param, len(body), limits)
-    return bytes(body)
 
 
 # Images sent inline with more base64 than this are decoded and checked in a thread: a 20 MiB
@@ -247,6 +216,7 @@ class Images:
     def __init__(self, limits: ImageLimits) -> None:
         self.limits = limits
         self.count = 0
+        self.fetched = 0
 
     def _one_more(self, field: str, param: str) -> None:
         self.count += 1
@@ -269,4 +239,8 @@ class Images:
         if url.startswith("data:"):
             return await _off_loop(decode_data_url, url, field, self.limits, param)
         _http_url(url, field, param)
-        return await fetch_image(url, field, self.limits, param)
+        # NOTE: what URLs bring counts against the request's own size, as if sent inline.
+        data = await fetch_image(url, field, self.limits, param,
+                                 cap=self.limits.fetched_bytes - self.fetched)
+        self.fetched += len(data)
+        return data

@@ -7,13 +7,22 @@ unknown or mistyped `type`, an unresolved `$ref`, a pattern that is not a regex,
 above `maximum` (or minItems above maxItems), and an empty `enum`/`anyOf` each did that. So
 every schema (response formats and tool parameters alike, see gateway/api/request_path.py) is walked
 here once, in time linear in its size, and refused with a 400 naming what is wrong.
+
+Work and memory are linear in the schema's text: each subschema is one node, counted as it is
+met against `max_schema_nodes` (and its nesting against `max_schema_depth`, protocol/config.py)
+before its children are queued. A node's place (`#/properties/x/anyOf/3`) is a link to its
+parent's, spelled out only for an error message, each name cut to NAME_CHARS. NOTE: built up
+front, one 256 KiB property name holding `anyOf` of 4,000 subschemas made 4,000 copies of it:
+1 GiB of paths for a 279 KiB body (issue 27).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeAlias
 
 from npu_proxy.gateway.core.errors import invalid
 
@@ -28,16 +37,30 @@ _PAIRS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxI
           ("minProperties", "maxProperties"))
 MAX_NODES = 20_000
 MAX_DEPTH = 64
+NAME_CHARS = 64
+
+# A node's place: its parent's place and its own name within it (None: the root, `#`).
+Where: TypeAlias = tuple["Where", str] | None
 
 
 class SchemaError(ValueError):
     pass
 
 
-def check_schema(text: str) -> None:
-    """Raise a 400 when the schema is one a worker could not compile."""
+def spell(where: Where) -> str:
+    """A place as a JSON pointer, each name cut to NAME_CHARS characters."""
+    parts: list[str] = []
+    while where is not None:
+        where, name = where
+        parts.append(name if len(name) <= NAME_CHARS else name[:NAME_CHARS] + "…")
+    return "/".join(["#", *reversed(parts)])
+
+
+def check_schema(text: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> None:
+    """Raise a 400 when the schema is one a worker could not compile, or is larger than
+    `max_nodes` subschemas or deeper than `max_depth`."""
     try:
-        _walk(json.loads(text))
+        walk(json.loads(text), max_nodes, max_depth)
     except (ValueError, RecursionError) as exc:
         raise invalid(f"invalid JSON schema for structured output: {exc}") from None
 
@@ -46,71 +69,88 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _walk(root: Any) -> None:
+def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> int:
+    """Check every subschema of `root`; the number of them."""
     if not isinstance(root, dict):
         raise SchemaError("the schema must be a JSON object")
-    stack: list[tuple[Any, str, int]] = [(root, "#", 0)]
-    seen = 0
+    stack: list[tuple[Any, Where, int]] = [(root, None, 0)]
+    met = 1
+
+    def queue(children: list[tuple[Any, Where]], depth: int) -> None:
+        nonlocal met
+        met += len(children)
+        if met > max_nodes:
+            raise SchemaError(f"the schema has more than {max_nodes} subschemas "
+                              "(max_schema_nodes)")
+        if depth > max_depth:
+            raise SchemaError(f"the schema nests deeper than {max_depth} levels "
+                              "(max_schema_depth)")
+        stack.extend((child, where, depth) for child, where in children)
+
     while stack:
         node, where, depth = stack.pop()
-        seen += 1
-        if seen > MAX_NODES or depth > MAX_DEPTH:
-            raise SchemaError(f"the schema is too large (over {MAX_NODES} subschemas or "
-                              f"{MAX_DEPTH} levels)")
         if isinstance(node, bool):
             continue
         if not isinstance(node, dict):
-            raise SchemaError(f"{where} must be a schema (an object or a boolean)")
+            raise SchemaError(f"{spell(where)} must be a schema (an object or a boolean)")
         _check_node(root, node, where)
         for key in _SCHEMA:
             if key in node:
                 sub = node[key]
                 if key == "items" and isinstance(sub, list):
-                    stack.extend((s, f"{where}/items/{i}", depth + 1) for i, s in enumerate(sub))
+                    at: Where = (where, "items")
+                    queue([(s, (at, str(i))) for i, s in enumerate(sub)], depth + 1)
                 else:
-                    stack.append((sub, f"{where}/{key}", depth + 1))
+                    queue([(sub, (where, key))], depth + 1)
         for key in _SCHEMA_LISTS:
             if key in node:
                 subs = node[key]
                 if not isinstance(subs, list) or not subs:
-                    raise SchemaError(f"{where}/{key} must be a non-empty array of schemas")
-                stack.extend((s, f"{where}/{key}/{i}", depth + 1) for i, s in enumerate(subs))
+                    raise SchemaError(f"{spell((where, key))} must be a non-empty array of "
+                                      "schemas")
+                at = (where, key)
+                queue([(s, (at, str(i))) for i, s in enumerate(subs)], depth + 1)
         for key in _SCHEMA_MAPS:
             if key in node:
                 subs = node[key]
                 if not isinstance(subs, dict):
-                    raise SchemaError(f"{where}/{key} must be an object of schemas")
+                    raise SchemaError(f"{spell((where, key))} must be an object of schemas")
+                at = (where, key)
                 if key == "patternProperties":
                     for pattern in subs:
-                        _regex(pattern, f"{where}/{key}")
-                stack.extend((s, f"{where}/{key}/{name}", depth + 1) for name, s in subs.items())
+                        _regex(pattern, partial(spell, at))
+                queue([(s, (at, name)) for name, s in subs.items()], depth + 1)
+    return met
 
 
-def _check_node(root: dict[str, Any], node: dict[str, Any], where: str) -> None:
+def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
+    def fail(tail: str) -> SchemaError:
+        return SchemaError(spell(at) + tail)
+
     if "type" in node:
         kind = node["type"]
         kinds = kind if isinstance(kind, list) else [kind]
         if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
-            raise SchemaError(f"{where}/type must be one of {sorted(TYPES)} or a list of them")
+            raise fail(f"/type must be one of {sorted(TYPES)} or a list of them")
     if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
-        raise SchemaError(f"{where}/enum must be a non-empty array")
+        raise fail("/enum must be a non-empty array")
     if "required" in node and (not isinstance(node["required"], list) or not all(
             isinstance(r, str) for r in node["required"])):
-        raise SchemaError(f"{where}/required must be an array of strings")
+        raise fail("/required must be an array of strings")
     for key in _COUNTS:
         if key in node and (not isinstance(node[key], int) or isinstance(node[key], bool)
                             or node[key] < 0):
-            raise SchemaError(f"{where}/{key} must be a non-negative integer")
+            raise fail(f"/{key} must be a non-negative integer")
     for key in _BOUNDS:
         if key in node and not _number(node[key]):
-            raise SchemaError(f"{where}/{key} must be a number")
+            raise fail(f"/{key} must be a number")
     for low, high in _PAIRS:
         if low in node and high in node and node[low] > node[high]:
-            raise SchemaError(f"{where}: {low} {node[low]} is above {high} {node[high]}")
+            raise fail(f": {low} {node[low]} is above {high} {node[high]}")
     if "pattern" in node:
-        _regex(node["pattern"], f"{where}/pattern")
+        _regex(node["pattern"], lambda: spell((at, "pattern")))
     if "$ref" in node:
-        _resolve(root, node["$ref"], where)
+        _resolve(root, node["$ref"], at)
 
 
 # Escapes XGrammar's regex converter refuses (word boundaries, backreferences, Unicode
@@ -118,23 +158,24 @@ def _check_node(root: dict[str, Any], node: dict[str, Any], where: str) -> None:
 _UNSUPPORTED_ESCAPES = frozenset("bBkpP123456789")
 
 
-def _regex(pattern: Any, where: str) -> None:
+def _regex(pattern: Any, where: Callable[[], str]) -> None:
+    """Refuse a regex XGrammar cannot compile; `where()` names its place (spelt on error)."""
     if not isinstance(pattern, str):
-        raise SchemaError(f"{where} must be a string")
+        raise SchemaError(f"{where()} must be a string")
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise SchemaError(f"{where} is not a regular expression: {exc}") from None
+        raise SchemaError(f"{where()} is not a regular expression: {exc}") from None
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\" and i + 1 < n:
             if pattern[i + 1] in _UNSUPPORTED_ESCAPES:
-                raise SchemaError(f"{where}: \\{pattern[i + 1]} is not supported in patterns")
+                raise SchemaError(f"{where()}: \\{pattern[i + 1]} is not supported in patterns")
             i += 2
             continue
         if c == "(" and pattern.startswith("(?", i) and not pattern.startswith("(?:", i):
-            raise SchemaError(f"{where}: only (?:...) groups are supported, not "
+            raise SchemaError(f"{where()}: only (?:...) groups are supported, not "
                               f"{pattern[i:i + 3]!r}")
         i += 1
 
@@ -150,16 +191,16 @@ def check_regex(pattern: str) -> None:
         raise invalid(f"invalid regex for structured output: control character {bad!r}; "
                       "write it escaped (\\xNN)", param="structured_outputs")
     try:
-        _regex(pattern, "the regex")
+        _regex(pattern, lambda: "the regex")
     except SchemaError as exc:
         raise invalid(f"invalid regex for structured output: {exc}", param="structured_outputs"
                       ) from None
 
 
-def _resolve(root: dict[str, Any], ref: Any, where: str) -> None:
+def _resolve(root: dict[str, Any], ref: Any, at: Where) -> None:
     """Only references inside the schema itself (`#/...`) can be compiled."""
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"{where}/$ref must point inside the schema (\"#/...\")")
+        raise SchemaError(f"{spell(at)}/$ref must point inside the schema (\"#/...\")")
     target: Any = root
     for part in ref[1:].split("/")[1:] if ref != "#" else []:
         name = part.replace("~1", "/").replace("~0", "~")
@@ -168,4 +209,5 @@ def _resolve(root: dict[str, Any], ref: Any, where: str) -> None:
         elif isinstance(target, list) and name.isdigit() and int(name) < len(target):
             target = target[int(name)]
         else:
-            raise SchemaError(f"{where}/$ref {ref!r} points at nothing in the schema")
+            raise SchemaError(f"{spell(at)}/$ref {ref[:NAME_CHARS]!r} points at nothing in "
+                              "the schema")

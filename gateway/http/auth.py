@@ -17,6 +17,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.drain import DrainBudget, refuse
 from npu_proxy.gateway.http.wire import dialect_for
 
 OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/health/ready"})
@@ -32,9 +33,10 @@ def _sent_key(scope: Scope) -> str:
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, budget: DrainBudget | None = None) -> None:
         self.app = app
         self.api_key = api_key.encode()
+        self.budget = budget or DrainBudget()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -44,4 +46,5 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         exc = GatewayError(401, "authentication", "invalid or missing API key")
-        await dialect_for(scope).error_response(exc)(scope, receive, send)
+        # NOTE: decided from the headers alone: the body is read and dropped, never kept.
+        await refuse(dialect_for(scope).error_response(exc), scope, receive, send, self.budget)

@@ -1,7 +1,9 @@
 """Who may talk to the HTTP port from a browser: Host allow-list, Origin policy with CORS,
-Fetch Metadata, and JSON-only bodies from browsers — Ollama's policy. One middleware, outside
-the API key check, configured by `host`, `allowed_hosts` and `allowed_origins`
-(protocol/config.py). Refusals are in the calling API's own error shape (`dialect_for(scope)`).
+Fetch Metadata, and JSON-only bodies from browsers — Ollama's policy. One middleware,
+outside the API key check and the body limit (a refused request's body is read and dropped
+within a budget, never kept: gateway/http/drain.py), configured by `host`, `allowed_hosts`
+and `allowed_origins` (protocol/config.py). Refusals are in the calling API's own error
+shape (`dialect_for(scope)`).
 
 In order, for every HTTP request:
 1. Host (DNS rebinding): on a loopback bind, the loopback names, IP literals that are
@@ -41,6 +43,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.http.drain import DrainBudget, refuse
 from npu_proxy.gateway.http.wire import dialect_for
 from npu_proxy.protocol.config import Config, is_loopback_host
 
@@ -183,6 +186,7 @@ class HttpPolicyMiddleware:
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
         self.policy = HttpPolicy(config)
+        self.budget = DrainBudget.from_config(config)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -191,27 +195,27 @@ class HttpPolicyMiddleware:
         method = scope.get("method", "GET")
         host = _header(scope, b"host")
         if not self.policy.host_allowed(host):
-            await _refuse(scope, 403, "forbidden",
+            response = _refuse(scope, 403, "forbidden",
                           f"Host {host!r} is not served here; add it to allowed_hosts "
-                          "(NPU_PROXY_ALLOWED_HOSTS) if it names this server")(
-                              scope, receive, send)
+                          "(NPU_PROXY_ALLOWED_HOSTS) if it names this server")
+            await refuse(response, scope, receive, send, self.budget)
             return
         origin = _header(scope, b"origin")
         if origin is not None and not self.policy.origin_allowed(origin):
-            await _refuse(scope, 403, "forbidden",
+            response = _refuse(scope, 403, "forbidden",
                           f"origin {origin!r} is not allowed; add it to allowed_origins "
-                          "(NPU_PROXY_ORIGINS) to let its pages use this server")(
-                              scope, receive, send)
+                          "(NPU_PROXY_ORIGINS) to let its pages use this server")
+            await refuse(response, scope, receive, send, self.budget)
             return
         if origin is None and _header(scope, b"sec-fetch-site") == "cross-site" and not (
                 method in ("GET", "HEAD") and _header(scope, b"sec-fetch-mode") == "navigate"):
-            await _refuse(scope, 403, "forbidden",
-                          "a request from another site's page is not allowed")(
-                              scope, receive, send)
+            response = _refuse(scope, 403, "forbidden",
+                          "a request from another site's page is not allowed")
+            await refuse(response, scope, receive, send, self.budget)
             return
         if (origin is not None and method == "OPTIONS"
                 and _header(scope, b"access-control-request-method") is not None):
-            await self._preflight(scope, origin)(scope, receive, send)
+            await refuse(self._preflight(scope, origin), scope, receive, send, self.budget)
             return
 
         async def send_with_cors(message: Message) -> None:
@@ -232,7 +236,8 @@ class HttpPolicyMiddleware:
             error = GatewayError(415, "unsupported_media_type",
                                  f"Content-Type {media} is not accepted: send the JSON body "
                                  "as application/json")
-            await dialect_for(scope).error_response(error)(scope, receive, send_with_cors)
+            await refuse(dialect_for(scope).error_response(error), scope, receive,
+                         send_with_cors, self.budget)
             return
         await self.app(scope, receive, send_with_cors)
 
