@@ -24,6 +24,7 @@ from npu_proxy.gateway.api.request_path import RequestPath
 from npu_proxy.gateway.api.rerank import RerankRoutes
 from npu_proxy.gateway.api.responses.routes import ResponsesRoutes
 from npu_proxy.gateway.api.responses.store import ResponseStore
+from npu_proxy.gateway.api.speech import SpeechRoutes
 from npu_proxy.gateway.api.tokenizer import TokenizerRoutes
 from npu_proxy.gateway.content.tools import Tooling
 from npu_proxy.gateway.core.broker import Broker
@@ -136,6 +137,7 @@ class Gateway:
             *RerankRoutes(self.requests).routes(),
             *TokenizerRoutes(self.requests).routes(),
             *AudioRoutes(self.requests).routes(),
+            *SpeechRoutes(self.requests).routes(),
         ]
         routes.append(OpenAPIRoute(routes).route())
         return routes

@@ -5,7 +5,8 @@ refuses a request the model cannot serve (tools, images, thinking, suffix, embed
 Each capability is what this server does with the model, not what its weights might do:
 - `completion`: a text-generation model (`kind` "llm"); `embedding`: an embedding model;
   `rerank`: a reranking model (`kind` "rerank", POST /v1/rerank); `transcription`: a
-  speech-recognition model (`kind` "asr", POST /v1/audio/transcriptions).
+  speech-recognition model (`kind` "asr", POST /v1/audio/transcriptions); `speech`: a
+  text-to-speech model (`kind` "tts", POST /v1/audio/speech).
 - `tools`: every text-generation model takes tools, natively when its template has a `tools`
   slot (`native_tools`), else through the fallback prompt (gateway/content/tools.py).
 - `insert` (a `suffix`, fill-in-the-middle): off. The chat templates served here (Hugging
@@ -33,12 +34,14 @@ VISION = "vision"
 EMBEDDING = "embedding"
 RERANK = "rerank"
 TRANSCRIPTION = "transcription"
+SPEECH = "speech"
 THINKING = "thinking"
 
 # How each capability is named in a refusal ("model 'x' does not support ...").
 WHAT = {COMPLETION: "text generation", TOOLS: "tools", INSERT: "insert (a suffix)",
         VISION: "images", EMBEDDING: "embeddings", THINKING: "thinking",
-        RERANK: "reranking", TRANSCRIPTION: "transcription"}
+        RERANK: "reranking", TRANSCRIPTION: "transcription",
+        SPEECH: "speech"}
 
 
 OPEN, CLOSE, CHANNEL = "<think>", "</think>", "<|channel|>"
@@ -76,7 +79,7 @@ def reasoning_format(chat_template: str) -> ReasoningFormat | None:
 
 @dataclass(frozen=True)
 class Capabilities:
-    kind: str  # "llm", "vlm", "embed", "rerank" or "asr"
+    kind: str  # "llm", "vlm", "embed", "rerank", "asr" or "tts"
     native_tools: bool = False
     insert: bool = False
     vision: bool = False
@@ -95,6 +98,8 @@ class Capabilities:
             return [RERANK]
         if self.kind == "asr":
             return [TRANSCRIPTION]
+        if self.kind == "tts":
+            return [SPEECH]
         flags = ((INSERT, self.insert), (VISION, self.vision), (THINKING, self.thinking))
         return [COMPLETION, TOOLS] + [name for name, on in flags if on]
 
@@ -103,10 +108,10 @@ class Capabilities:
 
 
 def capabilities(kind: str, chat_template: str) -> Capabilities:
-    """The capabilities of a model of this kind ("llm", "vlm", "embed", "rerank", "asr") and chat
+    """The capabilities of a model of this kind ("llm", "vlm", "embed", "rerank", "asr", "tts") and
     template ("" when unknown). Callable for any model, also one made by /api/create from its
     template."""
-    if kind in ("embed", "rerank", "asr"):
+    if kind in ("embed", "rerank", "asr", "tts"):
         return Capabilities(kind=kind)
     return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
                         vision=kind == "vlm", reasoning=reasoning_format(chat_template))

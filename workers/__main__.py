@@ -40,6 +40,10 @@ def _build_engine(proc: WorkerProcess) -> Engine:
 
         return AsrEngine(proc.config, spec, str(path), proc.emit,
                          build_embedded=found.origin is Origin.EMBEDDED_IR)
+    if spec.role == "tts":
+        from npu_proxy.workers.speech.tts_engine import TtsEngine
+
+        return TtsEngine(spec, str(path), proc.emit)
     from npu_proxy.models.facts import describe_model
     from npu_proxy.workers.batch_engine import BatchEngine
     from npu_proxy.workers.gguf_ir import loadable

@@ -148,7 +148,7 @@ class ModelCatalog:
         """What the model can do here (models/capabilities.py): from its kind and its chat
         template. The one source of `capabilities` and of the 400s that refuse what a model
         cannot do (`require`)."""
-        if model.kind in ("embed", "rerank", "asr"):
+        if model.kind in ("embed", "rerank", "asr", "tts"):
             return capabilities(model.kind, "")
         return capabilities(model.kind, await self.chat_template(model))
 

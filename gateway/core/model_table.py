@@ -34,20 +34,21 @@ log = logging.getLogger(__name__)
 
 # A worker role's kind of model; "vlm" is a text-generation model that also takes images.
 ROLE_KIND = {"llm": "llm", "npu": "llm", "embed": "embed", "vlm": "vlm", "rerank": "rerank",
-             "asr": "asr"}
+             "asr": "asr", "tts": "tts"}
 # Each kind as a 400 names it: what the model is, and the API to use it with.
 KIND_WHAT = {"llm": ("a text generation model", "chat or generate"),
              "vlm": ("a vision-language model", "chat or generate"),
              "embed": ("an embedding model", "embeddings"),
              "rerank": ("a reranking model", "rerank (POST /v1/rerank)"),
              "asr": ("a speech-recognition model",
-                     "audio transcriptions (POST /v1/audio/transcriptions)")}
+                     "audio transcriptions (POST /v1/audio/transcriptions)"),
+             "tts": ("a text-to-speech model", "audio speech (POST /v1/audio/speech)")}
 
 
 @dataclasses.dataclass
 class ServedModel:
     name: str
-    kind: str  # "llm", "vlm", "embed", "rerank" or "asr"
+    kind: str  # "llm", "vlm", "embed", "rerank", "asr" or "tts"
     workers: list[str]  # the workers running it now
     # Its file or folder when known without preparing anything ("" otherwise).
     path: str = ""

@@ -46,6 +46,7 @@ from npu_proxy.protocol.messages import (
     RequestFrame,
     Rerank,
     Reranked,
+    Synthesize,
     TokenCount,
     Tokenize,
     TokenLogprob,
@@ -363,14 +364,17 @@ class Router:
         frame, headers = await self._one_reply(model, msg, Reranked)
         return Scored(frame, headers)
 
-    async def transcribe(self, model: ServedModel, msg: Transcribe
+    async def transcribe(self, model: ServedModel, msg: Transcribe | Synthesize
                          ) -> tuple[RequestStream, RequestFrame, dict[str, str]]:
-        """Dispatch speech to an asr worker: its stream (the caller closes it), first frame
-        and route headers (gateway/api/audio.py reads the rest)."""
+        """Dispatch speech to an asr worker (or text to a tts worker: `speak`): its stream
+        (the caller closes it), first frame and route headers (gateway/api/audio.py and
+        speech.py read the rest)."""
         model = await self.switcher.ensure(model)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         device = self.broker.links[stream.worker].spec.device
         return stream, frame, route_headers(device, stream.worker, reason, 0)
+
+    speak = transcribe
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:

@@ -120,7 +120,8 @@ class Switcher:
     def pick(self, model: ServedModel) -> str:
         """The worker to switch to `model`, or a 400 that says how to allow it."""
         kind = {"embed": "embedding", "vlm": "vision-language",
-                "rerank": "reranking", "asr": "speech-recognition"}.get(
+                "rerank": "reranking", "asr": "speech-recognition",
+                "tts": "text-to-speech"}.get(
                     model.kind, "text generation")
         candidates = [s for s in self.config.workers
                       if s.enabled and ROLE_KIND[s.role] == model.kind]

