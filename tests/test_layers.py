@@ -222,7 +222,7 @@ MAX_LINES = 400
 OVER_LIMIT = {
     "gateway/api/ollama/routes.py", "gateway/api/openai.py", "gateway/core/router.py",
     "models/pull.py", "protocol/config.py", "protocol/messages.py",
-    "supervisor/service.py", "workers/embed_engine.py", "workers/engine.py",
+    "workers/embed_engine.py", "workers/engine.py",
 }
 
 
