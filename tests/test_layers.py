@@ -141,7 +141,7 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
     code = (
         "import json, sys\n"
         "import npu_proxy.gateway.app, npu_proxy.supervisor.cli\n"
-        "import npu_proxy.models.locate, npu_proxy.models.pull\n"
+        "import npu_proxy.models.locate, npu_proxy.models.pull.install\n"
         "banned = ('openvino', 'openvino_genai', 'npu_proxy.workers')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(banned))))\n"
     )
@@ -221,7 +221,7 @@ MAX_LINES = 400
 # fails the test below.
 OVER_LIMIT = {
     "gateway/api/ollama/routes.py", "gateway/api/openai.py", "gateway/core/router.py",
-    "models/pull.py", "protocol/config.py", "protocol/messages.py",
+    "protocol/config.py", "protocol/messages.py",
     "workers/embed_engine.py", "workers/engine.py",
 }
 
