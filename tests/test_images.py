@@ -41,8 +41,8 @@ from PIL import Image
 from serverctl import Server
 
 from npu_proxy.gateway.api import anthropic_input as anthropic_api
-from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.responses import inputs as responses_api
 from npu_proxy.gateway.content import images as images_mod
 from npu_proxy.gateway.content.images import (
@@ -377,9 +377,9 @@ def shape(dialect: Dialect, exc: GatewayError) -> tuple[int, dict[str, Any]]:
     return response.status_code, msgspec.json.decode(bytes(response.body))
 
 
-def openai_messages(content: list[dict[str, Any]]) -> list[openai_api.Message]:
+def openai_messages(content: list[dict[str, Any]]) -> list[openai_chat.Message]:
     return msgspec.convert([{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": content}], list[openai_api.Message])
+                            {"role": "user", "content": content}], list[openai_chat.Message])
 
 
 def test_openai_image_url_parts_land_on_their_message_in_order() -> None:
@@ -388,7 +388,7 @@ def test_openai_image_url_parts_land_on_their_message_in_order() -> None:
         {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}},
         {"type": "text", "text": "with"},
         {"type": "image_url", "image_url": data_url(BLUE)}])
-    out = asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+    out = asyncio.run(openai_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert out[0] == ChatMessage(role="system", content="Be brief.")
     assert out[1].content == "Compare with" and out[1].images == [PNG, BLUE]
 
@@ -398,7 +398,7 @@ def test_openai_bad_image_is_its_400() -> None:
                                 {"type": "image_url", "image_url": {"url": "data:image/png;"
                                                                            "base64,@@"}}])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+        asyncio.run(openai_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     status, body = shape(OPENAI, err.value)
     assert status == 400
     assert body["error"]["type"] == "invalid_request_error"
@@ -491,7 +491,7 @@ def test_the_count_cap_spans_the_whole_request() -> None:
 def test_a_text_only_model_refuses_before_decoding() -> None:
     """The capability's 400, whatever the image holds (it is not looked at)."""
     messages = openai_messages([{"type": "image_url", "image_url": {"url": "junk"}}])
-    refused(lambda: asyncio.run(openai_api.chat_messages(messages, TEXT_ONLY, "m",
+    refused(lambda: asyncio.run(openai_chat.chat_messages(messages, TEXT_ONLY, "m",
                                                          Images(LIMITS))),
             "model 'm' does not support images")
 

@@ -21,17 +21,18 @@ from npu_proxy.gateway.admin import manage as models_api
 from npu_proxy.gateway.api import anthropic as anthropic_api
 from npu_proxy.gateway.api import audio as audio_api
 from npu_proxy.gateway.api import embeddings as embed_api
-from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api import rerank as rerank_api
 from npu_proxy.gateway.api import tokenizer as tokenizer_api
 from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.openai import chat as openai_chat
+from npu_proxy.gateway.api.openai import completions as openai_completions
 from npu_proxy.gateway.api.responses import routes as responses_api
 from npu_proxy.gateway.pages import status as status_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
-    ("POST", "/v1/chat/completions"): openai_api.ChatRequest,
-    ("POST", "/v1/completions"): openai_api.CompletionRequest,
+    ("POST", "/v1/chat/completions"): openai_chat.ChatRequest,
+    ("POST", "/v1/completions"): openai_completions.CompletionRequest,
     ("POST", "/v1/responses"): responses_api.ResponsesRequest,
     ("POST", "/v1/embeddings"): embed_api.OpenAIEmbeddingRequest,
     ("POST", "/v1/messages"): anthropic_api.MessagesRequest,
