@@ -41,7 +41,7 @@ from PIL import Image
 from serverctl import Server
 
 from npu_proxy.gateway.api import anthropic_input as anthropic_api
-from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.ollama import chat as ollama_chat
 from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.responses import inputs as responses_api
 from npu_proxy.gateway.content import images as images_mod
@@ -215,8 +215,8 @@ def test_a_large_image_is_decoded_off_the_event_loop() -> None:
     assert asyncio.run(decode(b64(PNG))) == 0
     # And through the API: a big image reaches the message bytes for bytes.
     messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(big)]}],
-                               list[ollama_api.Message])
-    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+                               list[ollama_chat.Message])
+    out = asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert out[0].images == [big]
 
 
@@ -410,13 +410,13 @@ def test_ollama_images_on_chat_and_generate() -> None:
     messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(PNG)]},
                                 {"role": "assistant", "content": "red"},
                                 {"role": "user", "content": "and?", "images": [b64(BLUE)]}],
-                               list[ollama_api.Message])
-    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+                               list[ollama_chat.Message])
+    out = asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert [m.images for m in out] == [[PNG], [], [BLUE]]
     bad = msgspec.convert([{"role": "user", "content": "x", "images": [b64(PNG), "xx"]}],
-                          list[ollama_api.Message])
+                          list[ollama_chat.Message])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(ollama_api.chat_messages(bad, VISION, "m", Images(LIMITS)))
+        asyncio.run(ollama_chat.chat_messages(bad, VISION, "m", Images(LIMITS)))
     status, body = shape(OLLAMA, err.value)
     assert status == 400 and body == {"error": err.value.message}
     assert body["error"].startswith("messages[0].images[1]: not valid base64")
@@ -482,9 +482,9 @@ def test_the_count_cap_spans_the_whole_request() -> None:
     images = Images(ImageLimits(max_count=3))
     messages = msgspec.convert([{"role": "user", "content": "a", "images": [b64(PNG)] * 2},
                                 {"role": "user", "content": "b", "images": [b64(PNG)] * 2}],
-                               list[ollama_api.Message])
+                               list[ollama_chat.Message])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(ollama_api.chat_messages(messages, VISION, "m", images))
+        asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", images))
     assert err.value.message.startswith("messages[1].images[1]: more than 3 images")
 
 

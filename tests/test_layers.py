@@ -220,7 +220,7 @@ MAX_LINES = 400
 # only shrinks: a module that grows past the limit, or one listed that no longer needs to be,
 # fails the test below.
 OVER_LIMIT = {
-    "gateway/api/ollama/routes.py", "gateway/core/router.py",
+    "gateway/core/router.py",
     "protocol/config.py", "protocol/messages.py",
     "workers/embed_engine.py", "workers/engine.py",
 }
