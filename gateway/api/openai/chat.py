@@ -55,7 +55,6 @@ class Message(msgspec.Struct):
     tool_call_id: str | None = None
 
 
-
 class JsonSchemaSpec(msgspec.Struct):
     name: str = "response"
     schema: dict[str, Any] | None = None
@@ -69,7 +68,6 @@ class ResponseFormat(msgspec.Struct):
 
 class StructuredOutputs(msgspec.Struct):
     regex: str | None = None
-
 
 
 class ChatRequest(SamplingFields):
@@ -87,7 +85,6 @@ class ChatRequest(SamplingFields):
     structured_outputs: StructuredOutputs | None = None
     guided_regex: str | None = None
     reasoning_effort: str | None = None
-
 
 
 # --- translation -------------------------------------------------------------------------
@@ -156,7 +153,6 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
              "function": {"name": c.name, "arguments": c.arguments_json()}} for c in calls]
 
 
-
 def _chat_logprobs(req: ChatRequest) -> int | None:
     """None without logprobs, else the number of alternatives asked for."""
     top = lp.top_count(req.top_logprobs, "top_logprobs")
@@ -165,7 +161,6 @@ def _chat_logprobs(req: ChatRequest) -> int | None:
             raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
         return None
     return top
-
 
 
 def _response_schema(fmt: ResponseFormat | None) -> str | None:
@@ -181,7 +176,6 @@ def _response_schema(fmt: ResponseFormat | None) -> str | None:
     raise invalid(f"unknown response_format type '{fmt.type}'", param="response_format")
 
 
-
 def _regex(req: ChatRequest) -> str | None:
     regex = req.structured_outputs.regex if req.structured_outputs is not None else None
     regex = regex if regex is not None else req.guided_regex
@@ -195,7 +189,6 @@ def _regex(req: ChatRequest) -> str | None:
 def _enable_thinking(req: ChatRequest) -> bool | None:
     value = (req.chat_template_kwargs or {}).get("enable_thinking")
     return value if isinstance(value, bool) else None
-
 
 
 def _reasoning(text: str) -> dict[str, str]:
@@ -272,7 +265,6 @@ class ChatReply(Reply):
                          if self.logprobs is not None else None),
             "finish_reason": finish_reason(gen, bool(calls), self.named),
         })
-
 
 
 class ChatRoutes(DialectRoutes):

@@ -34,7 +34,6 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
 
 
-
 def _completion_logprobs(req: CompletionRequest) -> int | None:
     if req.logprobs is None:
         return None
@@ -43,7 +42,6 @@ def _completion_logprobs(req: CompletionRequest) -> int | None:
         raise invalid("echo with logprobs is not supported: the prompt's tokens have no "
                       "log-probabilities here", param="echo")
     return top
-
 
 
 class CompletionReply(Reply):
@@ -82,7 +80,6 @@ class CompletionReply(Reply):
         return self.whole("text_completion", gen, {
             "index": 0, "text": self.prefix + "".join(parts), "logprobs": logprobs,
             "finish_reason": finish_reason(gen)})
-
 
 
 class CompletionRoutes(DialectRoutes):

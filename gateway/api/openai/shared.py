@@ -20,7 +20,6 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-
 class SamplingFields(msgspec.Struct):
     model: str = ""
     max_tokens: int | None = None
@@ -40,11 +39,9 @@ class SamplingFields(msgspec.Struct):
     ignore_eos: bool = False
 
 
-
 def check_common(req: SamplingFields) -> None:
     if req.n not in (None, 1):
         raise invalid("only n=1 is supported", param="n")
-
 
 
 def sampling_params(req: SamplingFields, max_tokens: int | None,
@@ -55,7 +52,6 @@ def sampling_params(req: SamplingFields, max_tokens: int | None,
         frequency_penalty=req.frequency_penalty, top_k=req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, json_schema=schema,
         ignore_eos=req.ignore_eos)
-
 
 
 def usage_json(gen: Generation) -> dict[str, int]:
