@@ -17,7 +17,6 @@ import zmq
 from npu_proxy.protocol.messages import (
     Heartbeat,
     WorkerExited,
-    WorkerState,
     WorkerStatus,
     encode,
     reply_decoder,
@@ -80,7 +79,7 @@ class Supervisor(ControlHandlers):
         child.heartbeat_at = time.monotonic()
         child.stalled_for = beat.stalled_for
         child.blocking = beat.blocking
-        if beat.state == WorkerState.FAILED and beat.error:
+        if beat.state == ProcessState.FAILED and beat.error:
             # NOTE: the worker exits next; its exit decides between backoff and failed.
             child.last_error = beat.error
         event = reported(beat.state)
