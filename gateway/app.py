@@ -19,7 +19,7 @@ from npu_proxy.gateway.api.anthropic import AnthropicRoutes
 from npu_proxy.gateway.api.audio import AudioRoutes
 from npu_proxy.gateway.api.embeddings import EmbeddingRoutes
 from npu_proxy.gateway.api.ollama.routes import OllamaRoutes
-from npu_proxy.gateway.api.openai import OpenAIRoutes
+from npu_proxy.gateway.api.openai.routes import OpenAIRoutes
 from npu_proxy.gateway.api.request_path import RequestPath
 from npu_proxy.gateway.api.rerank import RerankRoutes
 from npu_proxy.gateway.api.responses.routes import ResponsesRoutes

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from npu_proxy.models.pull import file_hashes
+from npu_proxy.models.pull.download import file_hashes
 from npu_proxy.models.registry import ModelNameError, canonical
 from npu_proxy.models.store import Manifest, ManifestFile, ModelStore
 from npu_proxy.protocol.config import Config

@@ -32,11 +32,6 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED = 10
 
 
-# NOTE: one enum for the heartbeat's state and every process state the supervisor, /health
-# and /metrics name (protocol/states.py); its numbering is this wire format's, append-only.
-WorkerState = ProcessState
-
-
 class SamplingParams(msgspec.Struct, omit_defaults=True):
     """The one internal parameter set every API is mapped to (see gateway/content/params.py)."""
 
@@ -309,7 +304,7 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     role: str
     device: str
     model: str
-    state: WorkerState
+    state: ProcessState
     queue: int = 0
     in_flight: int = 0
     served: int = 0

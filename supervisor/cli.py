@@ -49,7 +49,8 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
         return
     from npu_proxy.supervisor.devices import discover
     from npu_proxy.supervisor.runtime_dir import RuntimeDirError
-    from npu_proxy.supervisor.service import CannotStart, Supervisor
+    from npu_proxy.supervisor.service.loop import Supervisor
+    from npu_proxy.supervisor.service.startup import CannotStart
 
     # NOTE: None, not False, without the flag: the file or environment may allow it.
     opt_out = True if allow_remote else None

@@ -74,8 +74,8 @@ def pull(name: str, **kw: Any) -> None:
     NAME is a registry name (tinyllama, qwen2.5:0.5b, phi3:mini, bge-small, ... or a
     [models] entry of the config file), hf.co/org/repo[:file.gguf] or org/repo. An
     interrupted pull resumes where it stopped when run again."""
-    from npu_proxy.models.pull import PullError
-    from npu_proxy.models.pull import pull as do_pull
+    from npu_proxy.models.pull.install import pull as do_pull
+    from npu_proxy.models.pull.plan import PullError
 
     config = load(**kw)
     bars = _Bars()

@@ -19,7 +19,6 @@ from npu_proxy.protocol.messages import (
     Finished,
     Heartbeat,
     Timings,
-    WorkerState,
     encode,
 )
 from npu_proxy.protocol.sockets import (
@@ -29,6 +28,7 @@ from npu_proxy.protocol.sockets import (
     configure_pub,
     worker_endpoint,
 )
+from npu_proxy.protocol.states import ProcessState
 
 
 def _config(tmp_path: Path) -> Config:
@@ -72,7 +72,7 @@ def test_frames_arriving_together_reach_each_stream_in_order(tmp_path: Path) -> 
     configure_pub(pub)
     bind(pub, config, worker_endpoint(config, "embed", "out"))
     beat = Heartbeat(worker="embed", pid=os.getpid(), role="embed", device="CPU", model="m",
-                     state=WorkerState.READY)
+                     state=ProcessState.READY)
 
     async def run() -> None:
         broker = Broker(config)

@@ -14,7 +14,8 @@ from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.sockets import bind, control_endpoint
 from npu_proxy.protocol.states import ProcessState
-from npu_proxy.supervisor.service import Refusal, Supervisor
+from npu_proxy.supervisor.service.commands import Refusal
+from npu_proxy.supervisor.service.loop import Supervisor
 
 COMMANDS: list[control.Command] = [
     control.Ping(), control.Status(), control.Start(worker="llm"), control.Stop(worker="llm"),

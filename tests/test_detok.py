@@ -12,7 +12,7 @@ from npu_proxy.models.registry import package_file
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import Delta, Finished, Generate, RequestFrame, SamplingParams
 from npu_proxy.workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
-from npu_proxy.workers.engine import EngineBase, Prepared, Prompting
+from npu_proxy.workers.engine import EngineBase, Prompting, TokenizedRequest
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,8 @@ def test_logprob_frames_keep_a_split_character_with_its_last_token(
     engine = EngineBase(WorkerSpec(name="t"), "", 2048, frames.append)
     engine.prompting = Prompting(tokenizer, 2048)
     req = Generate(id="r", model="m", params=SamplingParams(logprobs=True), deadline=1e12)
-    ready = Prepared(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None, received=0.0)
+    ready = TokenizedRequest(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None,
+                             received=0.0)
     active = engine._track(ready, None)
     for n, token in enumerate(ids):  # one token per step, as the batch engine reads them
         engine._on_tokens(active, [token], 0.0, [-0.5 - n])
@@ -153,7 +154,8 @@ def test_logprobs_that_do_not_match_the_tokens_stop_the_request(
     engine = EngineBase(WorkerSpec(name="t"), "", 2048, frames.append)
     engine.prompting = Prompting(tokenizer, 2048)
     req = Generate(id="r", model="m", params=SamplingParams(logprobs=True), deadline=1e12)
-    ready = Prepared(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None, received=0.0)
+    ready = TokenizedRequest(req=req, ids=np.zeros((1, 3), dtype=np.int64), config=None,
+                             received=0.0)
     active = engine._track(ready, None)
     engine._on_tokens(active, [504, 3575], 0.0, [-0.5])  # no value is made up for a token
     assert active.cancelled == "abort"

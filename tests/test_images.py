@@ -42,8 +42,8 @@ from PIL import Image
 from serverctl import Server
 
 from npu_proxy.gateway.api import anthropic_input as anthropic_api
-from npu_proxy.gateway.api import openai as openai_api
-from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.ollama import chat as ollama_chat
+from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.responses import inputs as responses_api
 from npu_proxy.gateway.content import image_fetch
 from npu_proxy.gateway.content import images as images_mod
@@ -217,8 +217,8 @@ def test_a_large_image_is_decoded_off_the_event_loop() -> None:
     assert asyncio.run(decode(b64(PNG))) == 0
     # And through the API: a big image reaches the message bytes for bytes.
     messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(big)]}],
-                               list[ollama_api.Message])
-    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+                               list[ollama_chat.Message])
+    out = asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert out[0].images == [big]
 
 
@@ -438,9 +438,9 @@ def shape(dialect: Dialect, exc: GatewayError) -> tuple[int, dict[str, Any]]:
     return response.status_code, msgspec.json.decode(bytes(response.body))
 
 
-def openai_messages(content: list[dict[str, Any]]) -> list[openai_api.Message]:
+def openai_messages(content: list[dict[str, Any]]) -> list[openai_chat.Message]:
     return msgspec.convert([{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": content}], list[openai_api.Message])
+                            {"role": "user", "content": content}], list[openai_chat.Message])
 
 
 def test_openai_image_url_parts_land_on_their_message_in_order() -> None:
@@ -449,7 +449,7 @@ def test_openai_image_url_parts_land_on_their_message_in_order() -> None:
         {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}},
         {"type": "text", "text": "with"},
         {"type": "image_url", "image_url": data_url(BLUE)}])
-    out = asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+    out = asyncio.run(openai_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert out[0] == ChatMessage(role="system", content="Be brief.")
     assert out[1].content == "Compare with" and out[1].images == [PNG, BLUE]
 
@@ -459,7 +459,7 @@ def test_openai_bad_image_is_its_400() -> None:
                                 {"type": "image_url", "image_url": {"url": "data:image/png;"
                                                                            "base64,@@"}}])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(openai_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+        asyncio.run(openai_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     status, body = shape(OPENAI, err.value)
     assert status == 400
     assert body["error"]["type"] == "invalid_request_error"
@@ -471,13 +471,13 @@ def test_ollama_images_on_chat_and_generate() -> None:
     messages = msgspec.convert([{"role": "user", "content": "what?", "images": [b64(PNG)]},
                                 {"role": "assistant", "content": "red"},
                                 {"role": "user", "content": "and?", "images": [b64(BLUE)]}],
-                               list[ollama_api.Message])
-    out = asyncio.run(ollama_api.chat_messages(messages, VISION, "m", Images(LIMITS)))
+                               list[ollama_chat.Message])
+    out = asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", Images(LIMITS)))
     assert [m.images for m in out] == [[PNG], [], [BLUE]]
     bad = msgspec.convert([{"role": "user", "content": "x", "images": [b64(PNG), "xx"]}],
-                          list[ollama_api.Message])
+                          list[ollama_chat.Message])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(ollama_api.chat_messages(bad, VISION, "m", Images(LIMITS)))
+        asyncio.run(ollama_chat.chat_messages(bad, VISION, "m", Images(LIMITS)))
     status, body = shape(OLLAMA, err.value)
     assert status == 400 and body == {"error": err.value.message}
     assert body["error"].startswith("messages[0].images[1]: not valid base64")
@@ -543,16 +543,16 @@ def test_the_count_cap_spans_the_whole_request() -> None:
     images = Images(ImageLimits(max_count=3))
     messages = msgspec.convert([{"role": "user", "content": "a", "images": [b64(PNG)] * 2},
                                 {"role": "user", "content": "b", "images": [b64(PNG)] * 2}],
-                               list[ollama_api.Message])
+                               list[ollama_chat.Message])
     with pytest.raises(GatewayError) as err:
-        asyncio.run(ollama_api.chat_messages(messages, VISION, "m", images))
+        asyncio.run(ollama_chat.chat_messages(messages, VISION, "m", images))
     assert err.value.message.startswith("messages[1].images[1]: more than 3 images")
 
 
 def test_a_text_only_model_refuses_before_decoding() -> None:
     """The capability's 400, whatever the image holds (it is not looked at)."""
     messages = openai_messages([{"type": "image_url", "image_url": {"url": "junk"}}])
-    refused(lambda: asyncio.run(openai_api.chat_messages(messages, TEXT_ONLY, "m",
+    refused(lambda: asyncio.run(openai_chat.chat_messages(messages, TEXT_ONLY, "m",
                                                          Images(LIMITS))),
             "model 'm' does not support images")
 

@@ -141,7 +141,7 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
     code = (
         "import json, sys\n"
         "import npu_proxy.gateway.app, npu_proxy.supervisor.cli\n"
-        "import npu_proxy.models.locate, npu_proxy.models.pull\n"
+        "import npu_proxy.models.locate, npu_proxy.models.pull.install\n"
         "banned = ('openvino', 'openvino_genai', 'npu_proxy.workers')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(banned))))\n"
     )
@@ -220,9 +220,9 @@ MAX_LINES = 400
 # only shrinks: a module that grows past the limit, or one listed that no longer needs to be,
 # fails the test below.
 OVER_LIMIT = {
-    "gateway/api/ollama/routes.py", "gateway/api/openai.py", "gateway/core/router.py",
-    "models/pull.py", "protocol/config.py", "protocol/messages.py",
-    "supervisor/service.py", "workers/embed_engine.py", "workers/engine.py",
+    "gateway/core/router.py",
+    "protocol/config.py", "protocol/messages.py",
+    "workers/embed_engine.py", "workers/engine.py",
 }
 
 

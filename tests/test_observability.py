@@ -28,7 +28,8 @@ from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.metrics import Metrics
 from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import Heartbeat, WorkerExited, WorkerState
+from npu_proxy.protocol.messages import Heartbeat, WorkerExited
+from npu_proxy.protocol.states import ProcessState
 
 LLM = "smollm2:135m"
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -161,7 +162,7 @@ def test_worker_gauges_and_health_on_a_ready_server(server: Server) -> None:
                      device="CPU") == 1
         states = {dict(ls)["state"]: v for (n, ls), v in samples.items()
                   if n == "npu_proxy_worker_state" and ("worker", name) in ls}
-        assert set(states) == {s.label for s in WorkerState}
+        assert set(states) == {s.label for s in ProcessState}
         assert sum(states.values()) == 1 and (states["ready"] or states["busy"])
         assert ("npu_proxy_queue_depth", frozenset({("worker", name)})) in samples
         assert ("npu_proxy_in_flight_requests", frozenset({("worker", name)})) in samples
@@ -371,7 +372,7 @@ def test_real_prometheus_scrapes_the_gateway(server: Server, prometheus: str) ->
 # --- restart bookkeeping, in process -----------------------------------------------------
 
 
-def _beat(pid: int, hits: int = 0, state: WorkerState = WorkerState.READY) -> Heartbeat:
+def _beat(pid: int, hits: int = 0, state: ProcessState = ProcessState.READY) -> Heartbeat:
     return Heartbeat(worker="embed", pid=pid, role="embed", device="CPU", model="m",
                      state=state, cache_hits=hits, load_seconds=1.0)
 
@@ -403,7 +404,7 @@ def test_restart_and_cache_counters_follow_process_incarnations() -> None:
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=100, returncode=-9))
         assert hits() == 7 and restarts("sigkill") == 1
         # A process that fails in load and one that dies before its first heartbeat.
-        metrics.on_heartbeat(None, _beat(200, state=WorkerState.FAILED))
+        metrics.on_heartbeat(None, _beat(200, state=ProcessState.FAILED))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=200, returncode=1))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=300, returncode=1))
         metrics.on_heartbeat(None, _beat(400))

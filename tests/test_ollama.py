@@ -21,9 +21,9 @@ import pytest
 from langchain_ollama import ChatOllama
 from serverctl import Server
 
-from npu_proxy.gateway.api.ollama.routes import format_schema
 from npu_proxy.gateway.api.ollama.template import render
-from npu_proxy.gateway.api.openai import JsonSchemaSpec, ResponseFormat, _response_schema
+from npu_proxy.gateway.api.ollama.turn import format_schema
+from npu_proxy.gateway.api.openai.chat import JsonSchemaSpec, ResponseFormat, _response_schema
 from npu_proxy.gateway.content.params import json_schema_text, ollama_params, openai_params
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive

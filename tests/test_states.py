@@ -18,7 +18,7 @@ from serverctl import Server
 
 from npu_proxy.gateway.core.broker import WorkerLink
 from npu_proxy.protocol.config import WorkerSpec
-from npu_proxy.protocol.messages import Heartbeat, WorkerState, WorkerStatus
+from npu_proxy.protocol.messages import Heartbeat, WorkerStatus
 from npu_proxy.protocol.states import (
     TRANSITIONS,
     Event,
@@ -36,7 +36,6 @@ S = ProcessState
 
 def test_wire_numbering_is_kept() -> None:
     """Heartbeats carry the state as a number: the old numbers mean what they meant."""
-    assert WorkerState is ProcessState
     old = ["starting", "loading", "warming", "ready", "busy", "draining", "stopped", "failed"]
     assert [ProcessState(i).label for i in range(len(old))] == old
     assert len({s.label for s in ProcessState}) == len(ProcessState)

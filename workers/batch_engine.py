@@ -23,7 +23,7 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import ErrorCode, Failed, SamplingParams
-from npu_proxy.workers.engine import Emit, EngineBase, Prepared, Prompting
+from npu_proxy.workers.engine import Emit, EngineBase, Prompting, TokenizedRequest
 from npu_proxy.workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class BatchEngine(EngineBase):
             if active.cancelled:  # NOTE: abort_all (drain thread) came before the handle
                 active.handle.cancel()
 
-    def _add_request(self, ready: Prepared) -> Any:
+    def _add_request(self, ready: TokenizedRequest) -> Any:
         """Put one request into the pipeline; its GenerationHandle."""
         return self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
 

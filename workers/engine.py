@@ -93,7 +93,7 @@ class Engine(Protocol):
 
 
 @dataclass
-class Prepared:
+class TokenizedRequest:
     """A request that passed the checks, tokenized, with its generation config."""
 
     req: Generate
@@ -346,7 +346,7 @@ class EngineBase:
         self._held_lock = threading.Lock()
         # Accepted requests waiting for their turn; _lock also covers moving one from here
         # into _active, so an abort finds it in one of the two.
-        self._queue: collections.deque[Prepared] = collections.deque()
+        self._queue: collections.deque[TokenizedRequest] = collections.deque()
         self._lock = threading.Lock()
         self.generated_tokens = 0
         self.served = 0
@@ -419,14 +419,14 @@ class EngineBase:
         """One round of work on the engine thread; False when there was none to do."""
         raise NotImplementedError
 
-    def _admit(self, ready: Prepared) -> None:
+    def _admit(self, ready: TokenizedRequest) -> None:
         """Accept a request that passed the checks; it waits in the queue for its turn."""
         with self._lock:
             self._queue.append(ready)
         self._accept(ready)
         self._wake.set()
 
-    def _next(self) -> tuple[Prepared, Active | None] | None:
+    def _next(self) -> tuple[TokenizedRequest, Active | None] | None:
         """The oldest waiting request, tracked as active (None: none waits). A request whose
         deadline passed while it waited ends here with reason timeout (Active None) instead
         of paying for a prompt nobody waits for."""
@@ -586,7 +586,7 @@ class EngineBase:
             return failed
         return req, ids, 0
 
-    def _prepare(self, req: Generate) -> Prepared | None:
+    def _prepare(self, req: Generate) -> TokenizedRequest | None:
         """Template, tokenize and check one request (fitting its history to the context
         when it asks to be truncated); emits Failed and returns None if it cannot run here."""
         assert self.prompting is not None
@@ -627,16 +627,16 @@ class EngineBase:
         except Exception as exc:
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
-        return Prepared(req=req, ids=ids, config=cfg, received=received, context=context,
+        return TokenizedRequest(req=req, ids=ids, config=cfg, received=received, context=context,
                         dropped=dropped)
 
-    def _accept(self, ready: Prepared) -> None:
+    def _accept(self, ready: TokenizedRequest) -> None:
         """Tell the gateway the request will run here, before its first token."""
         self.emit(Accepted(id=ready.req.id, seq=0, worker=self.spec.name,
                            device=self.spec.device, prompt_tokens=ready.prompt_tokens,
                            context=ready.context, dropped=ready.dropped))
 
-    def _track(self, ready: Prepared, handle: Any) -> Active:
+    def _track(self, ready: TokenizedRequest, handle: Any) -> Active:
         assert self.prompting is not None
         active = Active(req=ready.req, handle=handle,
                         streamer=self.prompting.detokenizer(),

@@ -26,7 +26,6 @@ from npu_proxy.protocol.messages import (
     Heartbeat,
     RequestFrame,
     WorkerRequest,
-    WorkerState,
     encode,
     request_decoder,
 )
@@ -38,6 +37,7 @@ from npu_proxy.protocol.sockets import (
     term,
     worker_endpoint,
 )
+from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
     # NOTE: for types only: the engine modules import OpenVINO (about 0.5 s here), which
@@ -51,7 +51,7 @@ class WorkerProcess:
     def __init__(self, config: Config, spec: WorkerSpec) -> None:
         self.config = config
         self.spec = spec
-        self.state = WorkerState.STARTING
+        self.state = ProcessState.STARTING
         self.error = ""
         self.load_seconds = 0.0
         self.engine: Engine | None = None
@@ -76,8 +76,8 @@ class WorkerProcess:
     def heartbeat(self) -> Heartbeat:
         engine = self.engine
         state = self.state
-        if state == WorkerState.READY and engine is not None and engine.in_flight:
-            state = WorkerState.BUSY
+        if state == ProcessState.READY and engine is not None and engine.in_flight:
+            state = ProcessState.BUSY
         return Heartbeat(
             worker=self.spec.name,
             pid=os.getpid(),
@@ -164,7 +164,7 @@ class WorkerProcess:
     def _drain_watch(self) -> None:
         """After SIGTERM: let in-flight work finish within the grace period, then stop."""
         self._draining.wait()
-        self.state = WorkerState.DRAINING
+        self.state = ProcessState.DRAINING
         deadline = time.monotonic() + max(0.0, self.config.grace_period - 1.0)
         while time.monotonic() < deadline:
             engine = self.engine
@@ -186,7 +186,7 @@ class WorkerProcess:
         receiver = threading.Thread(target=self._receive_loop, name="receiver", daemon=True)
         receiver.start()
         try:
-            self.state = WorkerState.LOADING
+            self.state = ProcessState.LOADING
             started = time.monotonic()
             if self.spec.faults.crash_in_load:
                 raise RuntimeError("fault hook: crash in load")
@@ -203,23 +203,23 @@ class WorkerProcess:
             engine.announce = self._announce
             engine.load(self._compile_properties())
             self.engine = engine
-            self.state = WorkerState.WARMING
+            self.state = ProcessState.WARMING
             engine.warm_up()
             self.load_seconds = time.monotonic() - started
             log.info("ready in %.1f s", self.load_seconds)
-            self.state = WorkerState.READY
+            self.state = ProcessState.READY
             self.publish(self.heartbeat())
             engine.run(self._stop)
         except Exception as exc:
             log.exception("worker failed")
-            self.state = WorkerState.FAILED
+            self.state = ProcessState.FAILED
             self.error = str(exc)
             self.publish(self.heartbeat())
             time.sleep(0.2)
             self._stop.set()
             receiver.join(1.0)
             return 1
-        self.state = WorkerState.STOPPED
+        self.state = ProcessState.STOPPED
         self.publish(self.heartbeat())
         receiver.join(1.0)
         time.sleep(0.05)

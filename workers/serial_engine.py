@@ -18,7 +18,14 @@ import openvino as ov
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.messages import ErrorCode, Failed
-from npu_proxy.workers.engine import Active, EngineBase, Prepared, Prompting, Request, TokenStreamer
+from npu_proxy.workers.engine import (
+    Active,
+    EngineBase,
+    Prompting,
+    Request,
+    TokenizedRequest,
+    TokenStreamer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,7 @@ class SerialEngine(EngineBase):
             self._generate(ready, active)
         return True
 
-    def _generate(self, ready: Prepared, active: Active) -> None:
+    def _generate(self, ready: TokenizedRequest, active: Active) -> None:
         req = ready.req
         try:
             self.pipe.generate(ov.Tensor(ready.ids), ready.config, TokenStreamer(self, active))

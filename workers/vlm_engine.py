@@ -39,7 +39,7 @@ from PIL import Image
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
 from npu_proxy.workers.batch_engine import BatchEngine, scheduler_config
-from npu_proxy.workers.engine import Active, Emit, Prepared, Prompting, TokenStreamer
+from npu_proxy.workers.engine import Active, Emit, Prompting, TokenizedRequest, TokenStreamer
 from npu_proxy.workers.sampling import generation_config
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _images(msg: Generate | Tokenize) -> list[bytes]:
 
 
 @dataclass
-class VlmPrepared(Prepared):
+class VlmTokenizedRequest(TokenizedRequest):
     """A request with its images decoded and its prompt carrying GenAI's image tags."""
 
     text: str = ""
@@ -216,7 +216,7 @@ class VlmEngine(BatchEngine):
 
     # --- receiver/engine thread: checks ----------------------------------------------------
 
-    def _prepare(self, req: Generate) -> Prepared | None:
+    def _prepare(self, req: Generate) -> TokenizedRequest | None:
         assert isinstance(self.prompting, VlmPrompting)
         encoded = _images(req)
         if self.on_npu and len(encoded) > 1:
@@ -238,14 +238,14 @@ class VlmEngine(BatchEngine):
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         ready.config.apply_chat_template = False
-        return VlmPrepared(req=ready.req, ids=ready.ids, config=ready.config,
+        return VlmTokenizedRequest(req=ready.req, ids=ready.ids, config=ready.config,
                            received=ready.received, context=ready.context,
                            dropped=ready.dropped, text=text, images=images)
 
     # --- engine thread -----------------------------------------------------------------------
 
-    def _add_request(self, ready: Prepared) -> Any:
-        assert isinstance(ready, VlmPrepared)
+    def _add_request(self, ready: TokenizedRequest) -> Any:
+        assert isinstance(ready, VlmTokenizedRequest)
         try:
             return self.pipe.add_request(self._handle_id(), ready.text, ready.images,
                                          ready.config)
@@ -261,7 +261,7 @@ class VlmEngine(BatchEngine):
             return False
         ready, active = taken
         if active is not None:
-            assert isinstance(ready, VlmPrepared)
+            assert isinstance(ready, VlmTokenizedRequest)
             self._generate_one(ready, active)
         return True
 
@@ -269,7 +269,7 @@ class VlmEngine(BatchEngine):
     def blocking(self) -> bool:
         return bool(self._active)
 
-    def _generate_one(self, ready: VlmPrepared, active: Active) -> None:
+    def _generate_one(self, ready: VlmTokenizedRequest, active: Active) -> None:
         """The NPU path: one VLMPipeline.generate, tokens streamed as they come."""
         req = ready.req
         self.announce()

@@ -1,7 +1,7 @@
 """Ollama's model management: POST /api/pull, DELETE /api/delete, POST /api/copy.
 
 /api/pull resolves the name and lists the repository before answering, so an unknown or
-unsafe name is a plain 404/400; then the download runs in a thread (models/pull.py) and its
+unsafe name is a plain 404/400; then the download runs in a thread (models/pull/) and its
 progress reaches the event loop through a queue, streamed as Ollama's NDJSON (`pulling
 manifest`, per-file `digest`/`total`/`completed`, `verifying sha256 digest`, `writing
 manifest`, `success`; a failure is a last `{"error": ...}` line) or, with `stream: false`,
@@ -31,7 +31,8 @@ from starlette.routing import Route
 from npu_proxy.gateway.core.errors import GatewayError, invalid, model_not_found
 from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, dumps
-from npu_proxy.models.pull import Progress, PullError, PullPlan, plan_pull, run_pull
+from npu_proxy.models.pull.install import run_pull
+from npu_proxy.models.pull.plan import Progress, PullError, PullPlan, plan_pull
 from npu_proxy.models.registry import ModelNameError, canonical, embedded, normalize
 
 log = logging.getLogger(__name__)

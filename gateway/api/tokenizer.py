@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api import openai as openai_api
+from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
@@ -37,7 +37,7 @@ DETOKENIZE_IDS = 131_072
 class TokenizeRequest(msgspec.Struct):
     model: str = ""
     prompt: str | None = None
-    messages: list[openai_api.Message] | None = None
+    messages: list[openai_chat.Message] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
@@ -78,10 +78,10 @@ class TokenizerRoutes(DialectRoutes):
         messages = tools = None
         if req.messages is not None:
             caps = await self.catalog.capabilities(model)
-            messages = await openai_api.chat_messages(req.messages, caps,
+            messages = await openai_chat.chat_messages(req.messages, caps,
                                                       req.model or model.name,
                                                       self.requests.images())
-            tools = openai_api.tool_request(openai_api.ChatRequest(
+            tools = openai_chat.tool_request(openai_chat.ChatRequest(
                 tools=req.tools, tool_choice=req.tool_choice))
         msg = await self.requests.tokenize(request, model, messages, tools, prompt=prompt,
                                        want_tokens=True, add_special_tokens=special,

@@ -31,7 +31,7 @@ from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.recent import Recent
 from npu_proxy.gateway.core.router import Generation
 from npu_proxy.protocol.config import Config
-from npu_proxy.protocol.messages import Heartbeat, WorkerExited, WorkerState, embed_batch_label
+from npu_proxy.protocol.messages import Heartbeat, WorkerExited, embed_batch_label
 from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class Metrics:
         if beat.error and beat.error != rec.last_error:
             rec.last_error = beat.error
             self.recent.error(beat.worker, beat.error)
-        if beat.state == WorkerState.FAILED and not rec.exit_reason:
+        if beat.state == ProcessState.FAILED and not rec.exit_reason:
             rec.exit_reason = "failed"
 
     def _count_batches(self, worker: str, rec: WorkerRecord, counts: list[int]) -> None:

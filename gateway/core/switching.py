@@ -34,7 +34,6 @@ from npu_proxy.gateway.core.model_table import ROLE_KIND
 from npu_proxy.gateway.core.residency import Residency, ask
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import WorkerState
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
@@ -203,7 +202,7 @@ class Switcher:
                     self.table.canonical(beat.model) == target:
                 if link.serving:
                     return
-                if beat.state == WorkerState.FAILED:
+                if beat.state == ProcessState.FAILED:
                     raise GatewayError(500, "internal", f"worker {worker} failed to load model "
                                        f"'{target}': {beat.error or 'see its log'}")
             sup = link.supervised

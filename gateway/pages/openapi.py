@@ -21,25 +21,28 @@ from npu_proxy.gateway.admin import manage as models_api
 from npu_proxy.gateway.api import anthropic as anthropic_api
 from npu_proxy.gateway.api import audio as audio_api
 from npu_proxy.gateway.api import embeddings as embed_api
-from npu_proxy.gateway.api import openai as openai_api
 from npu_proxy.gateway.api import rerank as rerank_api
 from npu_proxy.gateway.api import speech as speech_api
 from npu_proxy.gateway.api import tokenizer as tokenizer_api
-from npu_proxy.gateway.api.ollama import routes as ollama_api
+from npu_proxy.gateway.api.ollama import chat as ollama_chat
+from npu_proxy.gateway.api.ollama import generate as ollama_generate
+from npu_proxy.gateway.api.ollama import routes as ollama_routes
+from npu_proxy.gateway.api.openai import chat as openai_chat
+from npu_proxy.gateway.api.openai import completions as openai_completions
 from npu_proxy.gateway.api.responses import routes as responses_api
 from npu_proxy.gateway.pages import status as status_api
 
 # (method, path) -> the type its handler decodes the body into.
 REQUEST_BODIES: dict[tuple[str, str], type[msgspec.Struct]] = {
-    ("POST", "/v1/chat/completions"): openai_api.ChatRequest,
-    ("POST", "/v1/completions"): openai_api.CompletionRequest,
+    ("POST", "/v1/chat/completions"): openai_chat.ChatRequest,
+    ("POST", "/v1/completions"): openai_completions.CompletionRequest,
     ("POST", "/v1/responses"): responses_api.ResponsesRequest,
     ("POST", "/v1/embeddings"): embed_api.OpenAIEmbeddingRequest,
     ("POST", "/v1/messages"): anthropic_api.MessagesRequest,
     ("POST", "/v1/messages/count_tokens"): anthropic_api.CountRequest,
-    ("POST", "/api/chat"): ollama_api.ChatRequest,
-    ("POST", "/api/generate"): ollama_api.GenerateRequest,
-    ("POST", "/api/show"): ollama_api.ShowRequest,
+    ("POST", "/api/chat"): ollama_chat.ChatRequest,
+    ("POST", "/api/generate"): ollama_generate.GenerateRequest,
+    ("POST", "/api/show"): ollama_routes.ShowRequest,
     ("POST", "/api/embed"): embed_api.OllamaEmbedRequest,
     ("POST", "/api/embeddings"): embed_api.OllamaEmbeddingsRequest,
     ("POST", "/v1/rerank"): rerank_api.RerankRequest,

@@ -66,10 +66,10 @@ from npu_proxy.gateway.content.tools.parsing import (
     parse_calls,
     split_calls,
 )
-from npu_proxy.gateway.content.tools.prompting import Prepared, Tooling, prepare
+from npu_proxy.gateway.content.tools.prompting import PreparedChat, Tooling, prepare
 
 __all__ = [
-    "CUSTOM_INPUT", "MAX_PARALLEL", "TAG_CLOSE", "TAG_OPEN", "CallParser", "Mode", "Prepared",
+    "CUSTOM_INPUT", "MAX_PARALLEL", "TAG_CLOSE", "TAG_OPEN", "CallParser", "Mode", "PreparedChat",
     "Tool", "ToolCall", "ToolChoice", "ToolRequest", "Tooling", "anthropic_choice",
     "anthropic_tools", "call_schema", "fragments", "history_call", "loads_arguments",
     "ollama_choice", "openai_choice", "openai_tools", "parse_calls", "prepare",

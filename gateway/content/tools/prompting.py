@@ -123,7 +123,7 @@ def prepare(messages: list[ChatMessage], req: ToolRequest | None,
 
 
 @dataclass
-class Prepared:
+class PreparedChat:
     """A chat request made ready for the worker: what to send, and how to read the output."""
 
     messages: list[ChatMessage]
@@ -146,12 +146,12 @@ class Tooling:
         return (await self.catalog.capabilities(model)).native_tools
 
     async def prepare(self, model: ServedModel, messages: list[ChatMessage],
-                      req: ToolRequest | None, params: SamplingParams) -> Prepared:
+                      req: ToolRequest | None, params: SamplingParams) -> PreparedChat:
         """Messages and tools for the worker; a forced call sets `params.json_schema`."""
         if req is not None and not req.tools:
             req = None
         if req is None and not _has_tool_history(messages):
-            return Prepared(messages, None, None)
+            return PreparedChat(messages, None, None)
         out, tools = prepare(messages, req, await self.native(model))
         schema = call_schema(req) if req is not None else None
         if schema is not None:
@@ -159,4 +159,4 @@ class Tooling:
                 raise invalid("a forced tool call cannot be combined with a response format",
                               param="tool_choice")
             params.json_schema = schema
-        return Prepared(out, tools, req)
+        return PreparedChat(out, tools, req)

@@ -1,16 +1,5 @@
-"""OpenAI dialect: /v1/chat/completions, /v1/completions, /v1/models.
-
-Translates the wire format to a Generate request and the worker's output back to OpenAI's
-JSON bodies and SSE chunks. Decoding, dispatch, streaming and errors are the shared request
-path (gateway/api/request_path.py); the error shape and SSE framing are OPENAI in
-gateway/http/wire.py.
-/v1/models answers in Anthropic's shape when Anthropic's SDK asks (dialect_for).
-
-A thinking model's reasoning (gateway/content/reasoning.py) is the message's and the deltas'
-`reasoning_content` and `reasoning` (vLLM's fields); vLLM's `chat_template_kwargs` reach the
-chat template (`enable_thinking: false` switches thinking off, and leaves the reasoning out),
-and its `structured_outputs.regex` (or `guided_regex`) constrains the output to a regex.
-"""
+"""OpenAI chat: POST /v1/chat/completions; `image_url` parts become `ChatMessage.images`,
+tools, logprobs, response formats and regexes, a thinking model's reasoning."""
 
 from __future__ import annotations
 
@@ -19,14 +8,20 @@ from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from npu_proxy.gateway.api import anthropic as anthropic_api
+from npu_proxy.gateway.api.openai.shared import (
+    Reply,
+    SamplingFields,
+    check_common,
+    finish_reason,
+    sampling_params,
+    usage_json,
+    wants_usage,
+)
 from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.images import Images
-from npu_proxy.gateway.content.params import json_schema_text, openai_params
+from npu_proxy.gateway.content.params import json_schema_text
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
 from npu_proxy.gateway.content.tools import (
     CallParser,
@@ -40,17 +35,10 @@ from npu_proxy.gateway.content.tools import (
 )
 from npu_proxy.gateway.core.catalog import require
 from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.ids import new_id, now
-from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.ids import now
 from npu_proxy.gateway.core.router import Generation
-from npu_proxy.gateway.http.wire import ANTHROPIC, dialect_for
-from npu_proxy.models.capabilities import INSERT, VISION, Capabilities
-from npu_proxy.protocol.messages import ChatMessage, SamplingParams
-
-FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}
-
-
-# --- request shapes ----------------------------------------------------------------------
+from npu_proxy.models.capabilities import VISION, Capabilities
+from npu_proxy.protocol.messages import ChatMessage
 
 
 class ContentPart(msgspec.Struct):
@@ -65,10 +53,6 @@ class Message(msgspec.Struct):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-
-
-class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
 
 
 class JsonSchemaSpec(msgspec.Struct):
@@ -86,25 +70,6 @@ class StructuredOutputs(msgspec.Struct):
     regex: str | None = None
 
 
-class SamplingFields(msgspec.Struct):
-    model: str = ""
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    # Extensions some clients send (vLLM style).
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-
-
 class ChatRequest(SamplingFields):
     messages: list[Message] = []
     max_completion_tokens: int | None = None
@@ -120,14 +85,6 @@ class ChatRequest(SamplingFields):
     structured_outputs: StructuredOutputs | None = None
     guided_regex: str | None = None
     reasoning_effort: str | None = None
-
-
-class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | None = None
-    suffix: str | None = None
-    echo: bool | None = False
-    # The number of alternatives per token (0-5); absent: no logprobs.
-    logprobs: int | None = None
 
 
 # --- translation -------------------------------------------------------------------------
@@ -196,11 +153,6 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
              "function": {"name": c.name, "arguments": c.arguments_json()}} for c in calls]
 
 
-def _check_common(req: SamplingFields) -> None:
-    if req.n not in (None, 1):
-        raise invalid("only n=1 is supported", param="n")
-
-
 def _chat_logprobs(req: ChatRequest) -> int | None:
     """None without logprobs, else the number of alternatives asked for."""
     top = lp.top_count(req.top_logprobs, "top_logprobs")
@@ -208,16 +160,6 @@ def _chat_logprobs(req: ChatRequest) -> int | None:
         if top:
             raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
         return None
-    return top
-
-
-def _completion_logprobs(req: CompletionRequest) -> int | None:
-    if req.logprobs is None:
-        return None
-    top = lp.top_count(req.logprobs, "logprobs", lp.MAX_COMPLETION_TOP)
-    if req.echo:
-        raise invalid("echo with logprobs is not supported: the prompt's tokens have no "
-                      "log-probabilities here", param="echo")
     return top
 
 
@@ -232,15 +174,6 @@ def _response_schema(fmt: ResponseFormat | None) -> str | None:
                           param="response_format")
         return json_schema_text(fmt.json_schema.schema)
     raise invalid(f"unknown response_format type '{fmt.type}'", param="response_format")
-
-
-def _params(req: SamplingFields, max_tokens: int | None, schema: str | None) -> SamplingParams:
-    return openai_params(
-        max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=req.stop,
-        seed=req.seed, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, top_k=req.top_k, min_p=req.min_p,
-        repetition_penalty=req.repetition_penalty, json_schema=schema,
-        ignore_eos=req.ignore_eos)
 
 
 def _regex(req: ChatRequest) -> str | None:
@@ -258,57 +191,12 @@ def _enable_thinking(req: ChatRequest) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _usage(gen: Generation) -> dict[str, int]:
-    fin = gen.finished
-    prompt = fin.prompt_tokens if fin else gen.accepted.prompt_tokens
-    completion = fin.completion_tokens if fin else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
-def _finish_reason(gen: Generation, calls: bool = False, named: bool = False) -> str:
-    if calls:
-        # NOTE: OpenAI answers a named tool_choice with "stop", "required"/"auto" with
-        # "tool_calls".
-        return "stop" if named else "tool_calls"
-    return FINISH.get(gen.finished.finish_reason if gen.finished else "stop", "stop")
-
-
-def _include_usage(req: SamplingFields) -> bool:
-    return bool(req.stream_options and req.stream_options.include_usage)
-
-
-# --- responses ---------------------------------------------------------------------------
-
-
-class _Reply:
-    """What chat and text completions share: the id, the envelope of a body or chunk, usage."""
-
-    def __init__(self, prefix: str, model: str, include_usage: bool) -> None:
-        self.id = new_id(prefix)
-        self.model = model
-        self.include_usage = include_usage
-
-    def envelope(self, kind: str, created: int, choices: list[Any]) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
-
-    def chunk(self, kind: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
-        obj = self.envelope(kind, created, [choice])
-        if self.include_usage:
-            obj["usage"] = None
-        return obj
-
-    def whole(self, kind: str, gen: Generation, choice: dict[str, Any]) -> dict[str, Any]:
-        return {**self.envelope(kind, now(), [choice]), "usage": _usage(gen)}
-
-
 def _reasoning(text: str) -> dict[str, str]:
     """A thinking model's reasoning: vLLM's `reasoning_content` and its newer `reasoning`."""
     return {"reasoning_content": text, "reasoning": text}
 
 
-class ChatReply(_Reply):
+class ChatReply(Reply):
     """With tools offered, text that may be a call is held back by the parser and the calls
     go out at the end: per call a first delta with id, type and name and empty arguments, then
     deltas with only the index and argument fragments."""
@@ -357,9 +245,9 @@ class ChatReply(_Reply):
             for piece in fragments(call.arguments_json()):
                 yield chunk({"tool_calls": [{"index": index,
                                              "function": {"arguments": piece}}]}, None)
-        yield chunk({}, _finish_reason(gen, bool(calls), self.named))
+        yield chunk({}, finish_reason(gen, bool(calls), self.named))
         if self.include_usage:
-            yield {**self.envelope("chat.completion.chunk", created, []), "usage": _usage(gen)}
+            yield {**self.envelope("chat.completion.chunk", created, []), "usage": usage_json(gen)}
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
         thought, answer = split_parts(parts, self.thinking)
@@ -375,91 +263,21 @@ class ChatReply(_Reply):
             "message": message,
             "logprobs": (lp.openai_chat(gen.logprobs, self.logprobs)
                          if self.logprobs is not None else None),
-            "finish_reason": _finish_reason(gen, bool(calls), self.named),
+            "finish_reason": finish_reason(gen, bool(calls), self.named),
         })
 
 
-class CompletionReply(_Reply):
-    def __init__(self, model: str, include_usage: bool, prefix: str,
-                 logprobs: int | None = None) -> None:
-        super().__init__("cmpl-", model, include_usage)
-        self.prefix = prefix  # the prompt, echoed
-        self.logprobs = logprobs  # None: not asked; else the alternatives asked for
-
-    async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
-        created = now()
-        top = self.logprobs
-        offset = 0
-
-        def chunk(text: str, finish: str | None,
-                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-            return self.chunk("text_completion", created,
-                              {"index": 0, "text": text, "logprobs": logprobs,
-                               "finish_reason": finish})
-
-        if self.prefix:
-            yield chunk(self.prefix, None)
-        async for delta in gen:
-            if top is not None and delta.logprobs:
-                yield chunk(delta.text, None, lp.openai_completion(delta.logprobs, top, offset))
-                offset += len(delta.text)
-            else:
-                yield chunk(delta.text, None)
-        yield chunk("", _finish_reason(gen))
-        if self.include_usage:
-            yield {**self.envelope("text_completion", created, []), "usage": _usage(gen)}
-
-    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        logprobs = (lp.openai_completion(gen.logprobs, self.logprobs, 0)
-                    if self.logprobs is not None else None)
-        return self.whole("text_completion", gen, {
-            "index": 0, "text": self.prefix + "".join(parts), "logprobs": logprobs,
-            "finish_reason": _finish_reason(gen)})
-
-
-# --- routes ------------------------------------------------------------------------------
-
-
-class OpenAIRoutes(DialectRoutes):
-    def routes(self) -> list[Route]:
-        return [
-            self.requests.post("/v1/chat/completions", ChatRequest, self.chat),
-            self.requests.post("/v1/completions", CompletionRequest, self.completions),
-            self.requests.get("/v1/models", self.list_models),
-            self.requests.get("/v1/models/{model_id:path}", self.get_model),
-        ]
-
-    async def _model_card(self, model: ServedModel) -> dict[str, Any]:
-        """OpenAI's card, with vLLM's `max_model_len` (0 when unknown) and the model's
-        `capabilities` as /api/show names them (extensions clients may ignore)."""
-        return {"id": model.name, "object": "model", "created": self.router.started,
-                "owned_by": "npu-proxy",
-                "max_model_len": await self.catalog.context_length(model),
-                "capabilities": (await self.catalog.capabilities(model)).names}
-
-    async def list_models(self, request: Request) -> Response:
-        if dialect_for(request.scope) is ANTHROPIC:
-            return anthropic_api.models_page(list(self.router.models), self.router.started,
-                                             request)
-        data = [await self._model_card(m) for m in self.router.models.values()]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def get_model(self, request: Request) -> Response:
-        model = self.router.resolve(request.path_params["model_id"])
-        if dialect_for(request.scope) is ANTHROPIC:
-            return JSONResponse(anthropic_api.model_info(model.name, self.router.started))
-        return JSONResponse(await self._model_card(model))
-
+class ChatRoutes(DialectRoutes):
     async def chat(self, request: Request, req: ChatRequest) -> Dispatch:
         if not req.messages:
             raise invalid("'messages' is a required property and must be non-empty",
                           param="messages")
         self.requests.limits.check_counts(len(req.messages), len(req.tools or ()))
-        _check_common(req)
+        check_common(req)
         top = _chat_logprobs(req)
         model = self.router.resolve(req.model, kind="llm")
         max_tokens = req.max_completion_tokens or req.max_tokens
-        params = _params(req, max_tokens, _response_schema(req.response_format))
+        params = sampling_params(req, max_tokens, _response_schema(req.response_format))
         params.logprobs = top is not None
         params.regex = _regex(req)
         tools = tool_request(req)
@@ -472,25 +290,6 @@ class OpenAIRoutes(DialectRoutes):
                                            requested=req.model,
                                            template_vars=template_vars(None, effort,
                                                                        req.chat_template_kwargs))
-        reply = ChatReply(req.model, _include_usage(req), parser,
+        reply = ChatReply(req.model, wants_usage(req), parser,
                           tools is not None and tools.named, top, thinking)
-        return Dispatch(model, msg, bool(req.stream), reply)
-
-    async def completions(self, request: Request, req: CompletionRequest) -> Dispatch:
-        _check_common(req)
-        top = _completion_logprobs(req)
-        if req.prompt is None:
-            raise invalid("'prompt' is a required property", param="prompt")
-        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        if len(prompts) != 1:
-            raise invalid("exactly one prompt per request is supported", param="prompt")
-        model = self.router.resolve(req.model, kind="llm")
-        if req.suffix:
-            require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
-        params = _params(req, req.max_tokens if req.max_tokens is not None else 16, None)
-        params.logprobs = top is not None
-        msg = await self.requests.generate(request, model, params, requested=req.model,
-                                       prompt=prompts[0])
-        reply = CompletionReply(req.model, _include_usage(req), prompts[0] if req.echo else "",
-                                top)
         return Dispatch(model, msg, bool(req.stream), reply)
