@@ -37,7 +37,8 @@ STATE = [Path("/usr/lib/npu-proxy"), Path("/etc/npu-proxy"), Path("/var/lib/npu-
          Path("/etc/systemd/system/multi-user.target.wants/npu-proxy.service"),
          Path("/var/lib/systemd/deb-systemd-helper-enabled/npu-proxy.service"),
          Path("/var/lib/systemd/deb-systemd-helper-masked/npu-proxy.service")]
-TOOLS = ("dpkg", "dpkg-deb", "dpkg-shlibdeps", "lintian", "adduser", "deb-systemd-helper")
+TOOLS = ("dpkg", "dpkg-deb", "dpkg-shlibdeps", "chrpath", "lintian", "adduser",
+         "deb-systemd-helper")
 
 
 def _why_not() -> str:
@@ -48,7 +49,7 @@ def _why_not() -> str:
         return "installs a package: needs root"
     missing = [t for t in TOOLS if not shutil.which(t)]
     if missing:
-        return f"needs {', '.join(missing)} (Debian: apt-get install dpkg-dev lintian)"
+        return f"needs {', '.join(missing)} (Debian: apt-get install dpkg-dev chrpath lintian)"
     if subprocess.run(["dpkg", "-s", PACKAGE], capture_output=True).returncode == 0:
         return "npu-proxy is installed on this machine: the test would remove it"
     return ""

@@ -4,8 +4,9 @@
     .venv/bin/python deploy/debian/build.py --folder dist/npu-proxy --out dist
 
 Run it with the environment `make setup` makes (PyInstaller, the model packages, npu-proxy
-itself for the unit text) on the Debian release the package is for; dpkg-deb and
-dpkg-shlibdeps come with dpkg and dpkg-dev. No root or fakeroot is needed.
+itself for the unit text) on the Debian release the package is for; dpkg-deb,
+dpkg-shlibdeps, readelf and strip come with dpkg and dpkg-dev, chrpath with its package. No
+root or fakeroot is needed.
 
 What the package holds:
 - /usr/lib/npu-proxy/  the frozen folder (Python, OpenVINO, the embedded models inside);
@@ -58,6 +59,9 @@ UNIT = UnitSpec(
     user="npu-proxy",
     wanted_by="multi-user.target",
 )
+# Device plugins OpenVINO loads only for their device, which need that device's runtime: left
+# out of the Depends (a CPU-only machine runs without it) and recommended instead.
+DEVICE_RUNTIMES = {"libopenvino_intel_gpu_plugin.so": "ocl-icd-libopencl1"}
 DESCRIPTION = """\
 local LLM and embedding server for Intel NPU, GPU and CPU
  npu-proxy serves language and embedding models through OpenVINO GenAI on
@@ -112,7 +116,8 @@ def _is_elf(path: Path) -> bool:
 def stage_folder(folder: Path, stage: Path) -> list[Path]:
     """Copy the frozen folder to /usr/lib/npu-proxy with Debian's modes; its ELF files."""
     dest = stage / LIB
-    shutil.copytree(folder, dest, symlinks=True)
+    # NOTE: the embedded models' .gitattributes are their repositories' files, unused here.
+    shutil.copytree(folder, dest, symlinks=True, ignore=shutil.ignore_patterns(".git*"))
     elves = []
     for path in sorted(dest.rglob("*")):
         if path.is_symlink():
@@ -128,6 +133,39 @@ def stage_folder(folder: Path, stage: Path) -> list[Path]:
     return elves
 
 
+def _sections(path: Path) -> str:
+    return subprocess.run(["readelf", "-S", "-W", str(path)], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _search_path(path: Path) -> list[str]:
+    out = subprocess.run(["readelf", "-d", "-W", str(path)], check=True, capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        if "Library runpath: [" in line or "Library rpath: [" in line:
+            return line.split("[", 1)[1].rstrip("]").split(":")
+    return []
+
+
+def tidy(elves: list[Path], executable: Path) -> None:
+    """As dh_strip and lintian want: no debug symbols, no library search path of the build
+    machine (a pyenv Python's RUNPATH points at its own prefix)."""
+    for path in elves:
+        entries = _search_path(path)
+        kept = [e for e in entries if e.startswith("$ORIGIN")]
+        if kept != entries:
+            args = ["-r", ":".join(kept)] if kept else ["-d"]
+            subprocess.run(["chrpath", *args, str(path)], check=True, capture_output=True)
+        # NOTE: not the executable (its archive follows the ELF data) nor auditwheel's
+        # vendored *.libs (rewritten by patchelf: strip may break them); lintian overrides.
+        if path == executable or path.parent.name.endswith(".libs"):
+            continue
+        sections = _sections(path)
+        if " .symtab " in sections or " .debug_" in sections:
+            subprocess.run(["strip", "--strip-unneeded", "--remove-section=.comment",
+                            "--remove-section=.note", str(path)], check=True)
+
+
 def depends(stage: Path, elves: list[Path]) -> str:
     """The packages the bundled ELF files need (dpkg-shlibdeps); the folder's own libraries
     are private and satisfy themselves."""
@@ -138,8 +176,12 @@ def depends(stage: Path, elves: list[Path]) -> str:
             f"Source: {PACKAGE}\n\nPackage: {PACKAGE}\nArchitecture: amd64\n")
         done = subprocess.run(
             ["dpkg-shlibdeps", "-O", "--ignore-missing-info", "--warnings=0",
-             *(f"-l{d}" for d in private), *map(str, elves)],
-            cwd=tmp, check=True, capture_output=True, text=True)
+             *(f"-l{d}" for d in private),
+             *(str(p) for p in elves if p.name not in DEVICE_RUNTIMES)],
+            cwd=tmp, capture_output=True, text=True)
+    if done.returncode:
+        errors = [x for x in done.stderr.splitlines() if "warning:" not in x]
+        sys.exit("dpkg-shlibdeps failed:\n" + "\n".join(errors[-20:]))
     line = next(x for x in done.stdout.splitlines() if x.startswith("shlibs:Depends="))
     return line.partition("=")[2]
 
@@ -152,6 +194,8 @@ def stage_files(stage: Path) -> None:
     _write(stage / CONFIG.lstrip("/"), (HERE / "config.toml").read_text(), 0o644)
     _write(stage / "lib/systemd/system/npu-proxy.service", render_unit(UNIT), 0o644)
     _write(stage / DOC / "copyright", COPYRIGHT, 0o644)
+    _write(stage / "usr/share/lintian/overrides" / PACKAGE,
+           (HERE / "lintian-overrides").read_text(), 0o644)
     stamp = email.utils.formatdate(int(os.environ.get("SOURCE_DATE_EPOCH", "0")) or None)
     _write_gz(stage / DOC / "changelog.gz",
               f"{PACKAGE} ({version()}) unstable; urgency=medium\n\n"
@@ -185,7 +229,9 @@ def control(stage: Path, depends_on: str) -> None:
     _write(meta / "control",
            f"Package: {PACKAGE}\nVersion: {version()}\nArchitecture: amd64\n"
            f"Maintainer: {MAINTAINER}\nInstalled-Size: {size_kib}\n"
-           f"Depends: adduser, {depends_on}\nSection: net\nPriority: optional\n"
+           f"Depends: adduser, {depends_on}\n"
+           f"Recommends: {', '.join(sorted(set(DEVICE_RUNTIMES.values())))}\n"
+           "Section: net\nPriority: optional\n"
            f"Description: {DESCRIPTION}\n", 0o644)
     _write(meta / "conffiles", CONFIG + "\n", 0o644)
     sums = "".join(f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(stage)}\n"
@@ -203,6 +249,7 @@ def build(folder: Path, out: Path, compression: str = "xz") -> Path:
         stage = Path(tmp) / "root"
         stage.mkdir(mode=0o755)
         elves = stage_folder(folder, stage)
+        tidy(elves, stage / LIB / "npu-proxy")
         stage_files(stage)
         control(stage, depends(stage, elves))
         subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build",
