@@ -41,6 +41,9 @@ class UnitSpec:
     runtime_name: str  # RuntimeDirectory=, relative to %t
     grace_period: float
     user: str = ""  # User= of a system unit; "" = the manager's own user
+    # NOTE: default.target is the one target both managers have; a packaged system unit
+    # (deploy/debian/) names multi-user.target, as Debian's services do.
+    wanted_by: str = "default.target"
 
 
 def literal(text: str) -> str:
@@ -107,7 +110,7 @@ LockPersonality=yes
 # MemoryDenyWriteExecute (OpenVINO's CPU plugin compiles kernels at run time).
 
 [Install]
-WantedBy=default.target
+WantedBy={spec.wanted_by}
 """
 
 

@@ -41,3 +41,12 @@ def tiny_vlm_path() -> Path:
     from tiny_vlm import ensure
 
     return ensure(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def frozen_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The PyInstaller one-folder build of the tree, made once for the slow tests that use
+    it (the folder itself, the Debian package)."""
+    from installed import freeze
+
+    return freeze(tmp_path_factory.mktemp("frozen"))

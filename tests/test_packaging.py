@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import tomli_w
 import yaml
+from installed import SLOW, chat_and_embed, clean_env, source_copy, workers_ready
 from serverctl import MODEL_CACHE, alive, descendants, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,30 +30,12 @@ PACKAGES = ("protocol", "models", "gateway", "workers", "supervisor")
 # The embedded models' packages, as the Makefile installs them (--no-deps).
 MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := (.+)$", (ROOT / "Makefile").read_text(),
                            re.MULTILINE).group(1).split()  # type: ignore[union-attr]
-SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
-
-
-def _source_copy(dest: Path) -> Path:
-    """The project's files without local state (a stale build/ would leak into a wheel)."""
-    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
-    return dest
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The environment of a user's shell: no test venv, no repository on the path, no
-    npu-proxy settings of the test run."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
-           and not k.startswith("NPU_PROXY_")}
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
-    src = _source_copy(tmp / "src")
+    src = source_copy(tmp / "src")
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"),
                     str(src)], check=True, capture_output=True, timeout=600)
     (found,) = (tmp / "dist").glob("npu_proxy-*.whl")
@@ -104,18 +85,13 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
     def logs() -> str:
         return log_path.read_text(errors="replace")[-6000:]
 
-    def workers_ready() -> bool:
+    def ready() -> bool:
         assert proc.poll() is None, f"exited with {proc.returncode}:\n{logs()}"
-        try:
-            workers = httpx.get(url + "/health/devices", timeout=5).json()["workers"]
-            ready = httpx.get(url + "/health/ready", timeout=5).status_code == 200
-        except (httpx.HTTPError, ValueError, KeyError):
-            return False
-        return ready and all(w["state"] in ("ready", "busy") for w in workers)
+        return workers_ready(url)
 
     kids: set[int] = set()
     try:
-        wait_for(workers_ready, timeout=600, every=0.5,
+        wait_for(ready, timeout=600, every=0.5,
                  what=f"not ready:\n{logs()}")
         yield url
         kids = descendants(proc.pid)
@@ -134,30 +110,11 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
                 os.kill(pid, signal.SIGKILL)
 
 
-def _chat_and_embed(url: str) -> None:
-    """What a user of the installed server sees: a chat answer, an embedding, a rerank."""
-    chat = httpx.post(url + "/v1/chat/completions", timeout=300, json={
-        "model": "smollm2:135m", "max_tokens": 16, "temperature": 0,
-        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    assert chat.status_code == 200, chat.text
-    assert chat.json()["choices"][0]["message"]["content"].strip()
-    assert chat.headers["x-npu-proxy-worker"] == "llm"
-    embed = httpx.post(url + "/api/embed", timeout=300,
-                       json={"model": "all-minilm", "input": ["hello world"]})
-    assert embed.status_code == 200, embed.text
-    assert len(embed.json()["embeddings"][0]) == 384
-    rerank = httpx.post(url + "/v1/rerank", timeout=300, json={
-        "model": "all-minilm-rerank", "query": "capital of France",
-        "documents": ["Bananas are yellow.", "Paris is the capital of France."]})
-    assert rerank.status_code == 200, rerank.text
-    assert rerank.json()["results"][0]["index"] == 1
-
-
 @pytest.mark.timeout(1200)
 def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
                                                               tmp_path: Path) -> None:
-    env = _clean_env(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),
-                     PIPX_MAN_DIR=str(tmp_path / "man"))
+    env = clean_env(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),
+                    PIPX_MAN_DIR=str(tmp_path / "man"))
     pipx = [sys.executable, "-m", "pipx"]
 
     def run(*args: str) -> None:
@@ -172,7 +129,7 @@ def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
     command = tmp_path / "bin" / "npx-supervisor"
     assert command.exists()
     with serving([str(command)], tmp_path, env) as url:
-        _chat_and_embed(url)
+        chat_and_embed(url)
 
 
 @pytest.mark.parametrize(("args", "expected"), [
@@ -196,19 +153,10 @@ def test_frozen_entry_point_runs_children_as_python_would(args: list[str],
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(not SLOW, reason="builds the PyInstaller folder (minutes); runs in CI "
                     "or with NPU_PROXY_SLOW_TESTS=1")
-def test_pyinstaller_folder_serves_the_embedded_models(tmp_path: Path) -> None:
-    src = _source_copy(tmp_path / "src")
-    done = subprocess.run(
-        [sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",
-         "--distpath", str(tmp_path / "dist"), "--workpath", str(tmp_path / "build"),
-         str(src / "deploy" / "pyinstaller" / "npu-proxy.spec")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    exe = tmp_path / "dist" / "npu-proxy" / "npu-proxy"
-    assert exe.is_file()
-    # NOTE: the source copy goes, so the executable can only use what it carries.
-    shutil.rmtree(src)
-    env = _clean_env(PATH="/usr/bin:/bin")
+def test_pyinstaller_folder_serves_the_embedded_models(frozen_folder: Path,
+                                                      tmp_path: Path) -> None:
+    exe = frozen_folder / "npu-proxy"
+    env = clean_env(PATH="/usr/bin:/bin")
     # doctor runs the probe as `npu-proxy -m npu_proxy.workers.probe` and finds the model inside.
     config, _ = _config(tmp_path)
     doctor = subprocess.run([str(exe), "doctor", "--no-selftest", "--config", str(config)],
@@ -217,7 +165,7 @@ def test_pyinstaller_folder_serves_the_embedded_models(tmp_path: Path) -> None:
     assert "result: ok" in doctor.stdout
     assert f"smollm2:135m at {exe.parent}" in doctor.stdout
     with serving([str(exe)], tmp_path, env) as url:
-        _chat_and_embed(url)
+        chat_and_embed(url)
 
 
 WINGET = ROOT / "deploy" / "winget"

@@ -182,7 +182,13 @@ def _convert(gguf: Path, done: Path) -> None:
         # staging folder. Only LLMPipeline saves the tokenizers too (ContinuousBatching-
         # Pipeline saves the model alone), and CPU compiles fastest, whatever the device.
         link = staging / gguf.name
-        link.symlink_to(gguf.resolve())
+        if os.access(gguf, os.W_OK):
+            link.symlink_to(gguf.resolve())
+        else:
+            # NOTE: GenAI opens a GGUF read-write (O_RDWR|O_APPEND, seen with strace), so a
+            # file this user may not write (a package's, root's: the Debian service) fails
+            # with "gguf_open"; a copy it owns loads. Only while converting.
+            shutil.copyfile(gguf, link)
         log.info("converting %s to IR in %s (once)", gguf.name, done)
         pipe = ov_genai.LLMPipeline(str(link), "CPU", enable_save_ov_model=True)
         del pipe
