@@ -269,8 +269,6 @@ def test_image_input_is_400(client: openai.OpenAI) -> None:
     (b'{"model": "smollm2:135m", "input": [{"role": "user", "content": 3}]}', "input"),
     (b'{"model": "smollm2:135m", "input": [{"type": "function_call"}]}', "input"),
     (b'{"model": "smollm2:135m", "input": "x", "max_output_tokens": 0}', "max_output_tokens"),
-    (b'{"model": "smollm2:135m", "input": "x", "max_output_tokens": 999999999}',
-     "max_output_tokens"),
     (b'{"model": "smollm2:135m", "input": "x", "temperature": 9}', "temperature"),
     (b'{"model": "smollm2:135m", "input": "x", "tools": [1]}', "tools"),
     (b'{"model": "smollm2:135m", "input": "x", "tools": [{"type": "function"}]}', "tools"),
