@@ -78,4 +78,5 @@ def workers_ready(url: str) -> bool:
         ready = httpx.get(url + "/health/ready", timeout=5).status_code == 200
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-    return ready and all(w["state"] in ("ready", "busy") for w in workers)
+    # NOTE: a lazy worker (embed, rerank) is `idle` until the first request that needs it.
+    return ready and all(w["state"] in ("ready", "busy", "idle") for w in workers)
