@@ -112,7 +112,7 @@ def build_from_minilm(dest: Path, what: str, build: Callable[[Path, Path, Path],
     logger.info("preparing %s into %s (one-time)", what, dest)
     started = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
+    remove_stale_tmp(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         _verify_sources(onnx_path, tokenizer_dir)
@@ -233,7 +233,7 @@ def _publish(tmp: Path, dest: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _remove_stale_tmp(dest: Path) -> None:
+def remove_stale_tmp(dest: Path) -> None:
     cutoff = time.time() - _STALE_TMP_SECONDS
     for path in dest.parent.glob(f".{dest.name}.*"):
         try:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from npu_proxy.models.registry import ModelSourceMissing, package_file
 from npu_proxy.models.whisper_ct2 import write_hf_folder
+from npu_proxy.workers.embed_model import remove_stale_tmp
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ main_export(sys.argv[1], output=sys.argv[2], task="automatic-speech-recognition-
             ov_config=OVConfig(dtype="fp16"))
 """
 # NOTE: a temporary folder this old belongs to a build that crashed, not a running one.
-_STALE_TMP_SECONDS = 3600.0
 
 
 def is_ready(folder: Path) -> bool:
@@ -98,7 +98,7 @@ def ensure_whisper_ir(dest: Path, python: str = "") -> Path:
              "this takes a minute or more", dest, exporter)
     started = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(dest)
+    remove_stale_tmp(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         hf = tmp / "hf"
@@ -161,11 +161,3 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _remove_stale_tmp(dest: Path) -> None:
-    cutoff = time.time() - _STALE_TMP_SECONDS
-    for path in dest.parent.glob(f".{dest.name}.*"):
-        try:
-            if path.is_dir() and path.stat().st_mtime < cutoff:
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
