@@ -20,6 +20,7 @@ import msgspec
 from npu_proxy.gateway.content.params import OLLAMA_IGNORED, OllamaOptions, ollama_params
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.models.created import CreatedModel
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 _KNOWN = frozenset(OllamaOptions.__struct_fields__) | OLLAMA_IGNORED
@@ -41,16 +42,29 @@ def check_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
-def _defaults(parameters: dict[str, Any]) -> SamplingParams:
-    known = {k: v for k, v in parameters.items() if k not in OLLAMA_IGNORED}
-    return ollama_params(known, None)
+# A created model's parameters as SamplingParams, parsed once per model (a model deleted and
+# made again under its name has another `created_at`). Bounded: models are few, and a store
+# that churns through more only parses again.
+_PARSED: dict[tuple[str, float], SamplingParams] = {}
+_PARSED_MAX = 256
+
+
+def _defaults(model: ServedModel, record: CreatedModel) -> SamplingParams:
+    key = (model.name, record.created_at)
+    if (known := _PARSED.get(key)) is not None:
+        return known
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.clear()
+    known_params = {k: v for k, v in record.parameters.items() if k not in OLLAMA_IGNORED}
+    _PARSED[key] = parsed = ollama_params(known_params, None)
+    return parsed
 
 
 def with_params(params: SamplingParams, model: ServedModel) -> SamplingParams:
     """`params` with every field the request left unset taken from the model's parameters."""
     if model.created is None or not model.created.parameters:
         return params
-    defaults = _defaults(model.created.parameters)
+    defaults = _defaults(model, model.created)
     unset: dict[str, Any] = {}
     for field in SamplingParams.__struct_fields__:
         mine, theirs = getattr(params, field), getattr(defaults, field)

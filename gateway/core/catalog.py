@@ -84,6 +84,7 @@ class ModelCatalog:
         self._locks: dict[str, asyncio.Lock] = {}
         self._contexts: dict[str, int] = {}
         self._templates: dict[str, str] = {}
+        self._capabilities: dict[tuple[str, str], Capabilities] = {}
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""
@@ -147,10 +148,20 @@ class ModelCatalog:
     async def capabilities(self, model: ServedModel) -> Capabilities:
         """What the model can do here (models/capabilities.py): from its kind and its chat
         template. The one source of `capabilities` and of the 400s that refuse what a model
-        cannot do (`require`)."""
+        cannot do (`require`). Derived once per model and kept, like the template it comes
+        from: a chat asks for them several times (tools, thinking, images)."""
+        key = (model.name, _key(model))
+        if (known := self._capabilities.get(key)) is not None:
+            return known
         if model.kind in ("embed", "rerank", "asr", "tts"):
+            found = capabilities(model.kind, "")
+        elif template := await self.chat_template(model):
+            found = capabilities(model.kind, template)
+        else:
+            # NOTE: not kept: a template that cannot be read yet ("") may be read later.
             return capabilities(model.kind, "")
-        return capabilities(model.kind, await self.chat_template(model))
+        self._capabilities[key] = found
+        return found
 
 
     # --- keep_alive ----------------------------------------------------------------------
