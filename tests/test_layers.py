@@ -222,7 +222,7 @@ MAX_LINES = 400
 OVER_LIMIT = {
     "gateway/core/router.py",
     "protocol/config.py", "protocol/messages.py",
-    "workers/embed_engine.py", "workers/engine.py",
+    "workers/embed_engine.py",
 }
 
 

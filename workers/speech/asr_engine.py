@@ -36,7 +36,8 @@ from npu_proxy.protocol.messages import (
     Transcribe,
     Transcription,
 )
-from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.faults import FaultInjector
 from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir
 
 log = logging.getLogger(__name__)

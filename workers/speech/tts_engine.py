@@ -34,7 +34,8 @@ from npu_proxy.protocol.messages import (
     Synthesize,
     Timings,
 )
-from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.faults import FaultInjector
 from npu_proxy.workers.speech.phonemes import Phonemizer, phoneme_ids
 
 log = logging.getLogger(__name__)
