@@ -13,15 +13,19 @@ each:
 - workers/speech/: roles `asr` and `tts`.
 
 The generating engines (batch, serial, vlm) derive from workers/generation/engine_base.py
-`EngineBase`; the test fault hooks every engine honours are in workers/faults.py.
+`EngineBase`; the others from `InboxEngine` here, the bookkeeping of one inbox. The test fault
+hooks are in workers/faults.py.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
+from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import RequestFrame
 
 # How an engine publishes a frame (the worker process's PUB socket, or a list in tests).
@@ -57,3 +61,46 @@ class Engine(Protocol):
         """Is the engine thread stepping a pipeline call that holds the GIL (so heartbeats
         may pause for a whole step)? See protocol/states.py silence_allowed."""
         ...
+
+
+Msg = TypeVar("Msg")
+
+
+class InboxEngine(Generic[Msg]):
+    """An engine fed through one bounded inbox of (arrival time, request), served on the
+    engine thread: the embed, rerank and speech engines. `_busy` counts the requests being
+    served; the queue depth is what waits in the inbox."""
+
+    def __init__(self, spec: WorkerSpec, emit: Emit) -> None:
+        self.spec = spec
+        self.emit = emit
+        # (arrival time, message): queue time counts from arrival, not from serving.
+        self._inbox: queue.SimpleQueue[tuple[float, Msg]] = queue.SimpleQueue()
+        self._busy = 0
+        self.generated_tokens = 0
+        self.served = 0
+        self.progress_at = time.monotonic()
+        self.announce: Callable[[], None] = lambda: None
+
+    def has_room(self) -> bool:
+        # NOTE: the inbox holds the requests waiting their turn; those being served (an
+        # embedding batch, a rerank round) are not counted against max_queue.
+        return self._inbox.qsize() < self.spec.max_queue
+
+    @property
+    def queue_depth(self) -> int:
+        return self._inbox.qsize()
+
+    @property
+    def in_flight(self) -> int:
+        return self._busy
+
+    def _arrivals(self, stop: threading.Event) -> Iterator[tuple[float, Msg]]:
+        """Each request as it is taken from the inbox, until told to stop; the engine counts
+        as making progress while it waits."""
+        while not stop.is_set():
+            self.progress_at = time.monotonic()
+            try:
+                yield self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                continue

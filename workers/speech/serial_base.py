@@ -10,15 +10,13 @@ A subclass loads its model and serves one request (`_serve`).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Synthesize, Transcribe
-from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.engine import Emit, InboxEngine
 from npu_proxy.workers.faults import FaultInjector
 
 log = logging.getLogger(__name__)
@@ -34,7 +32,7 @@ class Cancelled(Exception):
         self.code = code
 
 
-class SerialSpeechEngine(Generic[Req]):
+class SerialSpeechEngine(InboxEngine[Req]):
     """One request at a time from a bounded inbox; the others wait there."""
 
     # The message this engine serves, what it refuses others with, and what a request is
@@ -44,26 +42,16 @@ class SerialSpeechEngine(Generic[Req]):
     task: str
 
     def __init__(self, spec: WorkerSpec, emit: Emit) -> None:
-        self.spec = spec
-        self.emit = emit
+        super().__init__(spec, emit)
         self.faults = FaultInjector(spec)
-        self._inbox: queue.SimpleQueue[tuple[float, Req]] = queue.SimpleQueue()
         self._cancelled: set[str] = set()
         # Ids of the requests queued or running: an abort names one of them, or is late.
         self._pending: set[str] = set()
         self._current = ""
         # The sequence number of the current request's next frame.
         self._seq = 0
-        self._busy = False
-        self.generated_tokens = 0
-        self.served = 0
-        self.progress_at = time.monotonic()
-        self.announce: Callable[[], None] = lambda: None
 
     # --- the worker process's side ------------------------------------------------------
-
-    def has_room(self) -> bool:
-        return self._inbox.qsize() < self.spec.max_queue
 
     def submit(self, msg: Any) -> None:
         if isinstance(msg, self.serves):
@@ -79,36 +67,23 @@ class SerialSpeechEngine(Generic[Req]):
                              message=f"worker {self.spec.name} {self.refusal}"))
 
     @property
-    def queue_depth(self) -> int:
-        return self._inbox.qsize()
-
-    @property
-    def in_flight(self) -> int:
-        return int(self._busy)
-
-    @property
     def blocking(self) -> bool:
         # NOTE: one pipeline call (a Whisper window, a sentence's inference) may hold the GIL
         # for its length; silence while busy then counts against stall_timeout, not
         # heartbeat_timeout.
-        return self._busy
+        return bool(self._busy)
 
     def abort_all(self, reason: str) -> None:
         if self._current:
             self._cancelled.add(self._current)
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            try:
-                arrived, req = self._inbox.get(timeout=0.05)
-            except queue.Empty:
-                continue
+        for arrived, req in self._arrivals(stop):
             if req.id in self._cancelled:
                 self._cancelled.discard(req.id)
                 self._pending.discard(req.id)
                 continue
-            self._busy, self._current, self._seq = True, req.id, 0
+            self._busy, self._current, self._seq = 1, req.id, 0
             self.announce()
             try:
                 self._serve(arrived, req)
@@ -119,7 +94,7 @@ class SerialSpeechEngine(Generic[Req]):
                 self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
                                  message=f"{self.task} failed: {exc}"))
             finally:
-                self._busy, self._current = False, ""
+                self._busy, self._current = 0, ""
                 self._pending.discard(req.id)
                 self._cancelled.discard(req.id)
 
