@@ -31,7 +31,7 @@ from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.recent import Recent
 from npu_proxy.protocol.config import Config
-from npu_proxy.protocol.messages import Heartbeat, WorkerExited, embed_batch_label
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, embed_batch_label
 from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
