@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import openvino_genai as ov_genai
 import soundfile
+from _rtf import rtf_table
 from serverctl import MODEL_CACHE, Server
 
 from npu_proxy.gateway.content.audio import AudioLimits, decode
@@ -95,17 +95,10 @@ def main() -> int:
         url = server.url
     try:
         pipe = ov_genai.WhisperPipeline(str(folder), "CPU")
-        print(f"{'audio s':>8} {'RTF http':>9} {'RTF in-proc':>12} {'http/in-proc':>13}")
-        for seconds in args.seconds:
-            data = speech(seconds)
-            over_http(url, data)  # NOTE: warm both sides once per length
-            in_process(pipe, data)
-            http, local = [], []
-            for _ in range(args.rounds):
-                http.append(over_http(url, data) / seconds)
-                local.append(in_process(pipe, data) / seconds)
-            h, p = statistics.median(http), statistics.median(local)
-            print(f"{seconds:8.0f} {h:9.3f} {p:12.3f} {h / p:13.2f}", flush=True)
+        audio = {seconds: speech(seconds) for seconds in args.seconds}
+        rtf_table(args.seconds, args.rounds,
+                  lambda seconds: (over_http(url, audio[seconds]), seconds),
+                  lambda seconds: (in_process(pipe, audio[seconds]), seconds))
     finally:
         if server is not None:
             server.stop()

@@ -90,7 +90,7 @@ class InProcess:
 
     def run(self, task: str, tokens: int) -> tuple[float, int, str]:
         from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams
-        from npu_proxy.workers.sampling import generation_config
+        from npu_proxy.workers.generation.sampling import generation_config
 
         e = self.engine
         assert e.prompting is not None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _rtf import rtf_table
 from serverctl import Server
 
 from npu_proxy.models.locate import locate
@@ -52,7 +52,7 @@ def in_process(engine: TtsEngine, text: str) -> tuple[float, float]:
     frames: list[object] = []
     engine.emit = frames.append
     started = time.perf_counter()
-    engine._speak(time.time(), Synthesize(id="b", model="", text=text,
+    engine._serve(time.time(), Synthesize(id="b", model="", text=text,
                                           deadline=time.time() + 600))
     took = time.perf_counter() - started
     done = frames[-1]
@@ -79,20 +79,8 @@ def main() -> int:
                            lambda _: None)
         engine.load({})
         engine.warm_up()
-        print(f"{'speech s':>9} {'RTF http':>9} {'RTF in-proc':>12} {'http/in-proc':>13}")
-        for count in args.sentences:
-            text = SENTENCE * count
-            over_http(url, text)  # NOTE: warm both sides once per length
-            in_process(engine, text)
-            http, local = [], []
-            seconds = 0.0
-            for _ in range(args.rounds):
-                took, seconds = over_http(url, text)
-                http.append(took / seconds)
-                took, length = in_process(engine, text)
-                local.append(took / length)
-            h, p = statistics.median(http), statistics.median(local)
-            print(f"{seconds:9.1f} {h:9.3f} {p:12.3f} {h / p:13.2f}", flush=True)
+        rtf_table([SENTENCE * count for count in args.sentences], args.rounds,
+                  lambda text: over_http(url, text), lambda text: in_process(engine, text))
     finally:
         if server is not None:
             server.stop()

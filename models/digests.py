@@ -30,7 +30,8 @@ StatKey = tuple[str, int, int]
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
-def _hash_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's content, read in chunks."""
     # NOTE: not hashlib.file_digest, which needs Python 3.11 (the project supports 3.10).
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -61,7 +62,7 @@ class DigestCache:
             if (hit := self._from_disk(key)) is not None:
                 self._memory[key] = hit
                 return hit
-        hex_digest = _hash_file(path)
+        hex_digest = sha256_file(path)
         logger.debug("hashed model file", extra={"path": key[0], "size": key[1]})
         with self._lock:
             self._memory[key] = hex_digest

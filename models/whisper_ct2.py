@@ -67,6 +67,22 @@ def _layers(model: CT2Model, side: str) -> int:
     return len(found)
 
 
+def _self_attention(out: dict[str, np.ndarray[Any, Any]], model: CT2Model, src: str,
+                    dst: str) -> None:
+    """A layer's self-attention (encoder and decoder alike)."""
+    _split(out, model, f"{src}/self_attention/linear_0", f"{dst}.self_attn",
+           ("q_proj", "k_proj", "v_proj"))
+    _linear(out, model, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
+    _norm(out, model, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
+
+
+def _ffn(out: dict[str, np.ndarray[Any, Any]], model: CT2Model, src: str, dst: str) -> None:
+    """A layer's feed-forward block (encoder and decoder alike)."""
+    _linear(out, model, f"{src}/ffn/linear_0", f"{dst}.fc1")
+    _linear(out, model, f"{src}/ffn/linear_1", f"{dst}.fc2")
+    _norm(out, model, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
+
+
 def state_dict(model: CT2Model) -> dict[str, np.ndarray[Any, Any]]:
     """Transformers' parameter names -> float32 arrays."""
     if model.spec != "WhisperSpec":
@@ -79,30 +95,20 @@ def state_dict(model: CT2Model) -> dict[str, np.ndarray[Any, Any]]:
     _norm(out, model, "encoder/layer_norm", f"{enc}.layer_norm")
     for i in range(_layers(model, "encoder")):
         src, dst = f"encoder/layer_{i}", f"{enc}.layers.{i}"
-        _split(out, model, f"{src}/self_attention/linear_0", f"{dst}.self_attn",
-               ("q_proj", "k_proj", "v_proj"))
-        _linear(out, model, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
-        _norm(out, model, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
-        _linear(out, model, f"{src}/ffn/linear_0", f"{dst}.fc1")
-        _linear(out, model, f"{src}/ffn/linear_1", f"{dst}.fc2")
-        _norm(out, model, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
+        _self_attention(out, model, src, dst)
+        _ffn(out, model, src, dst)
     out[f"{dec}.embed_tokens.weight"] = model.variables["decoder/embeddings/weight"]
     out[f"{dec}.embed_positions.weight"] = model.variables["decoder/position_encodings/encodings"]
     _norm(out, model, "decoder/layer_norm", f"{dec}.layer_norm")
     for i in range(_layers(model, "decoder")):
         src, dst = f"decoder/layer_{i}", f"{dec}.layers.{i}"
-        _split(out, model, f"{src}/self_attention/linear_0", f"{dst}.self_attn",
-               ("q_proj", "k_proj", "v_proj"))
-        _linear(out, model, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
-        _norm(out, model, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
+        _self_attention(out, model, src, dst)
         _linear(out, model, f"{src}/attention/linear_0", f"{dst}.encoder_attn.q_proj")
         _split(out, model, f"{src}/attention/linear_1", f"{dst}.encoder_attn",
                ("k_proj", "v_proj"))
         _linear(out, model, f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj")
         _norm(out, model, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm")
-        _linear(out, model, f"{src}/ffn/linear_0", f"{dst}.fc1")
-        _linear(out, model, f"{src}/ffn/linear_1", f"{dst}.fc2")
-        _norm(out, model, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
+        _ffn(out, model, src, dst)
     return {name: np.ascontiguousarray(array, dtype=np.float32) for name, array in out.items()}
 
 

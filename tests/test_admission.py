@@ -26,12 +26,12 @@ import pytest
 import zmq
 from serverctl import Server
 
+from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import (
     ChatMessage,
     ErrorCode,
     Failed,
     Generate,
-    Heartbeat,
     SamplingParams,
     Tokenize,
     encode,

@@ -12,15 +12,8 @@ import zmq
 
 from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import (
-    Delta,
-    Embed,
-    Failed,
-    Finished,
-    Heartbeat,
-    Timings,
-    encode,
-)
+from npu_proxy.protocol.liveness import Heartbeat
+from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, Timings, encode
 from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,

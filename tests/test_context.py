@@ -27,7 +27,7 @@ import pytest
 
 from npu_proxy.gateway.content.params import ollama_params
 from npu_proxy.protocol.messages import ChatMessage
-from npu_proxy.workers.sampling import droppable, fewest_dropped
+from npu_proxy.workers.generation.sampling import droppable, fewest_dropped
 
 SLOW = pytest.mark.skipif(
     not (os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS")),

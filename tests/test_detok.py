@@ -11,8 +11,10 @@ import pytest
 from npu_proxy.models.registry import package_file
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import Delta, Finished, Generate, RequestFrame, SamplingParams
-from npu_proxy.workers.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
-from npu_proxy.workers.engine import EngineBase, Prompting, TokenizedRequest
+from npu_proxy.workers.generation.active import TokenizedRequest
+from npu_proxy.workers.generation.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
+from npu_proxy.workers.generation.engine_base import EngineBase
+from npu_proxy.workers.generation.prompting import Prompting
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,7 @@ class _CleaningTokenizer:
 
 def test_a_tokenizer_that_decodes_otherwise_keeps_its_own_decode(
         tokenizer: ov_genai.Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("INFO", logger="npu_proxy.workers.detok"):
+    with caplog.at_level("INFO", logger="npu_proxy.workers.generation.detok"):
         assert byte_pieces(_CleaningTokenizer(tokenizer)) is None
     assert "decode differently from their joined bytes" in caplog.text
 

@@ -29,15 +29,8 @@ from serverctl import Server, wait_for
 
 from npu_proxy.models.locate import minilm_ir_folder
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import (
-    Abort,
-    Embed,
-    Embeddings,
-    ErrorCode,
-    Failed,
-    Heartbeat,
-    reply_decoder,
-)
+from npu_proxy.protocol.liveness import Heartbeat
+from npu_proxy.protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, reply_decoder
 from npu_proxy.protocol.sockets import TOPIC_HEARTBEAT, configure_sub, connect, worker_endpoint
 from npu_proxy.workers.embed_engine import EmbedEngine, _fast_counter
 from npu_proxy.workers.embed_model import count_tokens, embedding_config

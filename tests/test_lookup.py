@@ -138,7 +138,7 @@ def test_streaming_works_and_sampling_is_refused_with_a_draft_model(drafted: Ser
     text = _streamed(drafted.url)
     assert text == _greedy(drafted.url)
     # NOTE: OpenVINO GenAI 2026.4 fails the worker's step on a sampled request with a draft
-    # model (workers/sampling.py), so such a worker refuses them, and serves on.
+    # model (workers/generation/sampling.py), so such a worker refuses them, and serves on.
     for body in ({**GROUNDED, "temperature": 0.9, "seed": 7},
                  {"model": GROUNDED["model"], "messages": GROUNDED["messages"]}):
         r = httpx.post(drafted.url + "/v1/chat/completions", timeout=120, json=body)

@@ -103,7 +103,7 @@ def test_digest_cache_survives_restart_without_rehashing(
 
     monkeypatch.setattr(modelinfo, "_details", {})
     monkeypatch.setattr(modelinfo, "_caches", {})
-    monkeypatch.setattr(digests, "_hash_file", no_hashing)
+    monkeypatch.setattr(digests, "sha256_file", no_hashing)
     assert describe_model(smollm2, cache_dir=tmp_path).digest == first.digest
 
 

@@ -28,7 +28,7 @@ from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.metrics import Metrics
 from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import Heartbeat, WorkerExited
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited
 from npu_proxy.protocol.states import ProcessState
 
 LLM = "smollm2:135m"

@@ -18,7 +18,7 @@ from serverctl import Server
 
 from npu_proxy.gateway.core.broker import WorkerLink
 from npu_proxy.protocol.config import WorkerSpec
-from npu_proxy.protocol.messages import Heartbeat, WorkerStatus
+from npu_proxy.protocol.liveness import Heartbeat, WorkerStatus
 from npu_proxy.protocol.states import (
     TRANSITIONS,
     Event,

@@ -23,8 +23,11 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import ErrorCode, Failed, SamplingParams
-from npu_proxy.workers.engine import Emit, EngineBase, Prompting, TokenizedRequest
-from npu_proxy.workers.sampling import generation_config
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.generation.active import TokenizedRequest
+from npu_proxy.workers.generation.engine_base import EngineBase
+from npu_proxy.workers.generation.prompting import Prompting
+from npu_proxy.workers.generation.sampling import generation_config
 
 log = logging.getLogger(__name__)
 

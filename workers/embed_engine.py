@@ -12,7 +12,6 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,15 @@ import numpy as np
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import (
-    EMBED_BATCH_CLASSES,
-    Abort,
-    Embed,
-    Embeddings,
-    ErrorCode,
-    Failed,
-    Timings,
-    embed_batch_class,
-)
+from npu_proxy.protocol.liveness import EMBED_BATCH_CLASSES, embed_batch_class
+from npu_proxy.protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Timings
 from npu_proxy.workers.embed_model import (
     MAX_SEQ_LENGTH,
     count_tokens,
     embedding_config,
     ensure_minilm_ir,
 )
-from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.engine import Emit, InboxEngine
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +65,13 @@ class VectorCache:
             self._items.popitem(last=False)
 
 
-class EmbedEngine:
+class EmbedEngine(InboxEngine[Embed]):
     def __init__(self, config: Config, spec: WorkerSpec, model_path: str, emit: Emit,
                  build_minilm: bool = False) -> None:
-        self.spec = spec
+        super().__init__(spec, emit)
         self.model_path = model_path
         # The embedded MiniLM: its IR folder at model_path is built on first load.
         self.build_minilm = build_minilm
-        self.emit = emit
         self.cache = VectorCache(config.embedding_cache_size)
         # NOTE: a batch is cut at this many texts (the pipeline pads to the longest text in a
         # call, so huge calls of mixed lengths waste work) or after this wait for more.
@@ -90,8 +80,6 @@ class EmbedEngine:
         # Pipeline calls by size class (EMBED_BATCH_CLASSES), cumulative: sent in heartbeats.
         self.batches = [0] * len(EMBED_BATCH_CLASSES)
         self._aborted: OrderedDict[str, None] = OrderedDict()
-        # (arrival time, message): queue time counts from arrival, not from batching.
-        self._inbox: queue.SimpleQueue[tuple[float, Embed]] = queue.SimpleQueue()
         # monotonic time of the last batch that held several requests, and the sizes of the
         # last two such batches (how many requests a burst brings).
         self._together_at = -TOGETHER_S
@@ -101,11 +89,6 @@ class EmbedEngine:
         # Token counts of the gathering batch's requests by id, counted as each is taken, so
         # counting overlaps the wait for the next instead of delaying the pipeline call.
         self._counted: dict[str, list[int]] = {}
-        self._busy = 0
-        self.generated_tokens = 0
-        self.served = 0
-        self.progress_at = time.monotonic()
-        self.announce: Callable[[], None] = lambda: None
         self.cache_hits = 0
         self.cache_misses = 0
         self.max_length = MAX_SEQ_LENGTH
@@ -113,11 +96,6 @@ class EmbedEngine:
         self.tokenizer: Any = None
         # Counts tokens much faster than `tokenizer` where the two agree (see _fast_counter).
         self.fast_tokenizer: Any = None
-
-    def has_room(self) -> bool:
-        # NOTE: the inbox holds the requests waiting for the next batch; the running batch
-        # (at most max_batch texts per pipeline call) is not counted against max_queue.
-        return self._inbox.qsize() < self.spec.max_queue
 
     def submit(self, msg: Any) -> None:
         # NOTE: an Abort is not queued (it would count against max_queue): it is remembered,
@@ -129,14 +107,6 @@ class EmbedEngine:
             self._aborted[msg.id] = None
             while len(self._aborted) > ABORTS_KEPT:
                 self._aborted.popitem(last=False)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._inbox.qsize()
-
-    @property
-    def in_flight(self) -> int:
-        return self._busy
 
     @property
     def blocking(self) -> bool:
@@ -161,12 +131,7 @@ class EmbedEngine:
         pass  # NOTE: a batch takes milliseconds; draining simply lets it finish.
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            try:
-                first = self._inbox.get(timeout=0.05)
-            except queue.Empty:
-                continue
+        for first in self._arrivals(stop):
             requests = self._gather(first)
             self._note_burst(first[0], requests)
             self._busy = len(requests)

@@ -16,7 +16,6 @@ pipeline serves one call at a time (a concurrent call raises "Infer Request is b
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import openvino_genai
 
+from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.registry import ModelSourceMissing, package_file
 
 logger = logging.getLogger(__name__)
@@ -164,17 +164,9 @@ def _is_ready(folder: Path) -> bool:
     return all((folder / name).is_file() for name in _READY_FILES)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _verify_sources(onnx_path: Path, tokenizer_dir: Path) -> None:
     for path in (onnx_path, tokenizer_dir / "tokenizer.json", tokenizer_dir / "vocab.txt"):
-        if _sha256(path) != _SHA256[path.name]:
+        if sha256_file(path) != _SHA256[path.name]:
             dist = _ONNX_DIST if path == onnx_path else _TOKENIZER_DIST
             raise ModelSourceMissing(
                 f"{path} does not match the pinned sha256 (corrupt or another release); "

@@ -19,11 +19,11 @@ import msgspec
 import zmq
 
 from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import (
     Abort,
     ErrorCode,
     Failed,
-    Heartbeat,
     RequestFrame,
     WorkerRequest,
     encode,

@@ -15,7 +15,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
-from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.engine import Emit, InboxEngine
 from npu_proxy.workers.rerank_model import (
     MAX_PAIR_LENGTH,
     ensure_minilm_rerank_ir,
@@ -53,22 +52,15 @@ def model_max_length(folder: Path) -> int:
     return MAX_PAIR_LENGTH
 
 
-class RerankEngine:
+class RerankEngine(InboxEngine[Rerank]):
     def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit, cache: Path,
                  build_minilm: bool = False) -> None:
-        self.spec = spec
+        super().__init__(spec, emit)
         self.model_path = model_path
         # The model cache, where a pulled reranker's pair-safe folder is kept.
         self.cache = cache
         # The embedded reranker: its folder at model_path is built on first load.
         self.build_minilm = build_minilm
-        self.emit = emit
-        self._inbox: queue.SimpleQueue[tuple[float, Rerank]] = queue.SimpleQueue()
-        self._busy = 0
-        self.generated_tokens = 0
-        self.served = 0
-        self.progress_at = time.monotonic()
-        self.announce: Callable[[], None] = lambda: None
         self.max_length = MAX_PAIR_LENGTH
         self.pipe: Any = None
         self.tokenizer: Any = None
@@ -79,9 +71,6 @@ class RerankEngine:
 
     # --- the worker process's side ------------------------------------------------------
 
-    def has_room(self) -> bool:
-        return self._inbox.qsize() < self.spec.max_queue
-
     def submit(self, msg: Any) -> None:
         # NOTE: aborts are not queued: a round is never cut short (see abort_all).
         if isinstance(msg, Rerank):
@@ -90,14 +79,6 @@ class RerankEngine:
             # NOTE: the gateway routes only Rerank here; anything else is answered, not lost.
             self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
                              message=f"worker {self.spec.name} only reranks"))
-
-    @property
-    def queue_depth(self) -> int:
-        return self._inbox.qsize()
-
-    @property
-    def in_flight(self) -> int:
-        return self._busy
 
     @property
     def blocking(self) -> bool:
@@ -150,12 +131,7 @@ class RerankEngine:
         pass  # NOTE: draining lets the round finish; each call takes seconds at most.
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            try:
-                first = self._inbox.get(timeout=0.05)
-            except queue.Empty:
-                continue
+        for first in self._arrivals(stop):
             batch = [first]
             while True:
                 try:

@@ -4,9 +4,9 @@ An NPU pipeline is compiled for a fixed prompt length (MAX_PROMPT_LEN) plus a mi
 response length (MIN_RESPONSE_LEN) and serves one request at a time. Requests are checked
 the moment they arrive (exact token count with the model's tokenizer) so a prompt that is too
 long is refused at once with `retry_elsewhere`, even while another request is generating;
-accepted ones wait in the engine's bounded queue (max_queue, see workers/engine.py). The same
-role runs on CPU in tests, with the same limits configured, to exercise this code where no NPU
-exists.
+accepted ones wait in the engine's bounded queue (max_queue, see
+workers/generation/engine_base.py). The same role runs on CPU in tests, with the same limits
+configured, to exercise this code where no NPU exists.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import openvino as ov
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.messages import ErrorCode, Failed
-from npu_proxy.workers.engine import (
-    Active,
-    EngineBase,
-    Prompting,
-    Request,
-    TokenizedRequest,
-    TokenStreamer,
-)
+from npu_proxy.workers.generation.active import Active, TokenizedRequest
+from npu_proxy.workers.generation.engine_base import EngineBase, Request, TokenStreamer
+from npu_proxy.workers.generation.prompting import Prompting
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,11 @@ from PIL import Image
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import ErrorCode, Failed, Generate, SamplingParams, Tokenize
 from npu_proxy.workers.batch_engine import BatchEngine, scheduler_config
-from npu_proxy.workers.engine import Active, Emit, Prompting, TokenizedRequest, TokenStreamer
-from npu_proxy.workers.sampling import generation_config
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.generation.active import Active, TokenizedRequest
+from npu_proxy.workers.generation.engine_base import TokenStreamer
+from npu_proxy.workers.generation.prompting import Prompting
+from npu_proxy.workers.generation.sampling import generation_config
 
 log = logging.getLogger(__name__)
 

@@ -54,9 +54,9 @@ from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, t
 from npu_proxy.gateway.content.stops import StopMatcher
 from npu_proxy.gateway.content.tools import CallParser, ToolCall, fragments
 from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.ids import new_id
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.gateway.core.router import Generation
 from npu_proxy.gateway.http.util import unless_disconnected
 
 __all__ = ["AnthropicRoutes", "CountRequest", "InMessage", "MessagesRequest", "chat_messages",

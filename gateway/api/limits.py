@@ -11,8 +11,9 @@ shape and status (`dialect_for(scope)`, gateway/http/wire.py):
 
 Output asked beyond the context (max_tokens 32,000 from Qwen Code and Claude Code) is no limit
 here: the worker clamps it to the room the prompt leaves and ends with the length reason, as
-Ollama and llama.cpp's server do (workers/sampling.py). A prompt that does not fit the context
-is the worker's to find (it counts exactly); gateway/core/errors.py `ContextOverflow`.
+Ollama and llama.cpp's server do (workers/generation/sampling.py). A prompt that does not
+fit the context is the worker's to find (it counts exactly); gateway/core/errors.py
+`ContextOverflow`.
 
 Embeddings keep their own two (`max_embed_items`, `max_embed_chars`) in
 gateway/api/embeddings.py, since their inputs are not a conversation.

@@ -41,8 +41,9 @@ from npu_proxy.gateway.content.schema_check import check_regex, check_schema
 from npu_proxy.gateway.content.tools import CallParser, Tooling, ToolRequest
 from npu_proxy.gateway.core.catalog import require
 from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.gateway.core.router import Generation, Router
+from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import (
     decode_body,
     dumps,

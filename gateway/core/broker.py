@@ -21,16 +21,13 @@ import zmq
 import zmq.asyncio
 
 from npu_proxy.protocol.config import Config, WorkerSpec
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus, event_decoder
 from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
-    Heartbeat,
     RequestFrame,
-    WorkerExited,
     WorkerReply,
-    WorkerStatus,
     encode,
-    event_decoder,
     reply_decoder,
 )
 from npu_proxy.protocol.sockets import (

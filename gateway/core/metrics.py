@@ -28,10 +28,10 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.recent import Recent
-from npu_proxy.gateway.core.router import Generation
 from npu_proxy.protocol.config import Config
-from npu_proxy.protocol.messages import Heartbeat, WorkerExited, embed_batch_label
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, embed_batch_label
 from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)

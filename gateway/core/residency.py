@@ -31,7 +31,7 @@ import msgspec
 from npu_proxy.gateway.core.errors import unavailable
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import WorkerExited
+from npu_proxy.protocol.liveness import WorkerExited
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:

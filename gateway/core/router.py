@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -28,20 +27,19 @@ from npu_proxy.gateway.core.errors import (
     overflow,
     unavailable,
 )
+from npu_proxy.gateway.core.generation import Generation, GenerationObserver, route_headers
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
-    Delta,
     Detokenize,
     Detokenized,
     Embed,
     Embeddings,
     ErrorCode,
     Failed,
-    Finished,
     Generate,
     RequestFrame,
     Rerank,
@@ -49,7 +47,6 @@ from npu_proxy.protocol.messages import (
     Synthesize,
     TokenCount,
     Tokenize,
-    TokenLogprob,
     Transcribe,
 )
 
@@ -58,17 +55,6 @@ log = logging.getLogger(__name__)
 # Claude Code asks for claude-* names (see Router.claude_model and docs/clients.md).
 CLAUDE_PREFIX = "claude-"
 DEVICE_ORDER = ("NPU", "GPU", "CPU")
-STALL_GRACE_S = 5.0
-
-
-def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[str, str]:
-    """What every inference response says about where it ran and why."""
-    return {
-        "X-NPU-Proxy-Device": device,
-        "X-NPU-Proxy-Worker": worker,
-        "X-NPU-Proxy-Route-Reason": reason,
-        "X-NPU-Proxy-Token-Count": str(tokens),
-    }
 
 
 _Reply = TypeVar("_Reply", Embeddings, Reranked)
@@ -84,114 +70,6 @@ class Embedded:
 class Scored:
     frame: Reranked
     headers: dict[str, str]
-
-
-class GenerationObserver(Protocol):
-    """Told each routing decision and what every generation yields (see gateway/core/metrics.py)."""
-
-    def on_route(self, request_id: str, worker: str, reason: str) -> None: ...
-
-    def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None: ...
-
-    def on_done(self, gen: Generation) -> None: ...
-
-
-class Generation:
-    """A request accepted by a worker: its route, then its Delta frames and the Finished one.
-
-    Iterating is the one place every API sees the tokens, so it also keeps the timing:
-    `gap` is the time since dispatch for the first tokens, else since the previous ones.
-    """
-
-    def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
-                 reason: str, started: float | None = None,
-                 observers: Sequence[GenerationObserver] = (),
-                 deadline: float = float("inf")) -> None:
-        self.broker = broker
-        # NOTE: the worker ends a request at its deadline itself; this later one only
-        # catches a worker that stalled (still heartbeating, no longer generating).
-        self.give_up_at = deadline + STALL_GRACE_S
-        self.stream = stream
-        self.accepted = accepted
-        self.reason = reason
-        self.finished: Finished | None = None
-        self.started = time.monotonic() if started is None else started
-        self.observers = observers
-        self.tokens = 0
-        self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
-        # Every token's logprob so far, when the request asked (Delta.logprobs).
-        self.logprobs: list[TokenLogprob] = []
-        # The output's token count at the end of each Delta (to count a part of the output's
-        # tokens: a thinking model's reasoning_tokens).
-        self.ends: list[int] = []
-        self._done = False
-
-    def headers(self) -> dict[str, str]:
-        accepted = self.accepted
-        headers = route_headers(accepted.device, accepted.worker, self.reason,
-                                accepted.prompt_tokens)
-        # NOTE: what the request ran in: a num_ctx above the model's is not had, and a
-        # truncated history (Ollama's chat, Responses truncation "auto") says how much went.
-        if accepted.context:
-            headers["X-NPU-Proxy-Context-Length"] = str(accepted.context)
-        if accepted.dropped:
-            headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
-        return headers
-
-    async def __aiter__(self) -> AsyncIterator[Delta]:
-        try:
-            while True:
-                try:
-                    frame = await self.stream.next_frame(
-                        max(0.0, self.give_up_at - time.time()))
-                except TimeoutError:
-                    raise GatewayError(
-                        504, "timeout", f"worker {self.stream.worker} stopped producing output "
-                        "past the request's deadline") from None
-                if isinstance(frame, Delta):
-                    self._count(frame.tokens)
-                    self.ends.append(frame.tokens)
-                    if frame.logprobs:
-                        self.logprobs.extend(frame.logprobs)
-                    yield frame
-                elif isinstance(frame, Finished):
-                    self.finished = frame
-                    self._count(frame.completion_tokens)
-                    return
-                elif isinstance(frame, Failed):
-                    raise from_failed(frame)
-        finally:
-            self.close()
-
-    def _count(self, tokens: int) -> None:
-        # NOTE: Delta.tokens and Finished.completion_tokens are cumulative counts.
-        new = tokens - self.tokens
-        if new <= 0:
-            return
-        now = time.monotonic()
-        first = self.first_token_at is None
-        gap = now - (self.last_token_at or self.started)
-        if first:
-            self.first_token_at = now
-        self.last_token_at = now
-        self.tokens = tokens
-        for observer in self.observers:
-            observer.on_tokens(self, new, gap, first)
-
-    def close(self) -> None:
-        """Stop listening; if the worker was still generating, tell it to stop."""
-        if self._done:
-            return
-        self._done = True
-        for observer in self.observers:
-            observer.on_done(self)
-        # NOTE: also when the broker already gave the request up (a frame gap, a lost
-        # heartbeat): the worker may still be generating it. A worker that knows no such
-        # request ignores the abort.
-        if self.finished is None:
-            self.broker.send(self.stream.worker, Abort(id=self.stream.id))
-        self.broker.close(self.stream)
 
 
 def _lookup(models: dict[str, ServedModel], name: str) -> ServedModel | None:

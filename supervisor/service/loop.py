@@ -14,13 +14,8 @@ import time
 import msgspec
 import zmq
 
-from npu_proxy.protocol.messages import (
-    Heartbeat,
-    WorkerExited,
-    WorkerStatus,
-    encode,
-    reply_decoder,
-)
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus
+from npu_proxy.protocol.messages import encode, reply_decoder
 from npu_proxy.protocol.sockets import term
 from npu_proxy.protocol.states import Event, ProcessState, reported
 from npu_proxy.supervisor.children import Child

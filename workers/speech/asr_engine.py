@@ -15,10 +15,7 @@ timestamps, a streamed request gets each window's segments as they are done.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +24,15 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
-    Abort,
     Delta,
     ErrorCode,
-    Failed,
     Segment,
     Timings,
     Transcribe,
     Transcription,
 )
-from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.engine import Emit
+from npu_proxy.workers.speech.serial_base import Cancelled, SerialSpeechEngine
 from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir
 
 log = logging.getLogger(__name__)
@@ -51,68 +47,20 @@ MIN_TAIL = SAMPLE_RATE // 10
 CONTEXT_CHARS = 200
 
 
-class Cancelled(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class AsrEngine(SerialSpeechEngine[Transcribe]):
+    serves = Transcribe
+    refusal = "only transcribes speech"
+    task = "transcription"
 
-
-class AsrEngine:
     def __init__(self, config: Config, spec: WorkerSpec, model_path: str, emit: Emit,
                  build_embedded: bool = False) -> None:
+        super().__init__(spec, emit)
         self.config = config
-        self.spec = spec
         self.model_path = model_path
         # The embedded Whisper: its folder at model_path is built on first load.
         self.build_embedded = build_embedded
-        self.emit = emit
-        self.faults = FaultInjector(spec)
-        self._inbox: queue.SimpleQueue[tuple[float, Transcribe]] = queue.SimpleQueue()
-        self._cancelled: set[str] = set()
-        # Ids of the requests queued or running: an abort names one of them, or is late.
-        self._pending: set[str] = set()
-        self._current = ""
-        # The sequence number of the current request's next frame.
-        self._seq = 0
-        self._busy = False
-        self.generated_tokens = 0
-        self.served = 0
-        self.progress_at = time.monotonic()
-        self.announce: Callable[[], None] = lambda: None
         self.pipe: Any = None
         self.multilingual = False
-
-    # --- the worker process's side ------------------------------------------------------
-
-    def has_room(self) -> bool:
-        return self._inbox.qsize() < self.spec.max_queue
-
-    def submit(self, msg: Any) -> None:
-        if isinstance(msg, Transcribe):
-            self._pending.add(msg.id)
-            self._inbox.put((time.time(), msg))
-        elif isinstance(msg, Abort):
-            # NOTE: the gateway also aborts after the last frame; such an id is not kept.
-            if msg.id in self._pending:
-                self._cancelled.add(msg.id)
-        else:
-            # NOTE: the gateway routes only Transcribe here; anything else is answered.
-            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
-                             message=f"worker {self.spec.name} only transcribes speech"))
-
-    @property
-    def queue_depth(self) -> int:
-        return self._inbox.qsize()
-
-    @property
-    def in_flight(self) -> int:
-        return int(self._busy)
-
-    @property
-    def blocking(self) -> bool:
-        # NOTE: a window's generate() may hold the GIL between streamed pieces; silence
-        # while busy then counts against stall_timeout, not heartbeat_timeout.
-        return self._busy
 
     def load(self, properties: dict[str, Any]) -> None:
         folder = Path(self.model_path)
@@ -124,42 +72,7 @@ class AsrEngine:
     def warm_up(self) -> None:
         self.pipe.generate(np.zeros(SAMPLE_RATE, dtype=np.float32), max_new_tokens=4)
 
-    def abort_all(self, reason: str) -> None:
-        if self._current:
-            self._cancelled.add(self._current)
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            try:
-                arrived, req = self._inbox.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if req.id in self._cancelled:
-                self._cancelled.discard(req.id)
-                self._pending.discard(req.id)
-                continue
-            self._busy, self._current, self._seq = True, req.id, 0
-            self.announce()
-            try:
-                self._transcribe(arrived, req)
-            except Cancelled as exc:
-                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc)))
-            except Exception as exc:
-                log.exception("transcription %s failed", req.log_id or req.id)
-                self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
-                                 message=f"transcription failed: {exc}"))
-            finally:
-                self._busy, self._current = False, ""
-                self._pending.discard(req.id)
-                self._cancelled.discard(req.id)
-
     # --- one request ---------------------------------------------------------------------
-
-    def _next(self) -> int:
-        """The current request's next sequence number (its frames count from 0)."""
-        self._seq += 1
-        return self._seq - 1
 
     def _config(self, req: Transcribe) -> Any:
         config = self.pipe.get_generation_config()
@@ -179,14 +92,7 @@ class AsrEngine:
             config.temperature = req.temperature
         return config
 
-    def _check(self, req: Transcribe) -> None:
-        if req.id in self._cancelled:
-            raise Cancelled(ErrorCode.ABORTED, "aborted")
-        if time.time() > req.deadline:
-            raise Cancelled(ErrorCode.DEADLINE_EXCEEDED, "the transcription ran past its "
-                                                         "deadline")
-
-    def _transcribe(self, arrived: float, req: Transcribe) -> None:
+    def _serve(self, arrived: float, req: Transcribe) -> None:
         if len(req.audio) % 4:
             raise Cancelled(ErrorCode.BAD_REQUEST, "audio must be float32 samples")
         samples = np.frombuffer(req.audio, dtype="<f4").astype(np.float32)

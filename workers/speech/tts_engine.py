@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +23,17 @@ import openvino as ov
 
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.messages import (
-    Abort,
     ErrorCode,
-    Failed,
     Speech,
     SpeechChunk,
     Synthesize,
     Timings,
 )
-from npu_proxy.workers.engine import Emit, FaultInjector
+from npu_proxy.workers.engine import Emit
 from npu_proxy.workers.speech.phonemes import Phonemizer, phoneme_ids
+from npu_proxy.workers.speech.serial_base import Cancelled, SerialSpeechEngine
 
 log = logging.getLogger(__name__)
-
-
-class Cancelled(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Voice:
@@ -74,57 +64,17 @@ def to_int16(audio: np.ndarray[Any, Any]) -> bytes:
     return scaled.astype("<i2").tobytes()
 
 
-class TtsEngine:
+class TtsEngine(SerialSpeechEngine[Synthesize]):
+    serves = Synthesize
+    refusal = "only synthesizes speech"
+    task = "speech"
+
     def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit) -> None:
-        self.spec = spec
+        super().__init__(spec, emit)
         self.model_path = Path(model_path)
-        self.emit = emit
-        self.faults = FaultInjector(spec)
-        self._inbox: queue.SimpleQueue[tuple[float, Synthesize]] = queue.SimpleQueue()
-        self._cancelled: set[str] = set()
-        # Ids of the requests queued or running: an abort names one of them, or is late.
-        self._pending: set[str] = set()
-        self._current = ""
-        self._seq = 0
-        self._busy = False
-        self.generated_tokens = 0
-        self.served = 0
-        self.progress_at = time.monotonic()
-        self.announce: Callable[[], None] = lambda: None
         self.voice: Voice | None = None
         self.phonemizer: Phonemizer | None = None
         self.request: Any = None  # ov.InferRequest
-
-    # --- the worker process's side ------------------------------------------------------
-
-    def has_room(self) -> bool:
-        return self._inbox.qsize() < self.spec.max_queue
-
-    def submit(self, msg: Any) -> None:
-        if isinstance(msg, Synthesize):
-            self._pending.add(msg.id)
-            self._inbox.put((time.time(), msg))
-        elif isinstance(msg, Abort):
-            # NOTE: the gateway also aborts after the last frame; such an id is not kept.
-            if msg.id in self._pending:
-                self._cancelled.add(msg.id)
-        else:
-            self.emit(Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST,
-                             message=f"worker {self.spec.name} only synthesizes speech"))
-
-    @property
-    def queue_depth(self) -> int:
-        return self._inbox.qsize()
-
-    @property
-    def in_flight(self) -> int:
-        return int(self._busy)
-
-    @property
-    def blocking(self) -> bool:
-        # NOTE: one sentence's inference holds the GIL-free OpenVINO call, but a long one
-        # counts against stall_timeout, not heartbeat_timeout.
-        return self._busy
 
     def load(self, properties: dict[str, Any]) -> None:
         voice = Voice(self.model_path)
@@ -142,52 +92,12 @@ class TtsEngine:
     def warm_up(self) -> None:
         self._infer(phoneme_ids(["h", "a"], self._voice().id_map), 1.0)
 
-    def abort_all(self, reason: str) -> None:
-        if self._current:
-            self._cancelled.add(self._current)
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            self.progress_at = time.monotonic()
-            try:
-                arrived, req = self._inbox.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if req.id in self._cancelled:
-                self._cancelled.discard(req.id)
-                self._pending.discard(req.id)
-                continue
-            self._busy, self._current, self._seq = True, req.id, 0
-            self.announce()
-            try:
-                self._speak(arrived, req)
-            except Cancelled as exc:
-                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc)))
-            except Exception as exc:
-                log.exception("speech %s failed", req.log_id or req.id)
-                self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
-                                 message=f"speech failed: {exc}"))
-            finally:
-                self._busy, self._current = False, ""
-                self._pending.discard(req.id)
-                self._cancelled.discard(req.id)
-
     # --- one request ---------------------------------------------------------------------
 
     def _voice(self) -> Voice:
         if self.voice is None:
             raise RuntimeError("the voice is not loaded")
         return self.voice
-
-    def _next(self) -> int:
-        self._seq += 1
-        return self._seq - 1
-
-    def _check(self, req: Synthesize) -> None:
-        if req.id in self._cancelled:
-            raise Cancelled(ErrorCode.ABORTED, "aborted")
-        if time.time() > req.deadline:
-            raise Cancelled(ErrorCode.DEADLINE_EXCEEDED, "the speech ran past its deadline")
 
     def _infer(self, ids: list[int], speed: float) -> np.ndarray[Any, Any]:
         voice = self._voice()
@@ -201,7 +111,7 @@ class TtsEngine:
         result = self.request.infer(inputs)
         return np.asarray(result[self.request.model_outputs[0]]).reshape(-1)
 
-    def _speak(self, arrived: float, req: Synthesize) -> None:
+    def _serve(self, arrived: float, req: Synthesize) -> None:
         voice = self._voice()
         if not 0.25 <= req.speed <= 4.0:
             raise Cancelled(ErrorCode.BAD_REQUEST, "speed must be between 0.25 and 4.0")

