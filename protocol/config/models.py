@@ -30,6 +30,5 @@ class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknow
     kind: Literal["llm", "vlm", "embed", "rerank", "asr", "tts", ""] = ""
     # INT4 symmetric, channel-wise weights: what the NPU plugin compiles (others may not).
     npu_ready: bool = False
-    description: str = ""
     # A Jinja chat template used instead of the model's own (e.g. one that thinks).
     chat_template: str = ""

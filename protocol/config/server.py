@@ -63,7 +63,6 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     # OLLAMA_ORIGINS. "*" admits every web origin but not "null" (sandboxed frames, files),
     # which is admitted only when listed.
     allowed_origins: list[str] = msgspec.field(default_factory=list)
-    heartbeat_interval: float = 0.5
     grace_period: float = 10.0
     max_restarts: int = 5
     restart_window: float = 60.0
