@@ -14,7 +14,7 @@ from typing import Any
 import click
 import msgspec
 
-from npu_proxy.protocol.config import Config, is_loopback_host, redacted
+from npu_proxy.protocol.config import TEST_ONLY_FIELDS, Config, is_loopback_host, redacted
 from npu_proxy.protocol.control import Ok, Restart, Shutdown, Start, Status, StatusReply, Stop
 from npu_proxy.protocol.logs import setup_logging
 from npu_proxy.protocol.states import ProcessState
@@ -215,10 +215,11 @@ def launch(client: str, model: str, args: tuple[str, ...], **kw: Any) -> None:
 
 
 def _everything(obj: Any) -> Any:
-    """A Struct as plain data with every field, defaults included (TOML has no null)."""
+    """A Struct as plain data with every field, defaults included (TOML has no null), but
+    without the test-only fault hooks: they are no supported interface."""
     if isinstance(obj, msgspec.Struct):
         return {f: _everything(getattr(obj, f)) for f in obj.__struct_fields__
-                if getattr(obj, f) is not None}
+                if getattr(obj, f) is not None and f not in TEST_ONLY_FIELDS}
     if isinstance(obj, list):
         return [_everything(v) for v in obj]
     if isinstance(obj, dict):

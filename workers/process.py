@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from npu_proxy.workers.engine import Engine
 
 log = logging.getLogger(__name__)
+# NOTE: seconds between heartbeats: a constant, not a setting (nobody tuned it); the
+# supervisor's per-worker heartbeat_timeout (10 s) is the knob that decides a worker is lost.
+HEARTBEAT_INTERVAL = 0.5
 
 
 class WorkerProcess:
@@ -110,7 +113,7 @@ class WorkerProcess:
                 self.publish(self.heartbeat())
             except zmq.ZMQError:
                 return
-            self._stop.wait(self.config.heartbeat_interval)
+            self._stop.wait(HEARTBEAT_INTERVAL)
 
     # --- receiving -----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The limits every request is held to, answered before anything reaches a worker.
 
-All are settings of protocol/config.py, and each refusal is in the caller's API's own error
+All are settings of protocol/config/, and each refusal is in the caller's API's own error
 shape and status (`dialect_for(scope)`, gateway/http/wire.py):
 
 - the body's size (`max_body_bytes`): gateway/http/body_limit.py;

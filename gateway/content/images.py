@@ -26,7 +26,7 @@ images; only public addresses, pinned, redirects checked, every failure the same
 
 Every refusal is a 400 in the caller's API's shape that names the field (its `param` is the
 request's top-level field, its message the exact place, e.g.
-`messages[0].content[1].image_url`). The settings are in protocol/config.py.
+`messages[0].content[1].image_url`). The settings are in protocol/config/.
 """
 
 from __future__ import annotations

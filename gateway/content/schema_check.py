@@ -9,7 +9,7 @@ every schema (response formats and tool parameters alike, see gateway/api/reques
 here once, in time linear in its size, and refused with a 400 naming what is wrong.
 
 Work and memory are linear in the schema's text: each subschema is one node, counted as it is
-met against `max_schema_nodes` (and its nesting against `max_schema_depth`, protocol/config.py)
+met against `max_schema_nodes` (and its nesting against `max_schema_depth`, protocol/config/)
 before its children are queued. A node's place (`#/properties/x/anyOf/3`) is a link to its
 parent's, spelled out only for an error message, each name cut to NAME_CHARS. NOTE: built up
 front, one 256 KiB property name holding `anyOf` of 4,000 subschemas made 4,000 copies of it:

@@ -2,7 +2,7 @@
 Fetch Metadata, and JSON-only bodies from browsers — Ollama's policy. One middleware,
 outside the API key check and the body limit (a refused request's body is read and dropped
 within a budget, never kept: gateway/http/drain.py), configured by `host`, `allowed_hosts`
-and `allowed_origins` (protocol/config.py). Refusals are in the calling API's own error
+and `allowed_origins` (protocol/config/). Refusals are in the calling API's own error
 shape (`dialect_for(scope)`).
 
 In order, for every HTTP request:
@@ -12,7 +12,7 @@ In order, for every HTTP request:
    `host.docker.internal`, mDNS names), the configured `host` and the `allowed_hosts`.
    Anything else is 403: a page whose public name was re-pointed at this machine sends its
    own name. A non-loopback bind accepts any Host, as Ollama does: it is reached by names
-   this server cannot know, and it needs a key (protocol/config.py `remote_bind_refusal`).
+   this server cannot know, and it needs a key (protocol/config/ `remote_bind_refusal`).
 2. Origin (sent by browsers on every cross-origin request and on every POST): Ollama's
    default origins (`DEFAULT_ORIGINS`: loopback and 0.0.0.0 pages on any port, desktop apps,
    editors' webviews) and the browser extensions, plus the `allowed_origins`, get CORS

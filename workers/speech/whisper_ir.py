@@ -8,7 +8,7 @@ steps, once, into the model cache (models/locate.py `WHISPER_IR_FOLDER`):
 1. numpy maps the CTranslate2 weights onto Transformers' WhisperForConditionalGeneration
    and writes that folder (models/whisper_ct2.py): no torch;
 2. optimum-intel exports it to IR (encoder, stateful decoder, tokenizer and detokenizer) in
-   a child process of the `converter_python` interpreter (protocol/config.py): one with the
+   a child process of the `converter_python` interpreter (protocol/config/): one with the
    `convert` extra (optimum-intel and torch); "" = this one. NOTE: this is the one step that
    needs torch; it runs once per model cache (about a minute on 2 cores) and is logged with
    its time, and the worker loads the finished folder from then on.

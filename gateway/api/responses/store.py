@@ -5,7 +5,7 @@ continue it (`previous_response_id`: its conversation is prepended) and so that
 `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}` find it. Nothing is written to disk
 and a restarted gateway has forgotten them all, as a client of a local server may expect.
 
-Three settings of protocol/config.py bound it: `responses_store_max` responses,
+Three settings of protocol/config/ bound it: `responses_store_max` responses,
 `responses_store_ttl` seconds each, `responses_store_max_bytes` in all; past any of them the
 oldest go first. An entry is kept encoded (the object as JSON, the conversation as MessagePack)
 and decoded when read, so the byte cap bounds the memory held: decoded, an echoed schema of
