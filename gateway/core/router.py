@@ -95,6 +95,8 @@ class GenerationObserver(Protocol):
 
     def on_done(self, gen: Generation) -> None: ...
 
+    def on_audio(self, worker: str, seconds: float) -> None: ...
+
 
 class Generation:
     """A request accepted by a worker: its route, then its Delta frames and the Finished one.
@@ -375,6 +377,11 @@ class Router:
         return stream, frame, route_headers(device, stream.worker, reason, 0)
 
     speak = transcribe
+
+    def count_audio(self, worker: str, seconds: float) -> None:
+        """Seconds of audio a speech worker heard (asr) or spoke (tts), for the metrics."""
+        for observer in self.observers:
+            observer.on_audio(worker, seconds)
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:
