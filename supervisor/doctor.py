@@ -7,6 +7,7 @@ OpenVINO). A check is ok, warn or fail; any fail makes the exit code 1.
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import platform
@@ -22,7 +23,7 @@ from typing import Any, Literal
 import click
 import msgspec
 
-from npu_proxy.models.locate import NotLocated, Origin, locate
+from npu_proxy.models.locate import WHISPER_IR_FOLDER, NotLocated, Origin, locate
 from npu_proxy.models.registry import ModelSourceMissing
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
@@ -166,6 +167,57 @@ def check_models(config: Config) -> list[Check]:
     return checks
 
 
+# What the speech roles need beyond their model files (the Debian package, the extra).
+ESPEAK_HINT = "espeak-ng (the Debian and Fedora package; macOS: brew install espeak-ng)"
+CONVERT_HINT = "pip install 'npu-proxy[convert]', or set converter_python"
+_EXPORTER = "import optimum.exporters.openvino, torch"
+
+
+def check_speech(config: Config) -> list[Check]:
+    """What a tts or asr worker needs besides its model: espeak-ng's library (a Piper voice
+    is fed its phonemes), and once, to build the embedded Whisper, optimum-intel with torch.
+    A worker lacking them is lazy and starts fine, then fails its first request."""
+    checks = []
+    roles = {spec.role for spec in config.workers if spec.enabled}
+    if "tts" in roles:
+        # NOTE: the name workers/speech/phonemes.py loads when find_library finds none.
+        library = ctypes.util.find_library("espeak-ng")
+        if library is None:
+            try:
+                ctypes.CDLL("libespeak-ng.so.1")
+                library = "libespeak-ng.so.1"
+            except OSError:
+                pass
+        checks.append(Check("espeak-ng", "ok", f"{library} (phonemes of the tts voice)")
+                      if library else Check("espeak-ng", "fail",
+                                          f"not found: the tts role needs {ESPEAK_HINT}"))
+    asr = [spec for spec in config.workers if spec.enabled and spec.role == "asr"]
+    embedded = []
+    for spec in asr:
+        try:
+            found = locate(config, spec.model_name)
+        except (NotLocated, ModelSourceMissing):
+            continue  # NOTE: "model of <worker>" says so
+        if found.path.name == WHISPER_IR_FOLDER and found.origin is Origin.EMBEDDED_IR \
+                and not (found.path / "openvino_encoder_model.xml").is_file():
+            embedded.append(spec.name)
+    if embedded:
+        python = config.converter_python or sys.executable
+        try:
+            done = subprocess.run([python, "-c", _EXPORTER], capture_output=True,
+                                  timeout=120.0, check=False)
+            ok = done.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        who = ", ".join(embedded)
+        checks.append(
+            Check("whisper builder", "ok", f"{python} has optimum-intel and torch (builds "
+                  f"the embedded Whisper for {who} on its first request)") if ok else
+            Check("whisper builder", "fail", f"{python} lacks optimum-intel or torch: the "
+                  f"embedded Whisper of {who} cannot be built ({CONVERT_HINT})"))
+    return checks
+
+
 def check_worker_devices(config: Config, devices: list[Device]) -> list[Check]:
     found = {d.name for d in devices} | {d.name.split(".")[0] for d in devices}
     checks = []
@@ -232,6 +284,8 @@ def examine(config: Config, info: OpenVINOInfo, run_selftest: bool = True,
     checks += [Check(f"device {d.name}", "fail", d.error) for d in info.devices if d.error]
     checks += check_worker_devices(config, info.devices) if info.devices else []
     checks += check_models(config)
+    checks += check_speech(config)
+    checks += check_speech(config)
     checks.append(check_model_cache(config.model_cache_path()))
     checks.append(check_runtime_dir(config.runtime_path()))
     checks.append(check_port(config))

@@ -199,6 +199,41 @@ def test_flac_mp3_and_stereo_48k_are_read(srv: Server, recording: Path) -> None:
         assert has_words(r.json()["text"]), (fmt, r.json())
 
 
+def recorded_like_a_browser(recording: Path, container: str) -> bytes:
+    """The recording as MediaRecorder makes it: WebM/Opus (Chrome, Firefox) or MP4/AAC
+    (Safari), encoded with PyAV (the `audio` extra), offline."""
+    import av
+
+    samples, rate = soundfile.read(recording, dtype="int16")
+    codec, out_rate = ("libopus", 48_000) if container == "webm" else ("aac", 44_100)
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=out_rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16",
+                                           layout="mono")
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("container", "name"), [("webm", "speech.webm"), ("mp4", "speech.m4a")])
+def test_the_sdk_transcribes_what_browsers_record(client: openai.OpenAI, recording: Path,
+                                                  container: str, name: str) -> None:
+    data = recorded_like_a_browser(recording, container)
+    assert data[:4] == b"\x1a\x45\xdf\xa3" if container == "webm" else data[4:8] == b"ftyp"
+    result = client.audio.transcriptions.create(model=MODEL, file=(name, data),
+                                                response_format="verbose_json")
+    assert has_words(result.text), result.text
+    assert 2.5 < result.duration < 3.5
+
+
+def test_a_cut_off_browser_recording_is_a_400_naming_file(srv: Server, recording: Path) -> None:
+    data = recorded_like_a_browser(recording, "webm")
+    error = assert_error(post(srv, data[:300], name="speech.webm"), 400, "file")
+    assert "not audio" in error["message"] and "WebM" in error["message"]
+
+
 def test_long_audio_is_transcribed_window_by_window(srv: Server, recording: Path) -> None:
     """Two sentences 32 s apart: the second lies in Whisper's second 30 s window."""
     samples, rate = soundfile.read(recording, dtype="float32")

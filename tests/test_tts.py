@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import shutil
 import wave
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import soundfile
 from capcheck import check_capabilities
 from serverctl import Server
 from test_audio import whisper_ir  # noqa: F401  (the fixture: the Whisper IR, built once)
+from test_observability import scrape, value
 
 RATE = 22_050  # the voice's (en_US-joe-medium.onnx.json)
 MODEL = "tts-1"  # NOTE: OpenAI's name, an alias of the embedded piper:en-us-joe-medium
@@ -150,6 +152,60 @@ def test_the_model_is_listed_with_its_capability(srv: Server, client: openai.Ope
     r = httpx.post(srv.url + "/v1/audio/transcriptions", data={"model": MODEL},
                    files={"file": ("a.wav", b"RIFF")}, timeout=30)
     assert_error(r, "model")
+
+
+def test_the_speech_workers_are_shown_like_the_others(whisper_ir: Path,  # noqa: F811
+                                                     tmp_path: Path) -> None:
+    """/health/devices, the status page, `npx-supervisor status` and /metrics show asr and
+    tts as they show embed: idle (not loaded) until the first request, then up; /metrics
+    counts their work in seconds of audio, as it counts an LLM's in tokens."""
+    server = Server(tmp_path, workers=[{"name": "asr", "role": "asr"},
+                                       {"name": "tts", "role": "tts"}]).start()
+    try:
+        def rows() -> dict[str, dict[str, Any]]:
+            devices = httpx.get(server.url + "/health/devices", timeout=30).json()
+            status = httpx.get(server.url + "/status.json", timeout=30).json()
+            assert [w["name"] for w in status["workers"]] == ["asr", "tts"]
+            return {w["name"]: w for w in devices["workers"]}
+
+        before = rows()
+        for name, model in (("asr", "whisper:tiny.en"), ("tts", "piper:en-us-joe-medium")):
+            assert before[name] | {"role": name, "model": model, "state": "idle",
+                                   "up": False, "loaded": False} == before[name]
+        table = server.cli("status").stdout
+        assert re.search(r"^asr +asr +CPU +whisper:tiny.en +idle \(not loaded\)", table, re.M)
+        assert re.search(r"^tts +tts +CPU +piper:en-us-joe-medium +idle \(not loaded\)",
+                         table, re.M), table
+        samples = scrape(server.url)
+        for name in ("asr", "tts"):
+            assert value(samples, "npu_proxy_worker_state", worker=name, role=name,
+                         device="CPU", state="idle") == 1
+        for name, model in (("asr", "whisper:tiny.en"), ("tts", "piper:en-us-joe-medium")):
+            key = frozenset({"worker": name, "device": "CPU", "model": model}.items())
+            assert samples[("npu_proxy_audio_seconds_total", key)] == 0
+        # NOTE: only the embedding engine has a cache; no such series for the speech roles.
+        assert not [k for k in samples if k[0].startswith("npu_proxy_embedding_cache")]
+
+        spoken = speech(server, input=SENTENCE, response_format="wav")
+        assert spoken.status_code == 200, spoken.text
+        params, _ = samples_of(spoken.content)
+        seconds = params.nframes / params.framerate
+        heard = httpx.post(server.url + "/v1/audio/transcriptions", timeout=300,
+                           files={"file": ("speech.wav", spoken.content)},
+                           data={"model": "whisper-1"})
+        assert heard.status_code == 200, heard.text
+        samples = scrape(server.url)
+        assert value(samples, "npu_proxy_audio_seconds_total", worker="tts", device="CPU",
+                     model="piper:en-us-joe-medium") == pytest.approx(seconds, abs=0.01)
+        assert value(samples, "npu_proxy_audio_seconds_total", worker="asr", device="CPU",
+                     model="whisper:tiny.en") == pytest.approx(seconds, abs=0.01)
+        after = rows()
+        for name in ("asr", "tts"):
+            assert after[name]["loaded"] and after[name]["pid"], after[name]
+            assert value(samples, "npu_proxy_worker_up", worker=name, role=name,
+                         device="CPU") == 1
+    finally:
+        server.stop()
 
 
 # --- errors in OpenAI's shape ----------------------------------------------------------------

@@ -208,6 +208,8 @@ class AudioRoutes(DialectRoutes):
             if isinstance(frame, Failed):
                 raise from_failed(frame)
             if isinstance(frame, Delta | Transcription):
+                if isinstance(frame, Transcription):
+                    self.router.count_audio(stream.worker, frame.duration)
                 yield frame
                 if isinstance(frame, Transcription):
                     return

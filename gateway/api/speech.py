@@ -112,11 +112,16 @@ class SpeechRoutes(DialectRoutes):
     async def _frames(self, stream: RequestStream, first: RequestFrame,
                       msg: Synthesize) -> AsyncIterator[SpeechChunk | Speech]:
         frame = first
+        spoken = 0.0
         while True:
             if isinstance(frame, Failed):
                 raise from_failed(frame)
             if not isinstance(frame, SpeechChunk | Speech):
                 raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+            if isinstance(frame, SpeechChunk):
+                spoken += len(frame.pcm) / 2 / frame.sample_rate  # NOTE: int16 samples
+            else:
+                self.router.count_audio(stream.worker, spoken)
             yield frame
             if isinstance(frame, Speech):
                 return

@@ -3,8 +3,12 @@
 WAV (PCM, 8/16/24/32-bit) is read with the standard library's `wave`; every other format
 libsndfile reads (FLAC, MP3, OGG Vorbis/Opus, float WAV, AIFF, ...) with `soundfile`, whose
 wheels carry libsndfile. Several channels are averaged; another rate is resampled with
-`soxr`. NOTE: M4A/AAC and WebM (what some browsers record) need FFmpeg, which no well-kept
-pure wheel brings: such a file is a 400 that says which formats are read.
+`soxr`. M4A/MP4 (AAC; Safari's MediaRecorder) and WebM/Matroska (Opus; Chrome's and
+Firefox's) are read with PyAV (`av`, whose wheels carry FFmpeg) when the optional `audio`
+extra is installed, else they are a 400 that says so. NOTE: PyAV is not a base dependency:
+its wheel is 36 MB against libsndfile's 1-2 MB and links GPL-2.0 encoders (x264, x265) into
+its FFmpeg, which a bundle of this Apache-2.0 server (.deb, PyInstaller) should not carry
+unasked; and it does not replace soundfile, which the speech route's encoders also use.
 
 Limits, checked from the header before the samples are decoded: the file's bytes
 (`max_audio_bytes`, 413) and its length (`max_audio_seconds`, 400). Anything unreadable is a
@@ -23,7 +27,13 @@ import numpy as np
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 
 SAMPLE_RATE = 16_000
-FORMATS = "WAV, FLAC, MP3, OGG (Vorbis, Opus), AIFF"
+FORMATS = "WAV, FLAC, MP3, OGG (Vorbis, Opus), AIFF, M4A/MP4 (AAC), WebM (Opus)"
+AUDIO_EXTRA = "pip install 'npu-proxy[audio]'"
+
+
+def _is_container(data: bytes) -> bool:
+    """An MP4-family file (`ftyp` box: m4a, mp4, 3gp) or EBML (WebM, Matroska): FFmpeg's."""
+    return data[4:8] == b"ftyp" or data[:4] == b"\x1a\x45\xdf\xa3"
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,41 @@ def _soundfile(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], 
     return samples, rate
 
 
+def _container(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int]:
+    """The first audio stream of an MP4 or WebM file, mixed to mono 16 kHz by FFmpeg."""
+    try:
+        import av
+    except ImportError:
+        raise unreadable(f"M4A/MP4 and WebM are read with the optional `audio` extra: "
+                         f"{AUDIO_EXTRA}") from None
+    most = int(limits.max_seconds * SAMPLE_RATE) + 1
+    pieces: list[np.ndarray[Any, Any]] = []
+    count = 0
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise unreadable("a container without an audio stream")
+            stream = container.streams.audio[0]
+            if container.duration is not None and \
+                    container.duration / av.time_base > limits.max_seconds:
+                raise _too_long(container.duration / av.time_base, limits)
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    piece = out.to_ndarray().reshape(-1)
+                    pieces.append(piece)
+                    count += piece.size
+                # NOTE: the header's duration may be absent (a streamed WebM): a bound here.
+                if count > most:
+                    raise _too_long(count / SAMPLE_RATE, limits)
+            for out in resampler.resample(None):
+                pieces.append(out.to_ndarray().reshape(-1))
+    except av.FFmpegError as exc:
+        raise unreadable(f"FFmpeg: {exc.strerror or type(exc).__name__}") from None
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    return samples.reshape(-1, 1), SAMPLE_RATE
+
+
 def decode(data: bytes, limits: AudioLimits) -> Audio:
     """The audio in `data` as mono 16 kHz samples, within the limits (GatewayError)."""
     if len(data) > limits.max_bytes:
@@ -123,7 +168,9 @@ def decode(data: bytes, limits: AudioLimits) -> Audio:
     if not data:
         raise unreadable("an empty file")
     found = _pcm_wav(data, limits) if data[:4] == b"RIFF" and data[8:12] == b"WAVE" else None
-    samples, rate = found if found is not None else _soundfile(data, limits)
+    if found is None:
+        found = _container(data, limits) if _is_container(data) else _soundfile(data, limits)
+    samples, rate = found
     if samples.size == 0:
         raise unreadable("no samples")
     mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]

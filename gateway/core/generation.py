@@ -43,6 +43,8 @@ class GenerationObserver(Protocol):
 
     def on_done(self, gen: Generation) -> None: ...
 
+    def on_audio(self, worker: str, seconds: float) -> None: ...
+
 
 class Generation:
     """A request accepted by a worker: its route, then its Delta frames and the Finished one.

@@ -46,6 +46,8 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900)
 
 LLM_ROLES = ("llm", "npu", "vlm")
+# Roles whose work is measured in seconds of audio (heard by asr, spoken by tts), not tokens.
+SPEECH_ROLES = ("asr", "tts")
 # Paths probed by load balancers and Prometheus: counted, but logged at DEBUG only.
 QUIET_PATHS = ("/health", "/health/ready", "/health/devices", "/metrics")
 
@@ -185,6 +187,10 @@ class Metrics:
         self.cache_misses = Counter(
             "npu_proxy_embedding_cache_misses_total", "Embedding inputs computed by the model",
             ["worker"], registry=reg)
+        self.audio_seconds = Counter(
+            "npu_proxy_audio_seconds_total",
+            "Seconds of audio transcribed (asr workers) or synthesized (tts workers)",
+            gen_labels, registry=reg)
         self.embed_batches = Counter(
             "npu_proxy_embedding_batches_total",
             "Embedding pipeline calls, by how many texts each embedded (size class): "
@@ -204,7 +210,10 @@ class Metrics:
                 labels = (spec.name, spec.device, spec.model_name)
                 self.prompt_tokens.labels(*labels)
                 self.generated_tokens.labels(*labels)
-            else:
+            elif spec.role in SPEECH_ROLES:
+                self.audio_seconds.labels(spec.name, spec.device, spec.model_name)
+            elif spec.role == "embed":
+                # NOTE: only the embedding engine has a cache (workers/embed_engine.py).
                 self.cache_hits.labels(spec.name)
                 self.cache_misses.labels(spec.name)
 
@@ -323,6 +332,12 @@ class Metrics:
         first = gen.first_token_at
         self.recent.finished(gen.stream.worker,
                              first - gen.started if first is not None else None, gen.tokens)
+
+    @_guarded
+    def on_audio(self, worker: str, seconds: float) -> None:
+        link = self.broker.links.get(worker)
+        if link is not None and seconds > 0:
+            self.audio_seconds.labels(worker, link.spec.device, link.spec.model_name).inc(seconds)
 
     def route_of(self, request_id: str) -> tuple[str, str] | None:
         return self._routes.pop(request_id, None)

@@ -254,6 +254,11 @@ class Router:
 
     speak = transcribe
 
+    def count_audio(self, worker: str, seconds: float) -> None:
+        """Seconds of audio a speech worker heard (asr) or spoke (tts), for the metrics."""
+        for observer in self.observers:
+            observer.on_audio(worker, seconds)
+
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:
         """Dispatch a request answered by one frame (embeddings, scores) and check its kind."""
