@@ -30,8 +30,9 @@ from npu_proxy.gateway.content.tools import Tooling
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.catalog import ModelCatalog
 from npu_proxy.gateway.core.health import HealthRoutes
-from npu_proxy.gateway.core.metrics import Metrics, MetricsMiddleware
+from npu_proxy.gateway.core.metrics import Metrics
 from npu_proxy.gateway.core.router import Router
+from npu_proxy.gateway.http.access import MetricsMiddleware
 from npu_proxy.gateway.http.auth import ApiKeyMiddleware
 from npu_proxy.gateway.http.body_limit import BodyLimitMiddleware
 from npu_proxy.gateway.http.drain import DrainBudget
