@@ -158,3 +158,25 @@ def test_config_command_hides_the_fault_hooks_yet_they_are_read(tmp_path: Path) 
     assert hooks == []
     # NOTE: still set the way the tests set them: a [[workers]] section's `faults` table.
     assert load_config(path, env={}).workers[0].faults.hang_in_load
+
+
+def test_a_retired_setting_is_ignored_with_a_warning_and_a_typo_still_fails(
+        tmp_path: Path, caplog: Any) -> None:
+    """A config file written for an earlier version still starts; an unknown key does not."""
+    from npu_proxy.protocol.config import ConfigError, load_config
+
+    old = tmp_path / "old.toml"
+    old.write_text('heartbeat_interval = 0.5\n[models."m"]\npath = "/x.gguf"\n'
+                   'description = "mine"\n')
+    with caplog.at_level("WARNING"):
+        config = load_config(old, env={})
+    assert config.models["m"].path == "/x.gguf"
+    assert "heartbeat_interval" in caplog.text and "models.m.description" in caplog.text
+    typo = tmp_path / "typo.toml"
+    typo.write_text("heartbeat_timeot = 10\n")
+    try:
+        load_config(typo, env={})
+    except ConfigError as exc:
+        assert "heartbeat_timeot" in str(exc)
+    else:
+        raise AssertionError("a misspelt setting was accepted")

@@ -3,6 +3,7 @@ the JSON copy the supervisor hands its children."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from collections.abc import Callable
@@ -13,6 +14,8 @@ import msgspec
 
 from npu_proxy.protocol.config.root import Config
 from npu_proxy.protocol.config.workers import default_workers
+
+log = logging.getLogger(__name__)
 
 
 def _flag(value: str) -> bool:
@@ -55,6 +58,26 @@ class ConfigError(Exception):
     pass
 
 
+# Settings an earlier version read and this one no longer has: a config file that still sets
+# them starts, with a warning, rather than failing on an unknown key (every other unknown key
+# is an error, so a typo never becomes a setting that silently does nothing).
+RETIRED = {"heartbeat_interval": "a constant now; heartbeat_timeout is the setting"}
+RETIRED_MODEL_KEYS = {"description": "never read"}
+
+
+def _drop_retired(data: dict[str, Any]) -> None:
+    for key, why in RETIRED.items():
+        if data.pop(key, None) is not None:
+            log.warning("setting %r is no longer read (%s): ignored", key, why)
+    models = data.get("models")
+    if isinstance(models, dict):
+        for name, entry in models.items():
+            for key, why in RETIRED_MODEL_KEYS.items():
+                if isinstance(entry, dict) and entry.pop(key, None) is not None:
+                    log.warning("setting models.%s.%s is no longer read (%s): ignored",
+                                name, key, why)
+
+
 def load_config(
     path: Path | None = None,
     env: dict[str, str] | None = None,
@@ -84,6 +107,7 @@ def load_config(
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
+    _drop_retired(data)
     if devices is not None:
         data["devices"] = devices
         if "workers" not in data:
