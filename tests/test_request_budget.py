@@ -1,0 +1,97 @@
+"""One request's derived work is bounded by the limits, not by its body (issue 27): tools are
+measured only up to `max_prompt_chars`, a forced call copies no tool schema, and a request
+that would grow past the workers' socket limit is refused at the gateway, never sent.
+
+Each test counts work (items looked at, copies made) or watches what another request sees;
+none measures time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from npu_proxy.gateway.content.json_size import ToolBudget, measure
+from npu_proxy.gateway.core.errors import GatewayError
+
+LLM = "smollm2:135m"
+HI = [{"role": "user", "content": "hi"}]
+
+
+class CountingList(list[Any]):
+    """A list that counts the items handed out by iterating it."""
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.seen = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in super().__iter__():
+            self.seen += 1
+            yield item
+
+
+def test_measuring_stops_once_the_limit_is_passed() -> None:
+    enum = CountingList([1e15 + i for i in range(400_000)])
+    schema = {"type": "object", "properties": {"n": {"enum": enum}}}
+    size = measure(schema, "tools[0]", limit=1000)
+    assert size > 1000
+    # NOTE: every item adds at least a character and a separator: past 1,000 characters
+    # after at most 500 items, whatever the list holds.
+    assert enum.seen <= 500
+    enum.seen = 0
+    assert measure(schema, "tools[0]") > 400_000 * 18
+    assert enum.seen == 400_000
+
+
+def test_the_tools_share_one_budget() -> None:
+    budget = ToolBudget(10_000)
+    budget.charge({"type": "object", "properties": {"a": {"type": "string"}}}, "tools[0]")
+    enum = CountingList(list(range(1_000_000)))
+    with pytest.raises(GatewayError) as refused:
+        budget.charge({"enum": enum}, "tools[1]")
+    assert refused.value.status == 400 and refused.value.kind == "context_length_exceeded"
+    assert "max_prompt_chars" in refused.value.message and refused.value.param == "tools"
+    assert enum.seen <= 5_000
+
+
+# A placeholder for 100,000 numbers written `1e15` (Python's json writes 1000000000000000.0).
+ENUM = ["@ENUM@"]
+JSON = {"content-type": "application/json"}
+
+
+def _body(value: Any) -> bytes:
+    return json.dumps(value).replace('["@ENUM@"]', "[" + ",".join(["1e15"] * 100_000) + "]") \
+        .encode()
+
+
+def _message(r: httpx.Response) -> str:
+    body = r.json()
+    if r.request.url.path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        return str(body["error"]["message"])
+    if r.request.url.path.startswith("/v1/"):
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        return str(body["error"]["message"])
+    return str(body["error"])
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/messages",
+                                  "/v1/responses"])
+def test_tools_past_the_prompt_limit_are_a_400(base_url: str, path: str) -> None:
+    # NOTE: 100,000 numbers of 4 characters each, 2 MB of tool text (1e15 is written
+    # 1000000000000000.0): past max_prompt_chars (1,000,000) in a 500 KB body.
+    params = {"type": "object", "properties": {"n": {"enum": ENUM}}}
+    fn = {"name": "f", "description": "d", "parameters": params}
+    tools: Any = ([{"name": "f", "input_schema": params}] if path == "/v1/messages" else
+                  [{"type": "function", **fn}] if path == "/v1/responses" else
+                  [{"type": "function", "function": fn}])
+    r = httpx.post(base_url + path, timeout=60, headers=JSON, content=_body({
+        "model": LLM, "max_tokens": 1, "stream": False, "tools": tools, "input": "hi",
+        "messages": HI}))
+    assert r.status_code == 400, r.text
+    assert "max_prompt_chars" in _message(r)
