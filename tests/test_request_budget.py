@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from npu_proxy.gateway.content.json_size import ToolBudget, measure
+from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest, call_schema
 from npu_proxy.gateway.core.errors import GatewayError
 
 LLM = "smollm2:135m"
@@ -57,6 +58,34 @@ def test_the_tools_share_one_budget() -> None:
     assert refused.value.status == 400 and refused.value.kind == "context_length_exceeded"
     assert "max_prompt_chars" in refused.value.message and refused.value.param == "tools"
     assert enum.seen <= 5_000
+
+
+class Counted(dict[str, Any]):
+    """A schema node that counts its deep copies."""
+
+    copies = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Counted:
+        Counted.copies += 1
+        return Counted(self)
+
+
+def test_a_forced_call_copies_no_tool_schema() -> None:
+    tools = [Tool(f"f{i}", "", {"type": "object", "properties": {
+        f"p{j}": Counted(type="string", description="d" * 20) for j in range(20)}})
+        for i in range(200)]
+    Counted.copies = 0
+    schema = call_schema(ToolRequest(tools, ToolChoice("required")))
+    assert schema is not None and Counted.copies == 0
+    variants = json.loads(schema)["items"]["anyOf"]
+    assert [v["properties"]["name"]["const"] for v in variants] == [t.name for t in tools]
+    assert variants[7]["properties"]["arguments"] == tools[7].parameters
+    # A tool's own definitions still move to the root, its refs renamed.
+    own = Tool("g", "", {"type": "object", "$defs": {"P": {"type": "integer"}},
+                         "properties": {"p": {"$ref": "#/$defs/P"}}})
+    out = json.loads(call_schema(ToolRequest([own], ToolChoice("required", "g"))) or "")
+    assert out["$defs"] == {"t0_P": {"type": "integer"}}
+    assert out["properties"]["arguments"]["properties"]["p"] == {"$ref": "#/$defs/t0_P"}
 
 
 # A placeholder for 100,000 numbers written `1e15` (Python's json writes 1000000000000000.0).
