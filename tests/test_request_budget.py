@@ -9,11 +9,13 @@ none measures time.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from serverctl import Server
 
 from npu_proxy.gateway.content.json_size import ToolBudget, measure
 from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest, call_schema
@@ -124,3 +126,66 @@ def test_tools_past_the_prompt_limit_are_a_400(base_url: str, path: str) -> None
         "messages": HI}))
     assert r.status_code == 400, r.text
     assert "max_prompt_chars" in _message(r)
+
+
+# --- the workers' socket limit, checked at the sender ----------------------------------------
+
+BODY_LIMIT = 512 * 1024
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Bodies up to 512 KiB, so a worker takes messages up to 2 MiB (2 * max_body_bytes +
+    1 MiB); prompts up to 8 M characters, so the tools below pass that socket limit while
+    within every limit of the request itself."""
+    srv = Server(tmp_path_factory.mktemp("budget"), workers=[{"name": "llm", "role": "llm"}],
+                 max_body_bytes=BODY_LIMIT, max_prompt_chars=8_000_000).start()
+    yield srv
+    srv.stop()
+
+
+def _stream(url: str, first: threading.Event, out: dict[str, Any]) -> None:
+    body = {"model": LLM, "messages": HI, "stream": True, "max_tokens": 24,
+            "ignore_eos": True, "temperature": 0}
+    chunks = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=180) as r:
+        out["status"] = r.status_code
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks += 1
+                first.set()
+            elif line == "data: [DONE]":
+                out["done"] = True
+    out["chunks"] = chunks
+    first.set()
+
+
+def test_a_request_past_the_workers_socket_limit_is_refused_at_the_gateway(
+        small: Server) -> None:
+    # NOTE: 100,000 numbers of 4 characters (a 500 KB body) become 2 MB of tool text, twice
+    # over with tool_choice "required" (the offered tools and the forced call's schema).
+    params = {"type": "object", "properties": {"n": {"enum": ENUM}}}
+    hostile = {"model": LLM, "max_tokens": 1, "messages": HI, "tool_choice": "required",
+               "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]}
+    data = _body(hostile)
+    assert len(data) < BODY_LIMIT
+    first, out = threading.Event(), dict[str, Any]()
+    victim = threading.Thread(target=_stream, args=(small.url, first, out))
+    victim.start()
+    assert first.wait(180)
+    r = httpx.post(small.url + "/v1/chat/completions", content=data, timeout=60, headers=JSON)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert "2 * max_body_bytes + 1 MiB" in r.json()["error"]["message"]
+    # The same request as an Ollama chat: its own shape.
+    r = httpx.post(small.url + "/api/chat", timeout=60, headers=JSON, content=_body({
+        "model": LLM, "stream": False, "messages": HI, "tools": hostile["tools"],
+        "options": {"num_predict": 1, "tool_choice": "required"}}))
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"], r.text
+    victim.join(180)
+    assert out == {"status": 200, "done": True, "chunks": out["chunks"]} and out["chunks"] > 1
+    # The link to the worker still carries requests (a dropped connection loses them).
+    r = httpx.post(small.url + "/v1/chat/completions", timeout=120, json={
+        "model": LLM, "messages": HI, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert small.children()["llm"]["restarts"] == 0

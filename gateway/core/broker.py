@@ -20,6 +20,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
     ErrorCode,
@@ -38,6 +39,7 @@ from npu_proxy.protocol.sockets import (
     configure_sub,
     connect,
     events_endpoint,
+    request_limit,
     worker_endpoint,
 )
 from npu_proxy.protocol.states import ProcessState, observed, reported, silence_allowed, transition
@@ -194,10 +196,21 @@ class Broker:
     def open(self, worker: str, request_id: str, msg: msgspec.Struct) -> RequestStream:
         """Send a request and register the stream its frames arrive on."""
         link = self.links[worker]
+        data = encode(msg)
+        limit = request_limit(self.config)
+        if len(data) > limit:
+            # NOTE: checked here, at the sender: the worker's socket drops the connection on a
+            # larger message (MAXMSGSIZE), and with it the requests and aborts queued behind.
+            log.warning("request_id=%s refused: its message is %d bytes, over the workers' "
+                        "limit of %d", request_id, len(data), limit)
+            raise GatewayError(413, "request_too_large",
+                               f"the request grows to {len(data)} bytes once prepared for the "
+                               f"worker (tools, schemas, history), over the limit of {limit} "
+                               "bytes (2 * max_body_bytes + 1 MiB)")
         stream = RequestStream(id=request_id, worker=worker)
         link.requests[request_id] = stream
         try:
-            self._push_now[worker].send(encode(msg), flags=zmq.NOBLOCK)
+            self._push_now[worker].send(data, flags=zmq.NOBLOCK)
         except zmq.Again as exc:
             del link.requests[request_id]
             raise WorkerUnavailable(f"worker {worker} is not connected") from exc
