@@ -393,6 +393,14 @@ class Config(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     max_audio_seconds: float = 600.0
     # POST /v1/audio/speech: characters of `input` (400 beyond; OpenAI's own limit).
     max_speech_chars: int = 4096
+    # --- model cache upkeep (issue 27; gateway/admin/manage.py, models/upkeep.py) ---
+    # Bytes the model cache may hold (pulled models, blobs, staged pulls; not the compile
+    # cache nor converted IR); a pull or a blob upload that would pass it is refused (400/413
+    # naming this setting). 0 = no quota.
+    max_cache_bytes: int = 0
+    # Pulls run at once, on their own threads (never the default executor that image
+    # decoding, model switches and create/copy/delete use); more wait for a free one.
+    pull_threads: int = 2
     # An interpreter with optimum-intel and torch (the `convert` extra) that builds the
     # embedded Whisper model once into the model cache (workers/speech/whisper_ir.py);
     # "" = the server's own, which then needs that extra.
