@@ -23,6 +23,7 @@ import zmq.asyncio
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
+    EMBED_BATCH_CLASSES,
     ErrorCode,
     Failed,
     Heartbeat,
@@ -157,6 +158,7 @@ class Broker:
         self._push_now: dict[str, zmq.Socket[bytes]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
+        self._misnamed: set[str] = set()  # links that sent heartbeats naming another worker
 
     def idle(self, worker: str) -> bool:
         """The worker is not loaded (lazy, or unloaded after its keep_alive)."""
@@ -251,6 +253,17 @@ class Broker:
             log.error("undecodable frame from %s: %s", link.name, exc)
             return
         if isinstance(msg, Heartbeat):
+            if msg.worker != link.name or \
+                    len(msg.embed_batches or ()) > len(EMBED_BATCH_CLASSES):
+                # NOTE: a heartbeat is the link's own or nothing: one naming another worker
+                # (a remote peer's, or a forged one) must not speak for that worker, nor
+                # add metric series (more batch size classes than there are).
+                if link.name not in self._misnamed:
+                    self._misnamed.add(link.name)
+                    log.warning("ignoring heartbeats from worker %s that name %r or more "
+                                "batch classes than there are", link.name, msg.worker[:64],
+                                extra={"worker": link.name})
+                return
             self._on_heartbeat(link, msg)
             return
         stream = link.requests.get(msg.id)
