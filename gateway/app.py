@@ -41,6 +41,7 @@ from npu_proxy.gateway.http.util import accept_request_id
 from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.gateway.pages.openapi import OpenAPIRoute
 from npu_proxy.gateway.pages.status import StatusRoutes
+from npu_proxy.models.upkeep import tidy
 from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.broker.start()
+        await asyncio.to_thread(tidy, self.router.table.store)
         keep_alive = asyncio.create_task(self.router.switcher.run())
         try:
             yield

@@ -41,10 +41,12 @@ def parse_digest(digest: str) -> str:
 class BlobUpload:
     """One upload in progress. Blocking file work: call it from a thread, not an event loop."""
 
-    def __init__(self, target: Path, staging: Path, hex_digest: str, limit: int) -> None:
+    def __init__(self, target: Path, staging: Path, hex_digest: str, limit: int,
+                 setting: str = "max_blob_bytes") -> None:
         self.target = target
         self.hex = hex_digest
         self.limit = limit
+        self.setting = setting  # the setting the limit comes from, for the 413's message
         self.size = 0
         self._hash = hashlib.sha256()
         staging.mkdir(parents=True, exist_ok=True)
@@ -55,7 +57,7 @@ class BlobUpload:
         self.size += len(data)
         if self.size > self.limit:
             raise BlobError(413, f"the blob is over {self.limit} bytes, the limit "
-                                 "(max_blob_bytes)")
+                                 f"({self.setting})")
         self._hash.update(data)
         self._file.write(data)
 

@@ -65,6 +65,8 @@ class FakeHub:
         self.commits: dict[str, str] = {}
         self.requests: list[tuple[str, str, str]] = []  # (method, path, Range header)
         self.drop_after: dict[str, int] = {}  # repo path -> bytes sent before dropping, once
+        # repo path -> (reached, release): a transfer pauses after its first chunk, once
+        self.holds: dict[str, tuple[threading.Event, threading.Event]] = {}
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -86,6 +88,14 @@ class FakeHub:
     def drop_once(self, repo: str, path: str, after: int) -> None:
         with self.lock:
             self.drop_after[f"{repo}/{path}"] = after
+
+    def hold_once(self, repo: str, path: str) -> tuple[threading.Event, threading.Event]:
+        """The next transfer of the file pauses after its first chunk: `reached` is set
+        then, and it goes on once `release` is set."""
+        events = threading.Event(), threading.Event()
+        with self.lock:
+            self.holds[f"{repo}/{path}"] = events
+        return events
 
     def start(self) -> str:
         hub = self
@@ -211,8 +221,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.hub.lock:
             drop = self.hub.drop_after.pop(f"{repo}/{path}", None)
+            hold = self.hub.holds.pop(f"{repo}/{path}", None)
         sent = 0
         for chunk in f.read(start):
+            if hold is not None and sent:
+                self.wfile.flush()
+                hold[0].set()
+                hold[1].wait(300)
+                hold = None
             if drop is not None and sent + len(chunk) >= drop:
                 self.wfile.write(chunk[:max(0, drop - sent)])
                 self.wfile.flush()

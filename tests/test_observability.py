@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -383,6 +384,7 @@ def test_restart_and_cache_counters_follow_process_incarnations() -> None:
     try:
         metrics = Metrics(config, broker)
         reg = metrics.registry
+        link = SimpleNamespace(name="embed")  # NOTE: labels come from the link, not the beat
 
         def restarts(reason: str) -> float:
             return reg.get_sample_value("npu_proxy_worker_restarts_total",
@@ -392,25 +394,25 @@ def test_restart_and_cache_counters_follow_process_incarnations() -> None:
             return reg.get_sample_value("npu_proxy_embedding_cache_hits_total",
                                         {"worker": "embed"}) or 0.0
 
-        metrics.on_heartbeat(None, _beat(100, hits=3))
-        metrics.on_heartbeat(None, _beat(100, hits=5))
+        metrics.on_heartbeat(link, _beat(100, hits=3))
+        metrics.on_heartbeat(link, _beat(100, hits=5))
         assert hits() == 5
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=100, returncode=-9))
         # The new process counts from zero again.
-        metrics.on_heartbeat(None, _beat(200, hits=2))
+        metrics.on_heartbeat(link, _beat(200, hits=2))
         assert hits() == 7 and restarts("sigkill") == 1
         # A late frame of the dead process changes nothing.
-        metrics.on_heartbeat(None, _beat(100, hits=9))
+        metrics.on_heartbeat(link, _beat(100, hits=9))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=100, returncode=-9))
         assert hits() == 7 and restarts("sigkill") == 1
         # A process that fails in load and one that dies before its first heartbeat.
-        metrics.on_heartbeat(None, _beat(200, state=ProcessState.FAILED))
+        metrics.on_heartbeat(link, _beat(200, state=ProcessState.FAILED))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=200, returncode=1))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=300, returncode=1))
-        metrics.on_heartbeat(None, _beat(400))
+        metrics.on_heartbeat(link, _beat(400))
         assert restarts("failed") == 1 and restarts("crashed") == 1
         # A successor seen before its predecessor's exit event: counted once, as unknown.
-        metrics.on_heartbeat(None, _beat(500))
+        metrics.on_heartbeat(link, _beat(500))
         metrics.on_worker_exited(WorkerExited(worker="embed", pid=400, returncode=0))
         assert restarts("unknown") == 1
         assert metrics.workers["embed"].restarts == 4

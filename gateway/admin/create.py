@@ -44,6 +44,7 @@ from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
 from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
 from npu_proxy.models.gguf import ModelInfoError, read_gguf_header
 from npu_proxy.models.store import STAGING, safe_relative
+from npu_proxy.models.upkeep import room
 
 log = logging.getLogger(__name__)
 
@@ -232,19 +233,26 @@ class CreateRoutes:
 
     async def blob_upload(self, request: Request) -> Response:
         digest = request.path_params["digest"]
-        limit = self.config.max_blob_bytes
+        limit, setting = self.config.max_blob_bytes, "max_blob_bytes"
         try:
             hex_digest = parse_digest(digest)
             declared = request.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise BlobError(413, f"the blob is {declared} bytes; the limit is {limit} "
                                      "bytes (max_blob_bytes)")
+            left = await asyncio.to_thread(room, self.store.root, self.config.max_cache_bytes)
+            if left is not None and left < limit:
+                limit, setting = left, "max_cache_bytes"
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise BlobError(413, f"the blob is {declared} bytes; the model cache has "
+                                     f"{limit} bytes left under its quota (max_cache_bytes)")
         except BlobError as exc:
             await _drain(request)
             return _error(exc.status, exc.message)
         try:
             upload = await asyncio.to_thread(BlobUpload, self.store.blob_path(digest),
-                                             self.store.root / STAGING, hex_digest, limit)
+                                             self.store.root / STAGING, hex_digest, limit,
+                                             setting)
         except OSError as exc:
             log.exception("blob upload failed")
             await _drain(request)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -30,14 +32,16 @@ from starlette.routing import Route
 
 from npu_proxy.gateway.core.errors import GatewayError, invalid, model_not_found
 from npu_proxy.gateway.core.router import Router
-from npu_proxy.gateway.http.util import decode_body, dumps
+from npu_proxy.gateway.http.util import decode_body, dumps, unless_disconnected
 from npu_proxy.models.pull.install import run_pull
 from npu_proxy.models.pull.plan import Progress, PullError, PullPlan, plan_pull
 from npu_proxy.models.registry import ModelNameError, canonical, embedded, normalize
+from npu_proxy.models.upkeep import prune_blobs
 
 log = logging.getLogger(__name__)
 
 NDJSON = "application/x-ndjson"
+T = TypeVar("T")
 
 
 class PullRequest(msgspec.Struct):
@@ -74,6 +78,14 @@ class ModelRoutes:
         self.router = router
         self.config = router.config
         self._pulls: set[asyncio.Task[None]] = set()
+        # NOTE: pulls (and pulls waiting on another's lock) hold a thread for as long as the
+        # download takes: on the default executor they starved image decoding, model
+        # switches and create/copy/delete. Their own pool bounds them; more wait their turn.
+        self._pool = ThreadPoolExecutor(max(1, self.config.pull_threads),
+                                        thread_name_prefix="pull")
+
+    async def _on_pool(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def routes(self) -> list[Route]:
         return [
@@ -90,6 +102,8 @@ class ModelRoutes:
             name = req.model or req.name
             if not name:
                 raise invalid("model is required", param="model")
+            # NOTE: planning is one metadata request with its own timeout: the default
+            # executor; the download (and the wait for another pull's lock) is the pool's.
             plan = await asyncio.to_thread(plan_pull, self.config, name)
         except GatewayError as exc:
             return _error(exc.status, exc.message)
@@ -103,12 +117,29 @@ class ModelRoutes:
         if req.stream is not False:
             return StreamingResponse(self._stream(queue, cancel), media_type=NDJSON)
         failure: PullError | None = None
-        while (item := await queue.get()) is not None:
-            if isinstance(item, PullError):
-                failure = item
+        done = False
+        try:
+            failure = await unless_disconnected(request, self._outcome(queue))
+            done = True
+        except GatewayError:
+            return Response(status_code=499)
+        finally:
+            if not done:
+                # NOTE: the client left (or the request was cancelled): the download stops
+                # at its next chunk, or before it starts; the next pull resumes.
+                cancel.set()
+                log.info("pull of %s: the client left; cancelled", plan.name)
         if failure is not None:
             return _error(failure.status, str(failure))
         return JSONResponse({"status": "success"})
+
+    @staticmethod
+    async def _outcome(queue: asyncio.Queue[Progress | PullError | None]) -> PullError | None:
+        failure: PullError | None = None
+        while (item := await queue.get()) is not None:
+            if isinstance(item, PullError):
+                failure = item
+        return failure
 
     async def _run(self, plan: PullPlan, queue: asyncio.Queue[Progress | PullError | None],
                    cancel: threading.Event) -> None:
@@ -119,7 +150,7 @@ class ModelRoutes:
             loop.call_soon_threadsafe(queue.put_nowait, progress)
 
         try:
-            await asyncio.to_thread(run_pull, self.config, plan, emit, cancel)
+            await self._on_pool(run_pull, self.config, plan, emit, cancel)
         except PullError as exc:
             log.warning("pull of %s failed: %s", plan.name, exc)
             queue.put_nowait(exc)
@@ -190,6 +221,9 @@ class ModelRoutes:
         except GatewayError as exc:
             return _error(exc.status, exc.message)
         log.info("deleted model %s", name)
+        # NOTE: as Ollama prunes layers after a delete: blobs no model uses any more go too
+        # (except recent uploads, whose /api/create may still come: models/upkeep.py).
+        await asyncio.to_thread(prune_blobs, table.store)
         return Response(status_code=200)
 
     async def copy(self, request: Request) -> Response:

@@ -295,7 +295,8 @@ class AnthropicRoutes(DialectRoutes):
         msg = await self.requests.tokenize(request, model,
                                        await chat_messages(req.system, req.messages, caps,
                                                            req.model, self.requests.images()),
-                                       tool_request(req.tools, req.tool_choice),
+                                       tool_request(req.tools, req.tool_choice,
+                                                    self.requests.limits.tool_budget()),
                                        template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
@@ -312,7 +313,9 @@ class AnthropicRoutes(DialectRoutes):
         messages = await chat_messages(req.system, req.messages, caps, req.model,
                                        self.requests.images(), ignored)
         msg, parser = await self.requests.chat(request, model, messages,
-                                           tool_request(req.tools, req.tool_choice, ignored),
+                                           tool_request(req.tools, req.tool_choice,
+                                                        self.requests.limits.tool_budget(),
+                                                        ignored),
                                            params, requested=req.model,
                                            template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)

@@ -23,6 +23,7 @@ from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.params import json_schema_text
 from npu_proxy.gateway.content.tools import (
+    ToolBudget,
     ToolRequest,
     anthropic_choice,
     anthropic_tools,
@@ -208,8 +209,8 @@ def output_schema(config: dict[str, Any] | None) -> str | None:
 
 
 def tool_request(tools: list[dict[str, Any]] | None, tool_choice: dict[str, Any] | None,
-                 ignored: Ignored | None = None) -> ToolRequest | None:
-    offered = anthropic_tools(tools, ignored)
+                 budget: ToolBudget, ignored: Ignored | None = None) -> ToolRequest | None:
+    offered = anthropic_tools(tools, budget, ignored)
     if not offered:
         return None
     choice, parallel = anthropic_choice(tool_choice, True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from npu_proxy.gateway.content.json_size import ToolBudget
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import ChatMessage
@@ -51,6 +52,11 @@ class Limits:
     def __init__(self, config: Config, catalog: ModelCatalog) -> None:
         self.config = config
         self.catalog = catalog
+
+    def tool_budget(self) -> ToolBudget:
+        """What the tools of one request may add to its prompt, charged as they are measured
+        (`max_prompt_chars`): their measuring stops at the limit, whatever the body holds."""
+        return ToolBudget(self.config.max_prompt_chars)
 
     def check_items(self, items: int, tools: int) -> None:
         """The Responses API's input items and tools, counted as sent, before they are

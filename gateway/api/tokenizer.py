@@ -82,7 +82,7 @@ class TokenizerRoutes(DialectRoutes):
                                                       req.model or model.name,
                                                       self.requests.images())
             tools = openai_chat.tool_request(openai_chat.ChatRequest(
-                tools=req.tools, tool_choice=req.tool_choice))
+                tools=req.tools, tool_choice=req.tool_choice), self.requests.limits.tool_budget())
         msg = await self.requests.tokenize(request, model, messages, tools, prompt=prompt,
                                        want_tokens=True, add_special_tokens=special,
                                        add_generation_prompt=req.add_generation_prompt,

@@ -20,8 +20,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus, event_decoder
+from npu_proxy.protocol.liveness import (
+    EMBED_BATCH_CLASSES,
+    Heartbeat,
+    WorkerExited,
+    WorkerStatus,
+    event_decoder,
+)
 from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
@@ -35,6 +42,7 @@ from npu_proxy.protocol.sockets import (
     configure_sub,
     connect,
     events_endpoint,
+    request_limit,
     worker_endpoint,
 )
 from npu_proxy.protocol.states import ProcessState, observed, reported, silence_allowed, transition
@@ -152,6 +160,7 @@ class Broker:
         self._push_now: dict[str, zmq.Socket[bytes]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
+        self._misnamed: set[str] = set()  # links that sent heartbeats naming another worker
 
     def idle(self, worker: str) -> bool:
         """The worker is not loaded (lazy, or unloaded after its keep_alive)."""
@@ -191,10 +200,21 @@ class Broker:
     def open(self, worker: str, request_id: str, msg: msgspec.Struct) -> RequestStream:
         """Send a request and register the stream its frames arrive on."""
         link = self.links[worker]
+        data = encode(msg)
+        limit = request_limit(self.config)
+        if len(data) > limit:
+            # NOTE: checked here, at the sender: the worker's socket drops the connection on a
+            # larger message (MAXMSGSIZE), and with it the requests and aborts queued behind.
+            log.warning("request_id=%s refused: its message is %d bytes, over the workers' "
+                        "limit of %d", request_id, len(data), limit)
+            raise GatewayError(413, "request_too_large",
+                               f"the request grows to {len(data)} bytes once prepared for the "
+                               f"worker (tools, schemas, history), over the limit of {limit} "
+                               "bytes (2 * max_body_bytes + 1 MiB)")
         stream = RequestStream(id=request_id, worker=worker)
         link.requests[request_id] = stream
         try:
-            self._push_now[worker].send(encode(msg), flags=zmq.NOBLOCK)
+            self._push_now[worker].send(data, flags=zmq.NOBLOCK)
         except zmq.Again as exc:
             del link.requests[request_id]
             raise WorkerUnavailable(f"worker {worker} is not connected") from exc
@@ -235,6 +255,17 @@ class Broker:
             log.error("undecodable frame from %s: %s", link.name, exc)
             return
         if isinstance(msg, Heartbeat):
+            if msg.worker != link.name or \
+                    len(msg.embed_batches or ()) > len(EMBED_BATCH_CLASSES):
+                # NOTE: a heartbeat is the link's own or nothing: one naming another worker
+                # (a remote peer's, or a forged one) must not speak for that worker, nor
+                # add metric series (more batch size classes than there are).
+                if link.name not in self._misnamed:
+                    self._misnamed.add(link.name)
+                    log.warning("ignoring heartbeats from worker %s that name %r or more "
+                                "batch classes than there are", link.name, msg.worker[:64],
+                                extra={"worker": link.name})
+                return
             self._on_heartbeat(link, msg)
             return
         stream = link.requests.get(msg.id)

@@ -226,25 +226,26 @@ class Metrics:
 
     @_guarded
     def on_heartbeat(self, link: Any, beat: Heartbeat) -> None:
-        rec = self.record(beat.worker)
+        name: str = link.name  # NOTE: labels from the gateway's configuration, not the frames
+        rec = self.record(name)
         if beat.pid != rec.pid:
             if beat.pid in rec.previous_pids:
                 return  # a late frame from a process already replaced
-            self._new_process(beat.worker, rec, beat.pid)
+            self._new_process(name, rec, beat.pid)
         if beat.cache_hits > rec.cache_hits:
-            self.cache_hits.labels(beat.worker).inc(beat.cache_hits - rec.cache_hits)
+            self.cache_hits.labels(name).inc(beat.cache_hits - rec.cache_hits)
             rec.cache_hits = beat.cache_hits
         if beat.cache_misses > rec.cache_misses:
-            self.cache_misses.labels(beat.worker).inc(beat.cache_misses - rec.cache_misses)
+            self.cache_misses.labels(name).inc(beat.cache_misses - rec.cache_misses)
             rec.cache_misses = beat.cache_misses
         if beat.embed_batches:
-            self._count_batches(beat.worker, rec, beat.embed_batches)
+            self._count_batches(name, rec, beat.embed_batches)
         if not rec.load_observed and beat.load_seconds > 0:
             rec.load_observed = True
-            self.load_time.labels(beat.worker).observe(beat.load_seconds)
+            self.load_time.labels(name).observe(beat.load_seconds)
         if beat.error and beat.error != rec.last_error:
             rec.last_error = beat.error
-            self.recent.error(beat.worker, beat.error)
+            self.recent.error(name, beat.error)
         if beat.state == ProcessState.FAILED and not rec.exit_reason:
             rec.exit_reason = "failed"
 
@@ -299,9 +300,8 @@ class Metrics:
             self._routes.popitem(last=False)
 
     def _labels(self, gen: Generation) -> tuple[str, str, str]:
-        link = self.broker.links.get(gen.stream.worker)
-        model = link.spec.model_name if link else ""
-        return gen.stream.worker, gen.accepted.device, model
+        spec = link.spec if (link := self.broker.links.get(gen.stream.worker)) else None
+        return gen.stream.worker, spec.device if spec else "", spec.model_name if spec else ""
 
     @_guarded
     def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None:

@@ -26,6 +26,7 @@ from npu_proxy.models.pull.plan import (
     plan_pull,
 )
 from npu_proxy.models.store import Manifest, ModelStore, inside, safe_relative
+from npu_proxy.models.upkeep import QuotaExceeded, check_room
 from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ def run_pull(config: Config, plan: PullPlan, on_progress: OnProgress,
     if plan.ready:
         on_progress(Progress(status="success"))
         return None
+    if cancel is not None and cancel.is_set():  # NOTE: its client left while it waited
+        raise PullCancelled("pull cancelled")
     store = ModelStore(config.model_cache_path())
     staging = store.staging_dir(plan.name)
     # NOTE: containment is checked before anything is created: a link planted in the cache
@@ -133,6 +136,12 @@ def run_pull(config: Config, plan: PullPlan, on_progress: OnProgress,
                 Reporter(file, on_progress, cancel)(file.size, force=True)
             on_progress(Progress(status="success"))
             return done
+        try:
+            # NOTE: what is staged already (a resumed pull) is part of what the plan needs.
+            check_room(store.root, config.max_cache_bytes, sum(f.size for f in plan.files),
+                       f"pulling {plan.name}", skip=staging)
+        except QuotaExceeded as exc:
+            raise PullRefused(str(exc)) from None
         _prepare_staging(staging, plan)
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils._headers import build_hf_headers

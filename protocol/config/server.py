@@ -15,6 +15,13 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     port: int = 11435
     runtime_dir: str = ""
     model_cache: str = "~/.cache/npu-proxy/models"
+    # Bytes the model cache may hold (pulled models, blobs, staged pulls; not the compile
+    # cache nor converted IR); a pull or a blob upload that would pass it is refused (400/413
+    # naming this setting). 0 = no quota. (gateway/admin/manage.py, models/upkeep.py)
+    max_cache_bytes: int = 0
+    # Pulls run at once, on their own threads (never the default executor that image
+    # decoding, model switches and create/copy/delete use); more wait for a free one.
+    pull_threads: int = 2
     # "ipc" (POSIX default) or "tcp" on 127.0.0.1 (the Windows path). On tcp every socket is
     # encrypted and authenticated with CURVE keys from `keys_dir` (protocol/keys.py).
     transport: Literal["ipc", "tcp"] = "ipc"

@@ -14,6 +14,7 @@ from npu_proxy.gateway.api.ollama.turn import TurnRequest, TurnRoutes, logprobs_
 from npu_proxy.gateway.api.request_path import Dispatch
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.tools import (
+    ToolBudget,
     ToolRequest,
     history_call,
     ollama_choice,
@@ -69,13 +70,13 @@ async def chat_messages(messages: list[Message], caps: Capabilities, requested: 
     return out
 
 
-def tool_request(req: ChatRequest) -> ToolRequest | None:
+def tool_request(req: ChatRequest, budget: ToolBudget) -> ToolRequest | None:
     """Ollama has no tool_choice: tools mean "auto", unless the `options.tool_choice`
     extension forces a call (see gateway/content/tools/)."""
     choice = (req.options or {}).get("tool_choice")
     if not req.tools:
         return None
-    return ToolRequest(openai_tools(req.tools), ollama_choice(choice, True))
+    return ToolRequest(openai_tools(req.tools, budget), ollama_choice(choice, True))
 
 
 class ChatRoutes(TurnRoutes):
@@ -87,7 +88,8 @@ class ChatRoutes(TurnRoutes):
         msg, parser = await self.requests.chat(request, model,
                                            await chat_messages(req.messages, caps, req.model,
                                                                self.requests.images()),
-                                           tool_request(req), params, requested=req.model,
+                                           tool_request(req, self.requests.limits.tool_budget()),
+                                           params, requested=req.model,
                                            template_vars=variables)
         msg.truncate = req.truncate is not False
         return self._turn(model, req, msg, keep,

@@ -25,6 +25,7 @@ from npu_proxy.gateway.content.params import json_schema_text
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
 from npu_proxy.gateway.content.tools import (
     CallParser,
+    ToolBudget,
     ToolCall,
     ToolRequest,
     fragments,
@@ -138,12 +139,12 @@ def _history_call(call: dict[str, Any]) -> dict[str, Any]:
     return history_call(call.get("id"), fn["name"], fn.get("arguments"))
 
 
-def tool_request(req: ChatRequest) -> ToolRequest | None:
+def tool_request(req: ChatRequest, budget: ToolBudget) -> ToolRequest | None:
     if not req.tools:
         if req.tool_choice not in (None, "none", "auto"):
             raise invalid("tool_choice needs tools", param="tool_choice")
         return None
-    tools = openai_tools(req.tools)
+    tools = openai_tools(req.tools, budget)
     return ToolRequest(tools, openai_choice(req.tool_choice, bool(tools)),
                        req.parallel_tool_calls is not False)
 
@@ -280,7 +281,7 @@ class ChatRoutes(DialectRoutes):
         params = sampling_params(req, max_tokens, _response_schema(req.response_format))
         params.logprobs = top is not None
         params.regex = _regex(req)
-        tools = tool_request(req)
+        tools = tool_request(req, self.requests.limits.tool_budget())
         messages = await chat_messages(req.messages, await self.catalog.capabilities(model),
                                        req.model, self.requests.images())
         thinking = await self.requests.thinking(model, _enable_thinking(req), req.model,

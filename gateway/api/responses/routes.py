@@ -240,7 +240,7 @@ class ResponsesRoutes(DialectRoutes):
             raise invalid("input is required (a string or a non-empty list of items)",
                           param="input")
         params = sampling(req)
-        tools = responses_tools(req.tools, ignored)
+        tools = responses_tools(req.tools, self.requests.limits.tool_budget(), ignored)
         choice = responses_choice(req.tool_choice, bool(tools))
         if not tools and choice.mode == "required":
             raise invalid("tool_choice requires a call but no tools were given",

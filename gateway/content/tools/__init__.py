@@ -37,6 +37,7 @@ object or a JSON string) naming an offered tool. Anything else is text. Streamin
 non-streaming responses use the same parser, so they agree.
 """
 
+from npu_proxy.gateway.content.json_size import ToolBudget
 from npu_proxy.gateway.content.tools.definitions import (
     CUSTOM_INPUT,
     MAX_PARALLEL,
@@ -70,7 +71,7 @@ from npu_proxy.gateway.content.tools.prompting import PreparedChat, Tooling, pre
 
 __all__ = [
     "CUSTOM_INPUT", "MAX_PARALLEL", "TAG_CLOSE", "TAG_OPEN", "CallParser", "Mode", "PreparedChat",
-    "Tool", "ToolCall", "ToolChoice", "ToolRequest", "Tooling", "anthropic_choice",
+    "Tool", "ToolBudget", "ToolCall", "ToolChoice", "ToolRequest", "Tooling", "anthropic_choice",
     "anthropic_tools", "call_schema", "fragments", "history_call", "loads_arguments",
     "ollama_choice", "openai_choice", "openai_tools", "parse_calls", "prepare",
     "responses_choice", "responses_tools", "split_calls",

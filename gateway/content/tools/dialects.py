@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from npu_proxy.gateway.content.ignored import Ignored
-from npu_proxy.gateway.content.json_size import measure
+from npu_proxy.gateway.content.json_size import ToolBudget, measure
 from npu_proxy.gateway.content.tools.anthropic_defined import defined_description, defined_schema
 from npu_proxy.gateway.content.tools.definitions import CUSTOM_INPUT, Tool, ToolChoice
 from npu_proxy.gateway.core.errors import invalid
@@ -30,20 +30,20 @@ def _schema(value: Any, where: str) -> dict[str, Any]:
 _TOOL_OVERHEAD = 44
 
 
-def _tool(name: Any, description: Any, parameters: Any, where: str) -> Tool:
+def _tool(name: Any, description: Any, parameters: Any, where: str, budget: ToolBudget) -> Tool:
     if not isinstance(name, str) or not _NAME.match(name):
         raise invalid(f"{where}.name must be a string of letters, digits, _ . : or -",
                       param="tools")
     if description is not None and not isinstance(description, str):
         raise invalid(f"{where}.description must be a string", param="tools")
     schema = _schema(parameters, f"{where}.parameters")
-    chars = measure(schema, f"{where}.parameters") + measure(name, where) \
-        + measure(description or "", where)
+    chars = budget.charge(schema, f"{where}.parameters") + budget.charge(name, where) \
+        + budget.charge(description or "", where)
     return Tool(name=name, description=description or "", parameters=schema,
                 chars=chars + _TOOL_OVERHEAD)
 
 
-def openai_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
+def openai_tools(raw: list[dict[str, Any]] | None, budget: ToolBudget) -> list[Tool]:
     """OpenAI and Ollama: `[{"type": "function", "function": {name, description, parameters}}]`."""
     tools = []
     for i, item in enumerate(raw or []):
@@ -53,12 +53,12 @@ def openai_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
             raise invalid(f"tools[{i}]: only tools of type 'function' with a 'function' object "
                           "are supported", param="tools")
         tools.append(_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
-                           f"tools[{i}].function"))
+                           f"tools[{i}].function", budget))
     return tools
 
 
-def anthropic_tools(raw: list[dict[str, Any]] | None, ignored: Ignored | None = None
-                    ) -> list[Tool]:
+def anthropic_tools(raw: list[dict[str, Any]] | None, budget: ToolBudget,
+                    ignored: Ignored | None = None) -> list[Tool]:
     """Anthropic: `[{name, description, input_schema}]` (custom tools; `defer_loading`,
     `cache_control` and `strict` change nothing here). Anthropic-defined client tools
     (`bash_*`, `text_editor_*`, `memory_*`: a `type` and no input_schema) get their published
@@ -75,21 +75,21 @@ def anthropic_tools(raw: list[dict[str, Any]] | None, ignored: Ignored | None = 
                     ignored.add(f"tools:{kind}")
                 continue
             tools.append(_tool(item.get("name"), defined_description(kind), schema,
-                               f"tools[{i}]"))
+                               f"tools[{i}]", budget))
             continue
         tools.append(_tool(item.get("name"), item.get("description"), item.get("input_schema"),
-                           f"tools[{i}]"))
+                           f"tools[{i}]", budget))
     return tools
 
 
 def _custom(item: dict[str, Any], where: str, namespace: str | None,
-            ignored: Ignored | None) -> Tool:
+            ignored: Ignored | None, budget: ToolBudget) -> Tool:
     """A Responses `custom` tool: free text in, offered as one string argument. A grammar
     `format` is not enforced (the text is not constrained): named in `ignored`."""
     fmt = item.get("format")
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text") and ignored is not None:
         ignored.add("tools:custom.format")
-    base = _tool(item.get("name"), item.get("description"), None, where)
+    base = _tool(item.get("name"), item.get("description"), None, where, budget)
     params = {"type": "object", "properties": {CUSTOM_INPUT: {
         "type": "string", "description": "the tool's input, as free text"}},
         "required": [CUSTOM_INPUT]}
@@ -98,15 +98,16 @@ def _custom(item: dict[str, Any], where: str, namespace: str | None,
 
 
 def _responses_tool(item: Any, where: str, namespace: str | None,
-                    ignored: Ignored | None) -> Tool | None:
+                    ignored: Ignored | None, budget: ToolBudget) -> Tool | None:
     if not isinstance(item, dict):
         raise invalid(f"{where} must be an object", param="tools")
     kind = item.get("type")
     if kind == "function":
-        tool = _tool(item.get("name"), item.get("description"), item.get("parameters"), where)
+        tool = _tool(item.get("name"), item.get("description"), item.get("parameters"), where,
+                     budget)
         return dataclasses.replace(tool, namespace=namespace)
     if kind == "custom":
-        return _custom(item, where, namespace, ignored)
+        return _custom(item, where, namespace, ignored, budget)
     if not isinstance(kind, str):
         raise invalid(f"{where}.type must be a string", param="tools")
     # NOTE: hosted tools (web_search, file_search, code_interpreter, mcp, computer use,
@@ -118,7 +119,8 @@ def _responses_tool(item: Any, where: str, namespace: str | None,
     return None
 
 
-def responses_tools(raw: list[Any] | None, ignored: Ignored | None = None) -> list[Tool]:
+def responses_tools(raw: list[Any] | None, budget: ToolBudget,
+                    ignored: Ignored | None = None) -> list[Tool]:
     """OpenAI Responses: flat `{"type": "function", name, description, parameters, strict}`,
     `{"type": "custom", name, description, format}`, and `{"type": "namespace", name,
     description, tools: [function | custom]}` whose inner tools are offered by their own names
@@ -137,16 +139,16 @@ def responses_tools(raw: list[Any] | None, ignored: Ignored | None = None) -> li
                               param="tools")
             about = item.get("description")
             for j, sub in enumerate(inner):
-                tool = _responses_tool(sub, f"{where}.tools[{j}]", space, ignored)
+                tool = _responses_tool(sub, f"{where}.tools[{j}]", space, ignored, budget)
                 if tool is None:
                     continue
                 if isinstance(about, str) and about:
                     tool = dataclasses.replace(
                         tool, description=f"{about} {tool.description}".strip(),
-                        chars=tool.chars + measure(about, where) + 1)
+                        chars=tool.chars + budget.charge(about, where) + 1)
                 tools.append(tool)
             continue
-        found = _responses_tool(item, where, None, ignored)
+        found = _responses_tool(item, where, None, ignored, budget)
         if found is not None:
             tools.append(found)
     return tools

@@ -3,11 +3,13 @@ must satisfy, so even a small model returns a call whose arguments validate."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 from npu_proxy.gateway.content.tools.definitions import MAX_PARALLEL, ToolRequest
+
+# Moved to the root (the definitions) or left out (`$schema`) of a tool's parameters.
+_MOVED = ("$defs", "definitions", "$schema")
 
 
 def _rewrite_refs(node: Any, prefix: str) -> Any:
@@ -38,16 +40,22 @@ def call_schema(req: ToolRequest) -> str | None:
     defs: dict[str, Any] = {}
     variants = []
     for i, tool in enumerate(req.offered):
-        params = copy.deepcopy(tool.parameters)
         prefix = f"t{i}_"
-        for key in ("$defs", "definitions"):
-            for name, sub in (params.pop(key, None) or {}).items():
-                defs[prefix + name] = _rewrite_refs(sub, prefix)
-        params.pop("$schema", None)
+        # NOTE: the client's schema is read, never copied (a deep copy of every tool ran on
+        # the event loop for each forced call): only a tool with definitions of its own is
+        # rebuilt, to move them to the root; its size is already within max_prompt_chars.
+        params = tool.parameters
+        if any(key in params for key in _MOVED):
+            params = {k: v for k, v in params.items() if k not in _MOVED}
+        own = [tool.parameters.get(key) for key in ("$defs", "definitions")]
+        if any(isinstance(found, dict) and found for found in own):
+            for found in own:
+                for name, sub in (found if isinstance(found, dict) else {}).items():
+                    defs[prefix + name] = _rewrite_refs(sub, prefix)
+            params = _rewrite_refs(params, prefix)
         variants.append({
             "type": "object",
-            "properties": {"name": {"const": tool.name},
-                           "arguments": _rewrite_refs(params, prefix)},
+            "properties": {"name": {"const": tool.name}, "arguments": params},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
