@@ -10,8 +10,8 @@ an unreadable file is a 400 naming `file`, a file over max_audio_bytes a 413.
 
 A translation is a transcription into English: an English-only model (the embedded
 whisper:tiny.en) hears English, so for it the two routes are the same. Word timestamps
-(`timestamp_granularities[]=word`) are not served: asked for, they are left out, with the
-`X-NPU-Proxy-Ignored` header and a log line; segments are.
+(`timestamp_granularities[]=word`) come with verbose_json, as OpenAI's `words`; with another
+format they are left out, with the `X-NPU-Proxy-Ignored` header and a log line.
 """
 
 from __future__ import annotations
@@ -156,10 +156,16 @@ class AudioRoutes(DialectRoutes):
             raise invalid(f"'language' must be an ISO-639-1 code such as 'en', got "
                           f"{language!r}", param="language")
         headers: dict[str, str] = {}
-        if "word" in _granularities(form):
-            log.info("request_id=%s timestamp_granularities word ignored: not served",
-                     request_id(request))
+        granularities = frozenset(_granularities(form))
+        words = "word" in granularities and response_format == "verbose_json"
+        if "word" in granularities and not words:
+            # NOTE: OpenAI times words in verbose_json only; json, text, srt and vtt have
+            # no place for them.
+            log.info("request_id=%s timestamp_granularities word ignored: response_format %s",
+                     request_id(request), response_format)
             headers["X-NPU-Proxy-Ignored"] = "timestamp_granularities[]=word"
+        # Segments' times: for srt, vtt and verbose_json, unless it asked words alone.
+        timed = response_format in transcript.TIMED and not (words and granularities == {"word"})
         limits = self.limits
         if upload.size is not None and upload.size > limits.max_bytes:
             raise too_large(upload.size, limits)
@@ -168,8 +174,8 @@ class AudioRoutes(DialectRoutes):
         msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
                          deadline=self.router.deadline(), task=task, language=language,
                          prompt=_text(form, "prompt"), temperature=temperature,
-                         timestamps=response_format in transcript.TIMED, stream=stream,
-                         log_id=request_id(request))
+                         timestamps=timed, stream=stream, log_id=request_id(request),
+                         words=words)
         stream_, first, route = await unless_disconnected(
             request, self.router.transcribe(model, msg))
         headers.update(route)
@@ -180,7 +186,7 @@ class AudioRoutes(DialectRoutes):
             done = await unless_disconnected(request, self._finish(stream_, first, msg))
         finally:
             self._close(stream_)
-        result = transcript.body(done, response_format, task, temperature)
+        result = transcript.body(done, response_format, task, temperature, granularities)
         if isinstance(result, str):
             return Response(result, media_type=transcript.MEDIA[response_format],
                             headers=headers)

@@ -5,7 +5,11 @@ engine cuts it into Whisper's 30 s windows and transcribes them in order, each w
 the first prompted with the end of the text so far (as Whisper's own long-form decoding
 conditions on the previous text), and joins the texts. A streamed request gets each piece of
 text as a `Delta` as the pipeline decodes it; every request ends with one `Transcription`
-(the whole text, the segments with their times when asked).
+(the whole text, the segments and the words with their times when asked).
+
+Word times come from the pipeline built with `word_timestamps=True` (cross-attention on the
+model's `alignment_heads`, aligned by DTW); that one pipeline serves every request, asked for
+words or not.
 
 NOTE: WhisperPipeline streams only without timestamps (openvino-genai 2026.4: "Streamer
 supported for short-form audio (< 30 seconds) with return_timestamps=False only"); with
@@ -26,10 +30,12 @@ from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
     Delta,
     ErrorCode,
+    MAX_WORDS,
     Segment,
     Timings,
     Transcribe,
     Transcription,
+    Word,
 )
 from npu_proxy.workers.engine import Emit
 from npu_proxy.workers.speech.serial_base import Cancelled, SerialSpeechEngine
@@ -45,6 +51,9 @@ WINDOW = 30 * SAMPLE_RATE
 MIN_TAIL = SAMPLE_RATE // 10
 # Characters of the text so far that prompt the next window.
 CONTEXT_CHARS = 200
+# NOTE: the pipeline's words carry the punctuation that follows them ("Paris."); OpenAI's
+# `words` are bare ("Paris"), the punctuation is in `text`.
+PUNCTUATION = ".,!?;:\"()[]{}¿¡…«»“”"
 
 
 class AsrEngine(SerialSpeechEngine[Transcribe]):
@@ -61,12 +70,29 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
         self.build_embedded = build_embedded
         self.pipe: Any = None
         self.multilingual = False
+        # Whether the pipeline gives word times (built with word_timestamps).
+        self.words = False
 
     def load(self, properties: dict[str, Any]) -> None:
         folder = Path(self.model_path)
         if self.build_embedded:
             ensure_whisper_ir(folder, self.config.converter_python)
-        self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
+        # NOTE: measured in-process on CPU (tiny.en, the 3 s test sentence and a 27 s window,
+        # 20 runs each way): built with word_timestamps, neither loading nor a request that
+        # asks no words is slower beyond the noise, so one pipeline serves both. A worker's
+        # `properties` may set word_timestamps = false; such a worker refuses words.
+        wanted = {"word_timestamps": True, **properties}
+        try:
+            self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **wanted)
+            self.words = bool(wanted["word_timestamps"])
+        except Exception as exc:
+            if "word_timestamps" in properties:
+                raise
+            # NOTE: e.g. a model without alignment_heads, or a device whose Whisper decoder
+            # cannot expose its cross-attention: transcribe without word times.
+            log.warning("worker %s: no word timestamps (%s); loading without them",
+                        self.spec.name, exc)
+            self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
         self.multilingual = bool(self.pipe.get_generation_config().is_multilingual)
 
     def warm_up(self) -> None:
@@ -77,6 +103,11 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
     def _config(self, req: Transcribe) -> Any:
         config = self.pipe.get_generation_config()
         config.return_timestamps = req.timestamps
+        if req.words and not self.words:
+            raise Cancelled(ErrorCode.UNSUPPORTED, f"worker {self.spec.name} gives no word "
+                            "timestamps (its pipeline is built without)", retry_elsewhere=True)
+        if self.words:
+            config.word_timestamps = req.words
         # NOTE: an English-only model hears English whatever the request says (and its
         # translation is its transcription).
         if self.multilingual:
@@ -100,6 +131,7 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
         config = self._config(req)
         texts: list[str] = []
         segments: list[Segment] = []
+        words: list[Word] = []
         tokens = 0
         language = "" if self.multilingual else "en"
         starts = list(range(0, max(len(samples), 1), WINDOW))
@@ -149,6 +181,8 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
                                         tokens=max(n, 1)))
             else:
                 tokens += len(pieces)
+            if req.words:
+                words.extend(_words(result, offset, len(window) / SAMPLE_RATE))
             if not language:
                 # NOTE: the detected language's token (e.g. "<|de|>"), on multilingual models.
                 language = str(getattr(result, "language", "") or "").strip("<|>")
@@ -163,4 +197,22 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
             timings=Timings(queue_ns=int((started - arrived) * 1e9),
                             decode_ns=int((done - started) * 1e9),
                             total_ns=int((done - arrived) * 1e9)),
-            language=language, segments=segments, tokens=tokens))
+            language=language, segments=segments, tokens=tokens, words=words[:MAX_WORDS]))
+
+
+def _words(result: Any, offset: float, length: float) -> list[Word]:
+    """A window's words, in seconds from the start of the audio.
+
+    NOTE: the pipeline times words within the window, which it pads to 30 s; a time past the
+    window's own audio is in that padding, so it is held at the window's end.
+    """
+    found: list[Word] = []
+    for timing in result.words or []:
+        text = str(timing.word).strip().strip(PUNCTUATION)
+        if not text:
+            continue
+        start = min(max(float(timing.start_ts), 0.0), length)
+        end = min(max(float(timing.end_ts), start), length)
+        found.append(Word(word=text, start=round(offset + start, 2),
+                          end=round(offset + end, 2)))
+    return found
