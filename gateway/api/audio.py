@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,23 +30,15 @@ from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import transcript
 from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
 from npu_proxy.gateway.core.broker import RequestStream
-from npu_proxy.gateway.core.errors import GatewayError, from_failed, invalid
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import (
-    Abort,
-    Delta,
-    Failed,
-    RequestFrame,
-    Transcribe,
-    Transcription,
-)
+from npu_proxy.protocol.messages import Delta, RequestFrame, Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
-# NOTE: a frame later than the deadline by this much means a stalled worker.
-_GRACE_S = 5.0
 # The form, for the OpenAPI document (gateway/pages/openapi.py).
 FORM_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["file", "model"],
@@ -195,33 +186,15 @@ class AudioRoutes(DialectRoutes):
     # --- the worker's frames ---------------------------------------------------------------
 
     def _close(self, stream: RequestStream) -> None:
-        # NOTE: an abort after the last frame is a no-op in the worker; before it, it stops
-        # a transcription nobody waits for.
-        self.router.broker.send(stream.worker, Abort(id=stream.id))
-        self.router.broker.close(stream)
-
-    async def _next(self, stream: RequestStream, msg: Transcribe) -> RequestFrame:
-        try:
-            return await stream.next_frame(max(0.1, msg.deadline + _GRACE_S - time.time()))
-        except TimeoutError:
-            raise GatewayError(504, "timeout", "the transcription did not finish in time") \
-                from None
+        release(self.router.broker, stream)
 
     async def _frames(self, stream: RequestStream, first: RequestFrame,
                       msg: Transcribe) -> AsyncIterator[Delta | Transcription]:
-        frame = first
-        while True:
-            if isinstance(frame, Failed):
-                raise from_failed(frame)
-            if isinstance(frame, Delta | Transcription):
-                if isinstance(frame, Transcription):
-                    self.router.count_audio(stream.worker, frame.duration)
-                yield frame
-                if isinstance(frame, Transcription):
-                    return
-            else:
-                raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-            frame = await self._next(stream, msg)
+        async for frame in frames_until(stream, first, msg.deadline, Delta, Transcription,
+                                        "the transcription"):
+            if isinstance(frame, Transcription):
+                self.router.count_audio(stream.worker, frame.duration)
+            yield frame
 
     async def _finish(self, stream: RequestStream, first: RequestFrame,
                       msg: Transcribe) -> Transcription:
