@@ -28,9 +28,9 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.messages import (
+    MAX_WORDS,
     Delta,
     ErrorCode,
-    MAX_WORDS,
     Segment,
     Timings,
     Transcribe,
