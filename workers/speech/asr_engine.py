@@ -7,9 +7,9 @@ conditions on the previous text), and joins the texts. A streamed request gets e
 text as a `Delta` as the pipeline decodes it; every request ends with one `Transcription`
 (the whole text, the segments and the words with their times when asked).
 
-Word times come from the pipeline built with `word_timestamps=True` (cross-attention on the
-model's `alignment_heads`, aligned by DTW); that one pipeline serves every request, asked for
-words or not.
+Word times come from a second pipeline, built with `word_timestamps=True` (cross-attention
+on the model's `alignment_heads`, aligned by DTW) when the first request asks for them, and
+kept for the next ones; the others go to the plain pipeline.
 
 NOTE: WhisperPipeline streams only without timestamps (openvino-genai 2026.4: "Streamer
 supported for short-form audio (< 30 seconds) with return_timestamps=False only"); with
@@ -70,29 +70,16 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
         self.build_embedded = build_embedded
         self.pipe: Any = None
         self.multilingual = False
-        # Whether the pipeline gives word times (built with word_timestamps).
-        self.words = False
+        self._properties: dict[str, Any] = {}
+        # The pipeline that times words: None until a request asks, False if it cannot be.
+        self._word_pipe: Any = None
 
     def load(self, properties: dict[str, Any]) -> None:
         folder = Path(self.model_path)
         if self.build_embedded:
             ensure_whisper_ir(folder, self.config.converter_python)
-        # NOTE: measured in-process on CPU (tiny.en, the 3 s test sentence and a 27 s window,
-        # 20 runs each way): built with word_timestamps, neither loading nor a request that
-        # asks no words is slower beyond the noise, so one pipeline serves both. A worker's
-        # `properties` may set word_timestamps = false; such a worker refuses words.
-        wanted = {"word_timestamps": True, **properties}
-        try:
-            self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **wanted)
-            self.words = bool(wanted["word_timestamps"])
-        except Exception as exc:
-            if "word_timestamps" in properties:
-                raise
-            # NOTE: e.g. a model without alignment_heads, or a device whose Whisper decoder
-            # cannot expose its cross-attention: transcribe without word times.
-            log.warning("worker %s: no word timestamps (%s); loading without them",
-                        self.spec.name, exc)
-            self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
+        self._properties = properties
+        self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
         self.multilingual = bool(self.pipe.get_generation_config().is_multilingual)
 
     def warm_up(self) -> None:
@@ -100,14 +87,37 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
 
     # --- one request ---------------------------------------------------------------------
 
-    def _config(self, req: Transcribe) -> Any:
-        config = self.pipe.get_generation_config()
+    def _pipe_for(self, req: Transcribe) -> Any:
+        """The pipeline for the request: the one that times words if it asks for them.
+
+        NOTE: measured in-process on CPU (tiny.en, openvino-genai 2026.4, 2 busy cores): a
+        pipeline built with word_timestamps loads as fast (2.1-2.6 s both ways) but decodes
+        a 27 s window about 12% slower (median of 30: 2121 vs 1896 ms) even when no words
+        are asked, so only requests that ask for words pay it, after one load.
+        """
+        if not req.words:
+            return self.pipe
+        if self._word_pipe is None:
+            try:
+                self._word_pipe = ov_genai.WhisperPipeline(
+                    self.model_path, self.spec.device,
+                    **{**self._properties, "word_timestamps": True})
+            except Exception as exc:
+                # NOTE: e.g. a model without alignment_heads, or a device whose decoder
+                # cannot expose its cross-attention; another worker may time words.
+                log.warning("worker %s: no word timestamps: %s", self.spec.name, exc)
+                self._word_pipe = False
+            self.progress_at = time.monotonic()
+        if self._word_pipe is False:
+            raise Cancelled(ErrorCode.UNSUPPORTED, f"worker {self.spec.name} cannot time "
+                            "words with this model", retry_elsewhere=True)
+        return self._word_pipe
+
+    def _config(self, pipe: Any, req: Transcribe) -> Any:
+        config = pipe.get_generation_config()
         config.return_timestamps = req.timestamps
-        if req.words and not self.words:
-            raise Cancelled(ErrorCode.UNSUPPORTED, f"worker {self.spec.name} gives no word "
-                            "timestamps (its pipeline is built without)", retry_elsewhere=True)
-        if self.words:
-            config.word_timestamps = req.words
+        if req.words:
+            config.word_timestamps = True
         # NOTE: an English-only model hears English whatever the request says (and its
         # translation is its transcription).
         if self.multilingual:
@@ -128,7 +138,8 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
             raise Cancelled(ErrorCode.BAD_REQUEST, "audio must be float32 samples")
         samples = np.frombuffer(req.audio, dtype="<f4").astype(np.float32)
         started = time.time()
-        config = self._config(req)
+        pipe = self._pipe_for(req)
+        config = self._config(pipe, req)
         texts: list[str] = []
         segments: list[Segment] = []
         words: list[Word] = []
@@ -161,7 +172,7 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
                 return ov_genai.StreamingStatus.RUNNING
 
             streamer = None if req.timestamps else on_piece
-            result = self.pipe.generate(window, config, streamer)
+            result = pipe.generate(window, config, streamer)
             self.progress_at = time.monotonic()
             self._check(req)
             offset = at / SAMPLE_RATE
