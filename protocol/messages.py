@@ -8,7 +8,7 @@ slightly different version still understand each other. Hot-path frames are `arr
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -176,6 +176,7 @@ class Transcribe(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     timestamps: bool = False  # send the segments' times (Transcription.segments)
     stream: bool = False
     log_id: str = ""
+    words: bool = False  # send each word's times (Transcription.words)
 
 
 class Synthesize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -317,6 +318,19 @@ class Segment(msgspec.Struct, array_like=True):
     text: str
 
 
+class Word(msgspec.Struct, array_like=True):
+    """A spoken word: seconds from the start of the audio, and its text."""
+
+    word: str
+    start: float
+    end: float
+
+
+# NOTE: Whisper decodes at most 448 tokens per 30 s window, and a word is at least one token:
+# 600 s of audio (max_audio_seconds' default) holds at most 8960 words. The worker stops there.
+MAX_WORDS = 10_000
+
+
 class Transcription(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     """The whole text of a Transcribe request (after its Delta frames, when streamed)."""
 
@@ -328,6 +342,8 @@ class Transcription(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     language: str = ""
     segments: list[Segment] = []  # only when the request asked for timestamps
     tokens: int = 0  # generated
+    # Only when the request asked for words; in order, at most MAX_WORDS.
+    words: Annotated[list[Word], msgspec.Meta(max_length=MAX_WORDS)] = []
 
 
 class SpeechChunk(msgspec.Struct, tag=True, array_like=True):

@@ -166,12 +166,47 @@ def test_verbose_json_has_timed_segments(client: openai.OpenAI, recording: Path)
     assert has_words(" ".join(s.text for s in segments))
 
 
-def test_word_timestamps_are_left_out_visibly(srv: Server, recording: Path) -> None:
-    r = post(srv, recording.read_bytes(), response_format="verbose_json",
+def bare(text: str) -> str:
+    """Lower case, letters, digits and spaces only."""
+    return "".join(c for c in text.lower() if c.isalnum() or c.isspace())
+
+
+def test_verbose_json_has_timed_words(client: openai.OpenAI, recording: Path) -> None:
+    with recording.open("rb") as audio:
+        raw = client.audio.transcriptions.with_raw_response.create(
+            model=MODEL, file=audio, response_format="verbose_json",
+            timestamp_granularities=["word"])
+    assert "x-npu-proxy-ignored" not in raw.headers
+    result = raw.parse()
+    words = result.words or []
+    assert words, result
+    assert has_words(" ".join(w.word for w in words))
+    # NOTE: only the words espeak-ng clearly speaks, in the order spoken.
+    spoken = bare(" ".join(w.word for w in words)).split()
+    assert [w for w in spoken if w in WORDS] == list(WORDS), spoken
+    assert all(0 <= w.start <= w.end <= result.duration for w in words), words
+    starts = [w.start for w in words]
+    assert starts == sorted(starts), words
+    assert not result.segments  # OpenAI's shape: words alone were asked
+
+
+def test_words_and_segments_together(client: openai.OpenAI, recording: Path) -> None:
+    with recording.open("rb") as audio:
+        result = client.audio.transcriptions.create(
+            model=MODEL, file=audio, response_format="verbose_json",
+            timestamp_granularities=["word", "segment"])
+    assert result.words and result.segments
+    assert has_words(" ".join(s.text for s in result.segments))
+    assert has_words(" ".join(w.word for w in result.words))
+
+
+def test_word_timestamps_without_verbose_json_are_left_out_visibly(
+        srv: Server, recording: Path) -> None:
+    r = post(srv, recording.read_bytes(), response_format="json",
              **{"timestamp_granularities[]": "word"})
     assert r.status_code == 200, r.text
     assert r.headers["x-npu-proxy-ignored"] == "timestamp_granularities[]=word"
-    assert "words" not in r.json()
+    assert "words" not in r.json() and has_words(r.json()["text"])
 
 
 def test_streamed_deltas_add_up_to_the_text(client: openai.OpenAI, recording: Path) -> None:
@@ -247,6 +282,24 @@ def test_long_audio_is_transcribed_window_by_window(srv: Server, recording: Path
     assert 34 < body["duration"] < 36
     late = [s for s in body["segments"] if "paris" in s["text"].lower() and s["start"] >= 30]
     assert late, body["segments"]
+
+
+def test_long_audio_words_are_timed_from_the_start(srv: Server, recording: Path) -> None:
+    """The same two sentences: the second's words lie past 30 s, in order."""
+    samples, rate = soundfile.read(recording, dtype="float32")
+    gap = np.zeros(int(29 * rate), dtype=np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.concatenate([samples, gap, samples]), rate, format="FLAC")
+    r = post(srv, buffer.getvalue(), name="long.flac", response_format="verbose_json",
+             **{"timestamp_granularities[]": ["word", "segment"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    words = body["words"]
+    paris = [w["start"] for w in words if bare(w["word"]) == "paris"]
+    assert len(paris) == 2 and paris[0] < 3.5 and 32 <= paris[1] <= body["duration"], words
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and all(w["start"] <= w["end"] for w in words), words
+    assert "segments" in body
 
 
 def test_the_model_is_listed_with_its_capability(srv: Server, client: openai.OpenAI) -> None:

@@ -10,15 +10,14 @@ an unreadable file is a 400 naming `file`, a file over max_audio_bytes a 413.
 
 A translation is a transcription into English: an English-only model (the embedded
 whisper:tiny.en) hears English, so for it the two routes are the same. Word timestamps
-(`timestamp_granularities[]=word`) are not served: asked for, they are left out, with the
-`X-NPU-Proxy-Ignored` header and a log line; segments are.
+(`timestamp_granularities[]=word`) come with verbose_json, as OpenAI's `words`; with another
+format they are left out, with the `X-NPU-Proxy-Ignored` header and a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,23 +30,15 @@ from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import transcript
 from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
 from npu_proxy.gateway.core.broker import RequestStream
-from npu_proxy.gateway.core.errors import GatewayError, from_failed, invalid
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import (
-    Abort,
-    Delta,
-    Failed,
-    RequestFrame,
-    Transcribe,
-    Transcription,
-)
+from npu_proxy.protocol.messages import Delta, RequestFrame, Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
-# NOTE: a frame later than the deadline by this much means a stalled worker.
-_GRACE_S = 5.0
 # The form, for the OpenAPI document (gateway/pages/openapi.py).
 FORM_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["file", "model"],
@@ -156,10 +147,16 @@ class AudioRoutes(DialectRoutes):
             raise invalid(f"'language' must be an ISO-639-1 code such as 'en', got "
                           f"{language!r}", param="language")
         headers: dict[str, str] = {}
-        if "word" in _granularities(form):
-            log.info("request_id=%s timestamp_granularities word ignored: not served",
-                     request_id(request))
+        granularities = frozenset(_granularities(form))
+        words = "word" in granularities and response_format == "verbose_json"
+        if "word" in granularities and not words:
+            # NOTE: OpenAI times words in verbose_json only; json, text, srt and vtt have
+            # no place for them.
+            log.info("request_id=%s timestamp_granularities word ignored: response_format %s",
+                     request_id(request), response_format)
             headers["X-NPU-Proxy-Ignored"] = "timestamp_granularities[]=word"
+        # Segments' times: for srt, vtt and verbose_json, unless it asked words alone.
+        timed = response_format in transcript.TIMED and not (words and granularities == {"word"})
         limits = self.limits
         if upload.size is not None and upload.size > limits.max_bytes:
             raise too_large(upload.size, limits)
@@ -168,8 +165,8 @@ class AudioRoutes(DialectRoutes):
         msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
                          deadline=self.router.deadline(), task=task, language=language,
                          prompt=_text(form, "prompt"), temperature=temperature,
-                         timestamps=response_format in transcript.TIMED, stream=stream,
-                         log_id=request_id(request))
+                         timestamps=timed, stream=stream, log_id=request_id(request),
+                         words=words)
         stream_, first, route = await unless_disconnected(
             request, self.router.transcribe(model, msg))
         headers.update(route)
@@ -180,7 +177,7 @@ class AudioRoutes(DialectRoutes):
             done = await unless_disconnected(request, self._finish(stream_, first, msg))
         finally:
             self._close(stream_)
-        result = transcript.body(done, response_format, task, temperature)
+        result = transcript.body(done, response_format, task, temperature, granularities)
         if isinstance(result, str):
             return Response(result, media_type=transcript.MEDIA[response_format],
                             headers=headers)
@@ -189,33 +186,15 @@ class AudioRoutes(DialectRoutes):
     # --- the worker's frames ---------------------------------------------------------------
 
     def _close(self, stream: RequestStream) -> None:
-        # NOTE: an abort after the last frame is a no-op in the worker; before it, it stops
-        # a transcription nobody waits for.
-        self.router.broker.send(stream.worker, Abort(id=stream.id))
-        self.router.broker.close(stream)
-
-    async def _next(self, stream: RequestStream, msg: Transcribe) -> RequestFrame:
-        try:
-            return await stream.next_frame(max(0.1, msg.deadline + _GRACE_S - time.time()))
-        except TimeoutError:
-            raise GatewayError(504, "timeout", "the transcription did not finish in time") \
-                from None
+        release(self.router.broker, stream)
 
     async def _frames(self, stream: RequestStream, first: RequestFrame,
                       msg: Transcribe) -> AsyncIterator[Delta | Transcription]:
-        frame = first
-        while True:
-            if isinstance(frame, Failed):
-                raise from_failed(frame)
-            if isinstance(frame, Delta | Transcription):
-                if isinstance(frame, Transcription):
-                    self.router.count_audio(stream.worker, frame.duration)
-                yield frame
-                if isinstance(frame, Transcription):
-                    return
-            else:
-                raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-            frame = await self._next(stream, msg)
+        async for frame in frames_until(stream, first, msg.deadline, Delta, Transcription,
+                                        "the transcription"):
+            if isinstance(frame, Transcription):
+                self.router.count_audio(stream.worker, frame.duration)
+            yield frame
 
     async def _finish(self, stream: RequestStream, first: RequestFrame,
                       msg: Transcribe) -> Transcription:

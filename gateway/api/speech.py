@@ -21,7 +21,6 @@ is that voice. `instructions` is left out (the voice takes none), with the
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -33,14 +32,13 @@ from starlette.routing import Route
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content.speech import MEDIA, Encoder
 from npu_proxy.gateway.core.broker import RequestStream
-from npu_proxy.gateway.core.errors import GatewayError, from_failed, invalid
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import Abort, Failed, RequestFrame, Speech, SpeechChunk, Synthesize
+from npu_proxy.protocol.messages import RequestFrame, Speech, SpeechChunk, Synthesize
 
 PATH = "/v1/audio/speech"
-# NOTE: a frame later than the deadline by this much means a stalled worker.
-_GRACE_S = 5.0
 
 
 class SpeechRequest(msgspec.Struct):
@@ -104,33 +102,18 @@ class SpeechRoutes(DialectRoutes):
     # --- the worker's frames ---------------------------------------------------------------
 
     def _close(self, stream: RequestStream) -> None:
-        # NOTE: an abort after the last frame is a no-op in the worker; before it, it stops
-        # speech nobody waits for.
-        self.router.broker.send(stream.worker, Abort(id=stream.id))
-        self.router.broker.close(stream)
+        release(self.router.broker, stream)
 
     async def _frames(self, stream: RequestStream, first: RequestFrame,
                       msg: Synthesize) -> AsyncIterator[SpeechChunk | Speech]:
-        frame = first
         spoken = 0.0
-        while True:
-            if isinstance(frame, Failed):
-                raise from_failed(frame)
-            if not isinstance(frame, SpeechChunk | Speech):
-                raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        async for frame in frames_until(stream, first, msg.deadline, SpeechChunk, Speech,
+                                        "the speech"):
             if isinstance(frame, SpeechChunk):
                 spoken += len(frame.pcm) / 2 / frame.sample_rate  # NOTE: int16 samples
             else:
                 self.router.count_audio(stream.worker, spoken)
             yield frame
-            if isinstance(frame, Speech):
-                return
-            try:
-                frame = await stream.next_frame(
-                    max(0.1, msg.deadline + _GRACE_S - time.time()))
-            except TimeoutError:
-                raise GatewayError(504, "timeout", "the speech did not finish in time") \
-                    from None
 
     async def _pieces(self, stream: RequestStream, first: RequestFrame, msg: Synthesize,
                       encoder: Encoder) -> AsyncIterator[tuple[bytes, Speech | None]]:

@@ -1,5 +1,5 @@
 """A transcription in each of OpenAI's `response_format`s: json, text, srt, vtt and
-verbose_json (with segments), and the streamed events (`transcript.text.delta`,
+verbose_json (with segments, words or both), and the streamed events (`transcript.text.delta`,
 `transcript.text.done`). No Starlette: the route (gateway/api/audio.py) sends what this makes.
 """
 
@@ -54,18 +54,31 @@ def usage(done: Transcription) -> dict[str, Any]:
     return {"type": "duration", "seconds": max(1, round(done.duration))}
 
 
-def verbose_json(done: Transcription, task: str, temperature: float) -> dict[str, Any]:
-    segments = [{"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end,
-                 "text": s.text, "tokens": [], "temperature": temperature,
-                 "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
-                for i, s in enumerate(_segments(done))]
-    return {"task": task, "language": LANGUAGES.get(done.language, done.language or "english"),
-            "duration": round(done.duration, 3), "text": done.text, "segments": segments,
-            "usage": usage(done)}
+def verbose_json(done: Transcription, task: str, temperature: float,
+                 granularities: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """OpenAI's verbose_json: `segments` unless only words were asked, `words` when asked."""
+    result: dict[str, Any] = {
+        "task": task, "language": LANGUAGES.get(done.language, done.language or "english"),
+        "duration": round(done.duration, 3), "text": done.text}
+    # NOTE: as OpenAI's whisper-1: no granularity means segments; ["word"] alone, words only.
+    if "segment" in granularities or not granularities:
+        result["segments"] = _verbose_segments(done, temperature)
+    if "word" in granularities:
+        result["words"] = [{"word": w.word, "start": w.start, "end": w.end}
+                           for w in done.words]
+    result["usage"] = usage(done)
+    return result
 
 
-def body(done: Transcription, response_format: str, task: str,
-         temperature: float) -> dict[str, Any] | str:
+def _verbose_segments(done: Transcription, temperature: float) -> list[dict[str, Any]]:
+    return [{"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end,
+             "text": s.text, "tokens": [], "temperature": temperature,
+             "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
+            for i, s in enumerate(_segments(done))]
+
+
+def body(done: Transcription, response_format: str, task: str, temperature: float,
+         granularities: frozenset[str] = frozenset()) -> dict[str, Any] | str:
     """The response: a JSON object, or the text of the text, srt and vtt formats."""
     if response_format == "text":
         return done.text + "\n"
@@ -74,7 +87,7 @@ def body(done: Transcription, response_format: str, task: str,
     if response_format == "vtt":
         return vtt(done)
     if response_format == "verbose_json":
-        return verbose_json(done, task, temperature)
+        return verbose_json(done, task, temperature, granularities)
     return {"text": done.text, "usage": usage(done)}
 
 

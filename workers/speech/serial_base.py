@@ -27,9 +27,11 @@ Req = TypeVar("Req", Transcribe, Synthesize)
 class Cancelled(Exception):
     """The current request ends with this code (aborted, past its deadline, bad input)."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, retry_elsewhere: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        # Before any frame only: another worker of the model may serve it (UNSUPPORTED).
+        self.retry_elsewhere = retry_elsewhere
 
 
 class SerialSpeechEngine(InboxEngine[Req]):
@@ -88,7 +90,9 @@ class SerialSpeechEngine(InboxEngine[Req]):
             try:
                 self._serve(arrived, req)
             except Cancelled as exc:
-                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc)))
+                first = self._seq == 0
+                self.emit(Failed(id=req.id, seq=self._next(), code=exc.code, message=str(exc),
+                                 retry_elsewhere=exc.retry_elsewhere and first))
             except Exception as exc:
                 log.exception("%s %s failed", self.task, req.log_id or req.id)
                 self.emit(Failed(id=req.id, seq=self._next(), code=ErrorCode.INTERNAL,
