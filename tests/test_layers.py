@@ -151,6 +151,20 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
     assert json.loads(out) == []
 
 
+def test_gateway_start_loads_no_module_only_some_requests_need() -> None:
+    """The image URL fetch (httpx) and the speech encoders (soundfile, soxr) are imported on
+    use: at start they cost the gateway time before it can bind (bench/start.py)."""
+    code = (
+        "import json, sys\n"
+        "import npu_proxy.gateway.__main__\n"
+        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in banned)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out) == []
+
+
 def test_imports_follow_the_layers() -> None:
     wrong = [f"{imp.source} (line {imp.line}) imports {imp.target}"
              for imp in _project_imports()

@@ -77,6 +77,19 @@ def default_properties(device: str, speculative: bool = False) -> dict[str, Any]
     return dict(table.get(device.split(".")[0].upper(), {}))
 
 
+def without_useless_cache(device: str, properties: dict[str, Any]) -> dict[str, Any]:
+    """The properties without CACHE_DIR on the CPU, where it costs and never pays.
+
+    NOTE: the CPU plugin (OpenVINO 2026.4) cannot import the blob of a model with
+    PagedAttention, which every ContinuousBatchingPipeline compiles: the nodes' runtime info
+    (k_head_size, num_k_heads) is not in the blob, so every start compiled again and wrote a
+    new 133 MB blob over the old one (SmolLM2: 0.6 s more CPU per start, bench/start.py).
+    GPU keeps its cache (kernels)."""
+    if device.split(".")[0].upper() != "CPU" or "CACHE_DIR" not in properties:
+        return properties
+    return {k: v for k, v in properties.items() if k != "CACHE_DIR"}
+
+
 def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
     """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step;
     deterministic: one sequence per step (spec.max_running is 1), no prefix caching."""
@@ -107,7 +120,8 @@ class BatchEngine(EngineBase):
     def load(self, properties: dict[str, Any]) -> None:
         sched = scheduler_config(self.spec, self.context_length)
         speculative = bool(self.spec.prompt_lookup or self.draft_path)
-        properties = {**default_properties(self.spec.device, speculative), **properties}
+        properties = without_useless_cache(
+            self.spec.device, {**default_properties(self.spec.device, speculative), **properties})
         # NOTE: what the pipeline really gets (the worker logged its own properties only).
         log.info("OpenVINO properties in effect: %s", properties)
         if self.spec.deterministic:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 MAX_REDIRECTS = 5
 MAX_URL_CHARS = 8192
@@ -95,6 +97,10 @@ def _target(url: str) -> tuple[str, str, int, str]:
 async def fetch(url: str, cap: int, timeout: float) -> bytes:
     """The body of `url` (at most `cap` bytes), fetched as the module's doc says; raises
     FetchRefused for every failure."""
+    # NOTE: imported here: httpx (with click, rich and pygments) was ~0.1 s of the gateway's
+    # import time, for a fetch that is off unless configured (bench/start.py).
+    import httpx
+
     headers = {"Accept": "image/*", "Accept-Encoding": "identity"}
     try:
         async with asyncio.timeout(timeout), httpx.AsyncClient(

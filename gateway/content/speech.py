@@ -17,8 +17,6 @@ import struct
 from typing import Any
 
 import numpy as np
-import soundfile
-import soxr
 
 # The formats served and their media types (OpenAI's); aac is not: libsndfile has no encoder.
 MEDIA = {"mp3": "audio/mpeg", "opus": "audio/opus", "flac": "audio/flac",
@@ -75,14 +73,20 @@ class Encoder:
             return wav_header(rate, samples.size) + samples.astype("<i2").tobytes()
         container, subtype = _COMPRESSED[self.format]
         if self.format == "opus":
+            import soxr  # NOTE: imported on use, as _resample does: not at the gateway's start
+
             samples = soxr.resample(samples, rate, PCM_RATE) if samples.size else samples
             rate = PCM_RATE
         out = io.BytesIO()
+        import soundfile  # NOTE: imported on use: not at the gateway's start
+
         soundfile.write(out, samples.astype(np.int16), rate, format=container, subtype=subtype)
         return out.getvalue()
 
     def _resample(self, samples: np.ndarray[Any, Any], final: bool) -> np.ndarray[Any, Any]:
         if self._resampler is None:
+            import soxr
+
             self._resampler = soxr.ResampleStream(self._rate or PCM_RATE, PCM_RATE, 1,
                                                   dtype="int16")
         out: np.ndarray[Any, Any] = self._resampler.resample_chunk(samples, last=final)

@@ -1,0 +1,207 @@
+"""Start to ready with a cached model: `npx-supervisor start` with the default workers (the
+embedded SmolLM2 on the CPU resident, embed and rerank lazy), timed from exec to
+/health/ready answering 200 and to the first streamed chat token, with where the time goes.
+
+    python bench/start.py [--starts 4] [--against main] [--no-against]
+
+Each variant is started once first (a warm-up start: the GGUF converted to IR, OpenVINO's
+compile cache filled), then the starts alternate between this working tree and the git
+revision `--against` (its files, run with this environment through PYTHONPATH), so both see
+the same load on a shared machine; printed: the median of each and their ratio.
+
+The breakdown comes from the processes' own JSON log lines (time.time() stamps, the same
+clock as the exec time): the supervisor's device discovery (a child process that imports
+OpenVINO), the spawns, the gateway's imports and bind, the worker's imports, OpenVINO
+import, pipeline construction, warm-up, and how long the gateway takes to see the worker
+ready. A phase a revision does not log is shown as "-". Then the import time of each
+process's entry module and the device discovery, measured alone in fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
+
+import ns_tree
+from serverctl import Server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (label, process, a piece of the message): the first matching line gives the phase's end.
+MARKS: list[tuple[str, str, str]] = [
+    ("devices found (supervisor imports + discovery)", "supervisor", "devices:"),
+    ("llm worker spawned", "supervisor", "started llm pid"),
+    ("gateway spawned", "supervisor", "started gateway pid"),
+    ("gateway imported, config read", "gateway", "gateway accepting HTTP"),
+    ("gateway bound", "gateway", "Running on http"),
+    ("worker imported, model located", "worker:llm", "loading smollm2"),
+    ("worker: OpenVINO imported", "worker:llm", "OpenVINO properties in effect"),
+    ("worker: pipeline built", "worker:llm", "pipeline built"),
+    ("worker: warmed up, ready", "worker:llm", "ready in"),
+    ("gateway sees the worker ready", "gateway", "is ready"),
+]
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The files of `rev`, importable as npu_proxy through PYTHONPATH (the ns tree)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return ns_tree.make(into)
+
+
+def first_token_s(url: str, t0: float) -> float:
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "stream": True, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "Hello"}]}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                    "content"):
+                return time.time() - t0
+    raise RuntimeError("no token")
+
+
+def one_start(tmp: Path, pythonpath: str | None) -> dict[str, float]:
+    server = Server(tmp, log_format="json", log_level="info")
+    env_before = os.environ.get("PYTHONPATH")
+    if pythonpath:
+        os.environ["PYTHONPATH"] = pythonpath
+    try:
+        t0 = time.time()
+        server.start(wait=False)
+    finally:
+        if env_before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = env_before
+    try:
+        with httpx.Client(timeout=2) as client:
+            while True:
+                server._check_alive()
+                try:
+                    if client.get(server.url + "/health/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.02)
+        ready = time.time() - t0
+        token = first_token_s(server.url, t0)
+    finally:
+        server.stop()
+    row = {"ready": ready, "token": token}
+    lines = [json.loads(x) for x in server.log_path.read_text().splitlines()
+             if x.startswith("{")]
+    for label, process, piece in MARKS:
+        hit = next((x["ts"] for x in lines if x.get("process") == process
+                    and piece in x.get("msg", "")), None)
+        if hit is not None:
+            row[label] = hit - t0
+    return row
+
+
+def import_s(module: str, pythonpath: str | None, code: str = "") -> float:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    body = code or f"import {module}"
+    probe = ("import time, os; t = time.perf_counter(); c = os.times()\n"
+             f"{body}\n"
+             "c2 = os.times(); print(sum(c2[:4]) - sum(c[:4]))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def median(rows: list[dict[str, float]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else None
+
+
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:6.2f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or a == 0 else f"x{b / a:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=4, help="starts of each variant")
+    parser.add_argument("--against", default="main", help="git revision to compare with")
+    parser.add_argument("--no-against", action="store_true", help="this tree only")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp_name:
+        tmp = Path(tmp_name)
+        variants: dict[str, str | None] = {"this tree": None}
+        if not args.no_against:
+            (tmp / "against").mkdir()
+            variants[args.against] = str(checkout(args.against, tmp / "against"))
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+        runs = 0
+
+        def start(name: str) -> dict[str, float]:
+            nonlocal runs
+            runs += 1
+            return one_start(tmp / f"run{runs}", variants[name])
+
+        for name in variants:
+            warm = start(name)
+            print(f"warm-up start, {name}: ready {warm['ready']:.2f} s", flush=True)
+        for i in range(args.starts):
+            for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
+                row = start(name)
+                rows[name].append(row)
+                print(f"  {name}: ready {row['ready']:.2f} s, first token "
+                      f"{row['token']:.2f} s", flush=True)
+        names = list(variants)
+        print(f"\nstart (exec of npx-supervisor start) to ..., median of {args.starts} "
+              "starts, seconds")
+        print(f"{'':52s}" + "".join(f"{n[:10]:>11s}" for n in names)
+              + ("      ratio" if len(names) == 2 else ""))
+        keys = [label for label, _, _ in MARKS] + ["ready", "token"]
+        labels = {"ready": "/health/ready 200 (client)", "token": "first chat token (client)"}
+        for key in keys:
+            values = [median(rows[n], key) for n in names]
+            line = f"{labels.get(key, key):52s}" + "".join(f"{fmt(v):>11s}" for v in values)
+            if len(names) == 2:
+                line += f"{ratio(values[1], values[0]):>11s}"
+            print(line)
+
+        print("\nCPU seconds (its children's included) to import, alone in a fresh interpreter, "
+              "median of 3")
+        probes: list[tuple[str, str, str]] = [
+            ("supervisor CLI", "npu_proxy.supervisor.cli", ""),
+            ("gateway (app + hypercorn)", "npu_proxy.gateway.__main__", ""),
+            ("worker entry", "npu_proxy.workers.__main__", ""),
+            ("worker engine (OpenVINO GenAI)", "npu_proxy.workers.batch_engine", ""),
+            ("device discovery", "", "from npu_proxy.supervisor.devices import discover\n"
+                                     "discover()"),
+        ]
+        def take(module: str, code: str, pythonpath: str | None) -> float:
+            return statistics.median(import_s(module, pythonpath, code) for _ in range(3))
+
+        for label, module, code in probes:
+            values = [take(module, code, variants[n]) for n in names]
+            line = f"{label:52s}" + "".join(f"{v:11.2f}" for v in values)
+            if len(names) == 2:
+                line += f"{ratio(values[1], values[0]):>11s}"
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
