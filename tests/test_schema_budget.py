@@ -22,7 +22,7 @@ def test_a_long_name_over_many_subschemas_is_checked_in_memory_linear_in_its_siz
     text = json.dumps(WIDE)
     tracemalloc.start()
     try:
-        check_schema(text)
+        check_schema(text, max_chars=10**9)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -33,16 +33,39 @@ def test_a_long_name_over_many_subschemas_is_checked_in_memory_linear_in_its_siz
 def test_an_error_deep_under_a_long_name_is_spelt_short() -> None:
     bad = {"type": "object", "properties": {NAME: {"anyOf": [True] * 3999 + [{"type": "x"}]}}}
     with pytest.raises(GatewayError) as err:
-        check_schema(json.dumps(bad))
+        check_schema(json.dumps(bad), max_chars=10**9)
     assert err.value.status == 400
     assert "/anyOf/3999/type must be one of" in err.value.message
     assert len(err.value.message) < 1000
 
 
+def test_names_and_literals_are_counted_against_max_schema_chars() -> None:
+    """The worker compiles every name and literal into its grammar while the other streams
+    on it wait: the issue's 256 KiB name is refused before it gets there."""
+    with pytest.raises(ValueError, match="pass 15000 characters"):
+        walk(WIDE)
+    names = {"type": "object", "properties": {f"p{i:04}": {"type": "string"} for i in range(3000)}}
+    assert walk(names) == 3001  # 15,000 characters exactly
+    names["properties"]["x"] = {"enum": ["y"]}
+    with pytest.raises(ValueError, match="max_schema_chars"):
+        walk(names)
+    literals = {"type": "object", "properties": {"a": {"enum": ["e" * 14_000]},
+                                                 "b": {"const": "c" * 999}}}
+    with pytest.raises(ValueError, match="max_schema_chars"):
+        walk(literals)
+
+
+def test_the_long_name_is_a_400_naming_the_setting(base_url: str) -> None:
+    r = httpx.post(base_url + "/api/chat", timeout=60, json={
+        "model": LLM, "messages": [{"role": "user", "content": "hi"}], "format": WIDE,
+        "stream": False})
+    assert r.status_code == 400 and "max_schema_chars" in r.json()["error"], r.text[:300]
+
+
 def test_nodes_are_counted_as_they_are_met() -> None:
-    assert walk(WIDE) == 4002  # the root, the property, its 4,000 alternatives
+    assert walk(WIDE, max_chars=10**9) == 4002  # the root, the property, its 4,000 alternatives
     with pytest.raises(ValueError, match="more than 4001 subschemas"):
-        walk(WIDE, max_nodes=4001)
+        walk(WIDE, max_nodes=4001, max_chars=10**9)
     deep: dict[str, object] = {"type": "object"}
     for _ in range(10):
         deep = {"type": "object", "properties": {"x": deep}}

@@ -198,7 +198,8 @@ class RequestPath:
         """The Generate request, with the request's id and deadline."""
         if params.json_schema is not None:
             cfg = self.router.config
-            check_schema(params.json_schema, cfg.max_schema_nodes, cfg.max_schema_depth)
+            check_schema(params.json_schema, cfg.max_schema_nodes, cfg.max_schema_depth,
+                         cfg.max_schema_chars)
         if params.regex is not None:
             check_regex(params.regex)
         return Generate(id=request_key(request), model=model.name, params=params,

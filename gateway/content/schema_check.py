@@ -37,6 +37,7 @@ _PAIRS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxI
           ("minProperties", "maxProperties"))
 MAX_NODES = 20_000
 MAX_DEPTH = 64
+MAX_CHARS = 15_000
 NAME_CHARS = 64
 
 # A node's place: its parent's place and its own name within it (None: the root, `#`).
@@ -56,11 +57,13 @@ def spell(where: Where) -> str:
     return "/".join(["#", *reversed(parts)])
 
 
-def check_schema(text: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> None:
+def check_schema(text: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
+                 max_chars: int = MAX_CHARS) -> None:
     """Raise a 400 when the schema is one a worker could not compile, or is larger than
-    `max_nodes` subschemas or deeper than `max_depth`."""
+    `max_nodes` subschemas, deeper than `max_depth` or has more than `max_chars` characters
+    of names and literals."""
     try:
-        walk(json.loads(text), max_nodes, max_depth)
+        walk(json.loads(text), max_nodes, max_depth, max_chars)
     except (ValueError, RecursionError) as exc:
         raise invalid(f"invalid JSON schema for structured output: {exc}") from None
 
@@ -69,12 +72,22 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> int:
+def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
+         max_chars: int = MAX_CHARS) -> int:
     """Check every subschema of `root`; the number of them."""
     if not isinstance(root, dict):
         raise SchemaError("the schema must be a JSON object")
     stack: list[tuple[Any, Where, int]] = [(root, None, 0)]
     met = 1
+    chars = 0
+
+    def spend(n: int) -> None:
+        # Names and literals the worker's grammar spells out (OpenAI counts the same ones).
+        nonlocal chars
+        chars += n
+        if chars > max_chars:
+            raise SchemaError(f"the schema's property names, definition names and enum/const "
+                              f"strings pass {max_chars} characters (max_schema_chars)")
 
     def queue(children: list[tuple[Any, Where]], depth: int) -> None:
         nonlocal met
@@ -94,6 +107,8 @@ def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> i
         if not isinstance(node, dict):
             raise SchemaError(f"{spell(where)} must be a schema (an object or a boolean)")
         _check_node(root, node, where)
+        spend(sum(len(v) for v in node.get("enum", ()) if isinstance(v, str))
+              + (len(node["const"]) if isinstance(node.get("const"), str) else 0))
         for key in _SCHEMA:
             if key in node:
                 sub = node[key]
@@ -116,6 +131,7 @@ def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> i
                 if not isinstance(subs, dict):
                     raise SchemaError(f"{spell((where, key))} must be an object of schemas")
                 at = (where, key)
+                spend(sum(len(name) for name in subs))
                 if key == "patternProperties":
                     for pattern in subs:
                         _regex(pattern, partial(spell, at))

@@ -60,6 +60,11 @@ class RequestLimits(ServerSettings):
     # deeper than XGrammar's compiler is comfortable with anyway.
     max_schema_nodes: int = 20_000
     max_schema_depth: int = 64
+    # Characters of a schema's names and literals (property and definition names, string
+    # `enum` and `const` values), OpenAI's own structured-output limit: the worker compiles
+    # each into its grammar while every stream on it waits (a 256 KiB property name held
+    # them ~1 s).
+    max_schema_chars: int = 15_000
     # Request bodies being received at once (gateway/http/body_gate.py), counted from the
     # first byte read to the last, after the Host, Origin and key checks; one more is 503
     # with Retry-After before its body is read. A body must keep arriving: a read waiting
