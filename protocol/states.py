@@ -176,7 +176,9 @@ def silence_allowed(blocking: bool, stalled_for: float, heartbeat_timeout: float
     supervisor, which can read the worker's CPU time from the OS, shortens this to
     heartbeat_timeout for a silent worker that is not computing (stopped or deadlocked:
     supervisor/liveness.py) and tells the gateway (`UNRESPONSIVE`), which then fails the
-    worker's requests and routes nothing more to it.
+    worker's requests and routes nothing more to it. Where it can read that CPU time, the
+    callers pass `busy_limit` for `stall_timeout`: a worker silent in a step while computing
+    (a prefill on a loaded machine took over 120 s) may take as long as a request may.
     """
     if blocking:
         return max(0.0, stall_timeout - stalled_for)

@@ -105,8 +105,10 @@ class Child:
             self.state = new
         return new
 
-    def hang_reason(self, spec: WorkerSpec, now: float) -> str | None:
-        """Why this worker counts as hung now (the supervisor then kills it), or None."""
+    def hang_reason(self, spec: WorkerSpec, now: float, busy_limit: float) -> str | None:
+        """Why this worker counts as hung now (the supervisor then kills it), or None.
+        `busy_limit`: how long a worker silent inside a pipeline step, and computing by its
+        CPU time, may stay silent (the longest a request may take)."""
         if self.state.loading:
             # NOTE: a native compile may hold the GIL and silence heartbeats for minutes, so
             # while loading only the load deadline applies.
@@ -115,8 +117,12 @@ class Child:
             return None
         cpu = self._sample_cpu(spec, now)
         silent = now - self.heartbeat_at if self.heartbeat_at else 0.0
+        # NOTE: where CPU time can be read, a silent worker that is not computing is caught
+        # below within heartbeat_timeout, so one that is computing gets the longer limit.
+        limit = spec.stall_timeout if cpu is None or not cpu.samples else max(
+            spec.stall_timeout, busy_limit)
         if silent > silence_allowed(self.blocking, self.stalled_for, spec.heartbeat_timeout,
-                                    spec.stall_timeout):
+                                    limit):
             if self.blocking:
                 return (f"no progress for {self.stalled_for + silent:.0f} s while busy "
                         "(silent inside one pipeline step)")

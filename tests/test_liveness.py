@@ -94,3 +94,25 @@ def test_a_process_that_uses_no_cpu_for_a_window_is_hung() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_worker_computing_in_one_long_step_may_be_silent_as_long_as_a_request_may(
+        spinner: subprocess.Popen[bytes]) -> None:
+    """A 7,900-token prefill on a loaded 2-core machine kept the llm worker silent in one
+    step for over 120 s (its stall_timeout) and got it killed; its CPU time shows it computing,
+    so it may take as long as a request may (inference_timeout), and no longer."""
+    from npu_proxy.protocol.config import WorkerSpec
+    from npu_proxy.protocol.states import ProcessState
+    from npu_proxy.supervisor.children import Child
+
+    child = Child("llm", "llm", [], None, echo=False)  # type: ignore[arg-type]
+    child.proc = spinner
+    child.state = ProcessState.BUSY
+    child.blocking = True
+    spec = WorkerSpec(name="llm", heartbeat_timeout=10.0, stall_timeout=120.0)
+    now = 1000.0
+    child.heartbeat_at = now - 130.0
+    assert child.hang_reason(spec, now, busy_limit=600.0) is None
+    assert "no progress" in (child.hang_reason(spec, now + 1, busy_limit=120.0) or "")
+    child.heartbeat_at = now - 601.0
+    assert "no progress" in (child.hang_reason(spec, now + 2, busy_limit=600.0) or "")

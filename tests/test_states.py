@@ -232,3 +232,15 @@ def test_one_worker_through_its_life_cycle(tmp_path: Path) -> None:
         _still_all_say(srv, "llm", "stopped")
     finally:
         assert srv.stop() == set()
+
+
+def test_the_gateway_waits_for_a_step_as_long_as_a_request_may() -> None:
+    """A worker silent inside one step past stall_timeout still counts as serving while
+    within the request limit (busy_limit): the supervisor says sooner if it is hung."""
+    link = _link(WorkerStatus(worker="w", state=S.BUSY, pid=7),
+                 _beat(7, S.BUSY, blocking=True), beat_age=90.0)
+    assert link.state == S.UNRESPONSIVE  # stall_timeout 60, no request limit given
+    link.busy_limit = 600.0
+    assert link.state == S.BUSY
+    link.seen_at -= 600.0
+    assert link.state == S.UNRESPONSIVE

@@ -84,6 +84,10 @@ class WorkerLink:
     # monotonic time the supervisor first named its current process (supervised.pid).
     pid_since: float = field(default_factory=time.monotonic)
     requests: dict[str, RequestStream] = field(default_factory=dict)
+    # How long the worker may be silent inside one pipeline step (a long prefill): the longest
+    # a request may take. The supervisor, which reads its CPU time, says UNRESPONSIVE sooner
+    # when it is stopped or deadlocked rather than computing (supervisor/liveness.py).
+    busy_limit: float = 0.0
 
     @property
     def name(self) -> str:
@@ -134,7 +138,8 @@ class WorkerLink:
         beat = self.heartbeat
         return silence_allowed(beat is not None and beat.blocking,
                                beat.stalled_for if beat is not None else 0.0,
-                               self.spec.heartbeat_timeout, self.spec.stall_timeout)
+                               self.spec.heartbeat_timeout,
+                               max(self.spec.stall_timeout, self.busy_limit))
 
     @property
     def idle(self) -> bool:
@@ -177,7 +182,8 @@ class Broker:
             sub = self.ctx.socket(zmq.SUB)
             configure_sub(sub)
             connect(sub, self.config, worker_endpoint(self.config, spec.name, "out"))
-            link = WorkerLink(spec=spec, push=push, sub=sub)
+            link = WorkerLink(spec=spec, push=push, sub=sub,
+                              busy_limit=self.config.inference_timeout)
             self.links[spec.name] = link
             self._push_now[spec.name] = zmq.Socket.shadow(push.underlying)
             self._tasks.append(asyncio.create_task(self._read(link)))

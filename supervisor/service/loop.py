@@ -128,7 +128,8 @@ class Supervisor(ControlHandlers):
     def _check_deadlines(self, child: Child, now: float) -> None:
         if child.state == ProcessState.UNRESPONSIVE:
             return  # NOTE: already killed; waiting for the exit
-        reason = child.hang_reason(self.config.worker(child.name), now)
+        reason = child.hang_reason(self.config.worker(child.name), now,
+                                   self.config.inference_timeout)
         if reason is not None:
             self._kill(child, reason, hung=True)
 
