@@ -225,7 +225,7 @@ def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float)
     """Runs the client in `tmp`/work against a capturing proxy in front of `base_url`."""
     work = tmp / "work"
     work.mkdir(exist_ok=True)
-    proxy = CaptureProxy(base_url)
+    proxy = CaptureProxy(base_url, read_timeout=timeout)
     port = proxy.url.rsplit(":", 1)[1]
     env = {k: v.replace("{PROXY}", proxy.url).replace("{PROXY_PORT}", port)
            for k, v in launch.env.items()}

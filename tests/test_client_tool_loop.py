@@ -37,13 +37,16 @@ QWEN = "qwen2.5-coder:1.5b"
 NOTES = "alpha bravo charlie\nsecond line\n"
 TASK = ("Read the file notes.txt in the current directory, then write its first line, "
         "upper-cased, to a new file out.txt in the current directory.")
+CODEX_TASK = ("Use exec_command to run shell commands: read notes.txt, then create out.txt "
+              "holding the first line of notes.txt in upper case.")
 # NOTE: the clients' own first prompts are 10k (Codex) to 20k (Claude Code) tokens; a
 # 7,366-token prompt took this model 377 s (bf16) to 504 s (f32) to read on 2 cores shared
 # with a full test run (load 8). Each client is given a short system prompt of its own
 # (Codex `model_instructions_file`, Claude Code `--system-prompt`) and Claude Code only the
-# Read and Write tools, so that a loop of three turns fits in minutes: the requests keep
-# each client's wire shape (tools, tool calls, tool results, streaming).
-# Claude Code's own prompt names the working directory (its file tools take absolute paths):
+# Read and Write tools, so that a loop of three turns fits in minutes (first requests of
+# ~5,200 tokens for Codex, all its tools kept, and ~1,200 for Claude Code; later turns
+# reuse the prefix cache): the requests keep each client's wire shape (tools, tool calls,
+# tool results, streaming). Claude Code's own prompt names the working directory (its file tools take absolute paths):
 # without it the model guessed paths outside it, which the client refused.
 SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use your tools to read "
           "and write files; do not ask questions. When the task is done, say so in one line.")
@@ -83,12 +86,21 @@ def _loop(qwen: Server, tmp: Path, name: str, client: str, args: list[str]) -> R
 
 def _wrote(run: Run, work: Path) -> None:
     out = work / "out.txt"
-    assert out.is_file(), describe(run) + "\n" + _files(work)
-    assert out.read_text().strip(), describe(run)
+    assert out.is_file(), _explain(run, work)
+    assert out.read_text().strip(), _explain(run, work)
 
 
-def _files(work: Path) -> str:
-    return "files: " + ", ".join(sorted(p.name for p in work.iterdir()))
+def _explain(run: Run, work: Path) -> str:
+    """What the client and the server said, and where the whole exchanges were kept: the
+    requests (the model's tool calls as the client got them, the tool results it sent)."""
+    kept = work.parent / "exchanges.jsonl"
+    with kept.open("w") as sink:
+        for e in run.proxy.exchanges:
+            sink.write(json.dumps({"method": e.method, "path": e.path, "status": e.status,
+                                   "body": e.json(), "reply": e.reply.decode(errors="replace")})
+                       + "\n")
+    files = ", ".join(sorted(p.name for p in work.iterdir()))
+    return f"{describe(run)}\nfiles: {files}\nexchanges kept in {kept}"
 
 
 def _bodies(run: Run, path: str) -> list[Any]:
@@ -98,10 +110,15 @@ def _bodies(run: Run, path: str) -> list[Any]:
 def test_codex_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path) -> None:
     instructions = tmp_path / "instructions.md"
     instructions.write_text(SYSTEM.format(cwd=tmp_path / "work") + "\n")
+    # NOTE: Codex's default shell is a PTY session pair (exec_command, then write_stdin to a
+    # session id): the 1.5B model called write_stdin with an invented session id, three
+    # times over (the prompt rendered both tools and each failed call's result: the
+    # model's choice, as "write" is in the task). Codex 0.169 offers these two whatever
+    # features.unified_exec says (model metadata decides), so the task names the command.
     overrides = [*CODEX_QUIET, f"model_instructions_file={json.dumps(str(instructions))}"]
     run = _loop(qwen, tmp_path, "codex-loop", "codex", [
         "exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
-        *[p for c in overrides for p in ("-c", c)], TASK])
+        *[p for c in overrides for p in ("-c", c)], CODEX_TASK])
     turns = _bodies(run, "/v1/responses")
     assert len(turns) >= 2, describe(run)
     # The model's tool call went out and its output came back in a later turn.
