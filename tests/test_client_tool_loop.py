@@ -46,8 +46,9 @@ CODEX_TASK = ("Use exec_command to run shell commands: read notes.txt, then crea
 # Read and Write tools, so that a loop of three turns fits in minutes (first requests of
 # ~5,200 tokens for Codex, all its tools kept, and ~1,200 for Claude Code; later turns
 # reuse the prefix cache): the requests keep each client's wire shape (tools, tool calls,
-# tool results, streaming). Claude Code's own prompt names the working directory (its file tools take absolute paths):
-# without it the model guessed paths outside it, which the client refused.
+# tool results, streaming). Claude Code's own prompt names the working directory (its
+# file tools take absolute paths): without it the model guessed paths outside it, which
+# the client refused.
 SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use your tools to read "
           "and write files; do not ask questions. When the task is done, say so in one line.")
 CLIENT_TIMEOUT = 1500.0
