@@ -138,6 +138,9 @@ class Exchange:
 class CaptureProxy:
     upstream: str
     exchanges: list[Exchange] = field(default_factory=list)
+    # Seconds the relay waits for the server's next bytes: a long prompt's prefill sends
+    # nothing after the stream's opening events until its first token.
+    read_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         target = urlsplit(self.upstream)
@@ -167,7 +170,7 @@ class CaptureProxy:
                 ex = Exchange(self.command, self.path,
                               {k.lower(): v for k, v in self.headers.items()}, body)
                 proxy.exchanges.append(ex)
-                conn = http.client.HTTPConnection(host, port, timeout=120)
+                conn = http.client.HTTPConnection(host, port, timeout=proxy.read_timeout)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 headers["Host"] = f"{host}:{port}"
                 conn.request(self.command, self.path, body=body or None, headers=headers)

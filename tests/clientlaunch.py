@@ -1,11 +1,14 @@
-"""How each agent client is started for tests/test_real_clients.py: its command, a clean
-environment (private HOME/CODEX_HOME, a placeholder key, update checks and telemetry off) and
-its config files. `{PROXY}` in any of them is the capturing proxy's URL, known at start."""
+"""How each agent client is started for tests/test_real_clients.py and
+tests/test_client_tool_loop.py: its command, a clean environment (private HOME/CODEX_HOME, a
+placeholder key, update checks and telemetry off) and its config files. `{PROXY}` in any of
+them is the capturing proxy's URL, known at start. `execute` runs one against a capturing
+proxy (tests/clientcap.py) in front of a server."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,12 +16,15 @@ from pathlib import Path
 from shutil import which
 
 import pytest
+from clientcap import CaptureProxy, Exchange
 
 LLM = "smollm2:135m"
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = Path(os.environ.get("NPU_PROXY_TEST_CLIENTS", ROOT / ".clients")) / "node_modules"
 PRELOAD = Path(__file__).parent / "clients" / "loopback_only.cjs"
 KEY = "placeholder-key"
+# The exit status of a run that timed out (kept as a run, so its shape test does not redo it).
+TIMED_OUT = -1000
 PROMPT = "Say OK"
 
 
@@ -171,7 +177,7 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
-def _launched(tmp: Path, client: str, args: list[str]) -> Launch:
+def launched(tmp: Path, client: str, args: list[str], model: str = LLM) -> Launch:
     """`npx-supervisor launch CLIENT` as a user runs it: the client found on PATH, everything
     else told by the launcher (URL, key, model, context length)."""
     claude = _binary("@anthropic-ai/claude-code/bin/claude.exe")  # skips without the clients
@@ -182,17 +188,71 @@ def _launched(tmp: Path, client: str, args: list[str]) -> Launch:
             "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
     (tmp / "home" / ".codex").mkdir(parents=True, exist_ok=True)
     supervisor = Path(sys.executable).parent / "npx-supervisor"
-    return Launch([str(supervisor), "launch", client, "--model", LLM, "--", *args], env, {})
+    return Launch([str(supervisor), "launch", client, "--model", model, "--", *args], env, {})
 
 
 CODEX_QUIET = [f"features.{k}=false" for k in ("plugins", "remote_plugin", "apps")] + [
     "check_for_update_on_startup=false"]
 # The clients started through `npx-supervisor launch` (tests/test_launch.py).
 LAUNCHED: dict[str, Builder] = {
-    "launch-claude": lambda tmp: _launched(tmp, "claude", ["-p", PROMPT]),
-    "launch-codex": lambda tmp: _launched(tmp, "codex", [
+    "launch-claude": lambda tmp: launched(tmp, "claude", ["-p", PROMPT]),
+    "launch-codex": lambda tmp: launched(tmp, "codex", [
         "exec", "--skip-git-repo-check", *[p for c in CODEX_QUIET for p in ("-c", c)], PROMPT]),
 }
 PACKAGE = {"codex": "@openai/codex", "codex-oss": "@openai/codex",
            "claude": "@anthropic-ai/claude-code", "claude-fitted": "@anthropic-ai/claude-code",
            "opencode": "opencode-ai", "qwen": "@qwen-code/qwen-code", "cn": "@continuedev/cli"}
+
+
+@dataclass
+class Run:
+    """A client's run: its exit status (TIMED_OUT), output, and the exchanges recorded."""
+    name: str
+    rc: int
+    out: str
+    err: str
+    proxy: CaptureProxy
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def inference(self, path: str) -> list[Exchange]:
+        return [e for e in self.proxy.inference() if e.path.split("?")[0] == path]
+
+
+def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float) -> Run:
+    """Runs the client in `tmp`/work against a capturing proxy in front of `base_url`."""
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    proxy = CaptureProxy(base_url, read_timeout=timeout)
+    port = proxy.url.rsplit(":", 1)[1]
+    env = {k: v.replace("{PROXY}", proxy.url).replace("{PROXY_PORT}", port)
+           for k, v in launch.env.items()}
+    argv = [a.replace("{PROXY}", proxy.url) for a in launch.argv]
+    for path, text in launch.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("{PROXY}", proxy.url))
+    try:
+        proc = subprocess.run(argv, env=env, cwd=work, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        # NOTE: kept as a run (exit "timeout") so its shape test does not start it again.
+        rc, out, err = TIMED_OUT, _text(exc.stdout), _text(exc.stderr)
+    finally:
+        proxy.close()
+    return Run(name, rc, out, err, proxy)
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def describe(run: Run) -> str:
+    """The run and every exchange, for an assertion's message."""
+    lines = [f"{run.name}: exit {run.rc}", f"stdout: {run.out[-1500:]}",
+             f"stderr: {run.err[-1500:]}"]
+    for e in run.proxy.exchanges:
+        lines.append(f"{e.method} {e.path} {len(e.body)}B -> {e.status} {e.reply[:400]!r}")
+    return "\n".join(lines)

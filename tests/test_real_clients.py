@@ -30,13 +30,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clientcap import CaptureProxy, Exchange, signature
-from clientlaunch import BUILDERS, KEY, LAUNCHED, PACKAGE, Launch
+from clientcap import Exchange, signature
+from clientlaunch import BUILDERS, KEY, LAUNCHED, PACKAGE, Run, describe, execute
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clients" / "shapes"
 PINNED = json.loads((Path(__file__).parent / "clients" / "package.json").read_text())[
@@ -51,52 +50,7 @@ REFRESH = bool(os.environ.get("NPU_PROXY_REFRESH_CLIENT_SHAPES"))
 # The slow ones have the model read a prompt of up to ~8k tokens first (within pytest's 300 s).
 TIMEOUT = 120.0
 SLOW_TIMEOUT = 240.0
-TIMED_OUT = -1000
 TOO_LONG = re.compile(r"^prompt is too long: (\d+) tokens > (\d+) maximum$")
-
-
-@dataclass
-class Run:
-    name: str
-    rc: int
-    out: str
-    err: str
-    proxy: CaptureProxy
-
-    @property
-    def text(self) -> str:
-        return self.out + self.err
-
-    def inference(self, path: str) -> list[Exchange]:
-        return [e for e in self.proxy.inference() if e.path.split("?")[0] == path]
-
-
-def _execute(name: str, launch: Launch, tmp: Path, base_url: str) -> Run:
-    work = tmp / "work"
-    work.mkdir(exist_ok=True)
-    proxy = CaptureProxy(base_url)
-    port = proxy.url.rsplit(":", 1)[1]
-    env = {k: v.replace("{PROXY}", proxy.url).replace("{PROXY_PORT}", port)
-           for k, v in launch.env.items()}
-    argv = [a.replace("{PROXY}", proxy.url) for a in launch.argv]
-    for path, text in launch.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text.replace("{PROXY}", proxy.url))
-    try:
-        proc = subprocess.run(argv, env=env, cwd=work, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True,
-                              timeout=SLOW_TIMEOUT if name in SLOW_CLIENTS else TIMEOUT)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        # NOTE: kept as a run (exit "timeout") so its shape test does not start it again.
-        rc, out, err = TIMED_OUT, _text(exc.stdout), _text(exc.stderr)
-    finally:
-        proxy.close()
-    return Run(name, rc, out, err, proxy)
-
-
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
 _RUNS: dict[str, Run] = {}
@@ -111,18 +65,11 @@ def client_run(tmp_path_factory: pytest.TempPathFactory,
             pytest.skip(f"{name} answers a real prompt (slow): set NPU_PROXY_SLOW_TESTS=1")
         if name not in _RUNS:
             tmp = tmp_path_factory.mktemp(name)
-            _RUNS[name] = _execute(name, (BUILDERS | LAUNCHED)[name](tmp), tmp, base_url)
+            _RUNS[name] = execute(name, (BUILDERS | LAUNCHED)[name](tmp), tmp, base_url,
+                                  SLOW_TIMEOUT if name in SLOW_CLIENTS else TIMEOUT)
         return _RUNS[name]
     yield run
     _RUNS.clear()
-
-
-def _describe(run: Run) -> str:
-    lines = [f"{run.name}: exit {run.rc}", f"stdout: {run.out[-1500:]}",
-             f"stderr: {run.err[-1500:]}"]
-    for e in run.proxy.exchanges:
-        lines.append(f"{e.method} {e.path} {len(e.body)}B -> {e.status} {e.reply[:400]!r}")
-    return "\n".join(lines)
 
 
 def _answered_or_overflowed(run: Run, path: str, overflow: Callable[[Any], bool],
@@ -130,16 +77,16 @@ def _answered_or_overflowed(run: Run, path: str, overflow: Callable[[Any], bool]
     """The turn reached the model: an answer (exit 0, some output), or the overflow error
     in the shape the client acts on, which the client reports (exit 1)."""
     turns = run.inference(path)
-    assert turns, _describe(run)
+    assert turns, describe(run)
     last = turns[-1]
     if last.status == 200:
-        assert run.rc == 0, _describe(run)
-        assert run.out.strip(), _describe(run)
+        assert run.rc == 0, describe(run)
+        assert run.out.strip(), describe(run)
     else:
-        assert last.status == 400, _describe(run)
-        assert overflow(last.reply_json()), _describe(run)
-        assert run.rc == 1, _describe(run)
-        assert client_says in run.text, _describe(run)
+        assert last.status == 400, describe(run)
+        assert overflow(last.reply_json()), describe(run)
+        assert run.rc == 1, describe(run)
+        assert client_says in run.text, describe(run)
     return last
 
 
@@ -166,12 +113,12 @@ def test_codex_exec_through_a_responses_provider(client_run: Callable[[str], Run
 def test_codex_exec_oss_ollama_provider(client_run: Callable[[str], Run]) -> None:
     run = client_run("codex-oss")
     probes = [(e.method, e.path) for e in run.proxy.exchanges]
-    assert ("GET", "/api/version") in probes, _describe(run)
+    assert ("GET", "/api/version") in probes, describe(run)
     version = next(e for e in run.proxy.exchanges if e.path == "/api/version")
-    assert version.status == 200, _describe(run)
-    assert "too old" not in run.text, _describe(run)
+    assert version.status == 200, describe(run)
+    assert "too old" not in run.text, describe(run)
     # NOTE: the model is listed in /api/tags, so codex must not try to pull it.
-    assert ("POST", "/api/pull") not in probes, _describe(run)
+    assert ("POST", "/api/pull") not in probes, describe(run)
     _answered_or_overflowed(run, "/v1/responses", _openai_overflow,
                             "ran out of room in the model's context window")
 
@@ -280,7 +227,7 @@ def test_request_shapes_match_the_fixture(name: str, client_run: Callable[[str],
     assert fixture["version"] == recorded["version"], f"refresh {path.name}: the pin moved"
     known = {_key(r) for r in fixture["requests"]}
     sent = [_key(r) for r in recorded["requests"]]
-    assert sent, _describe(run)
+    assert sent, describe(run)
     first_turn = next(r for r in fixture["requests"] if r["body"] is not None)
     assert _key(first_turn) in sent, (
         f"{name} no longer sends its recorded first request: refresh {path.name} if the "
