@@ -8,7 +8,10 @@ asked to read that file and write out.txt: the test asserts what the user sees, 
 written and not empty, after the client read the file through a tool call the server parsed
 and the tool's result went back to the model.
 
-Run in CI or with NPU_PROXY_SLOW_TESTS=1.
+Run with NPU_PROXY_AGENT_LOOP_TESTS=1 (not in CI): whether a loop completes rests on what a
+1.5B model chooses to call at each turn (here it completed for each client, and also failed
+for reasons of the model's own: an invented session id, an argument the client refused),
+and a suite's outcome must not depend on a model's free choices (issue 28).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from clientlaunch import CODEX_QUIET, Run, describe, execute, launched
 from qwen_coder import Unavailable, ensure
 from serverctl import MODEL_CACHE, Server
 
-SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
+WANTED = bool(os.environ.get("NPU_PROXY_AGENT_LOOP_TESTS"))
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not SLOW, reason="a 1.5B model reads each client's prompt (minutes): "
-                                        "run in CI or with NPU_PROXY_SLOW_TESTS=1"),
+    pytest.mark.skipif(not WANTED, reason="a 1.5B model's own tool choices decide the outcome "
+                                          "(minutes each): run with "
+                                          "NPU_PROXY_AGENT_LOOP_TESTS=1"),
     pytest.mark.timeout(3600),
 ]
 
