@@ -44,7 +44,6 @@ UNTESTED = {
     "responses_store_max_bytes": "same eviction path as responses_store_max",
     "workers.max_batch_tokens": "OpenVINO scheduler sizing: changes memory and speed, "
                                 "not what a client sees",
-    "workers.kv_cache_gb": "OpenVINO KV cache size: memory only",
     "workers.prompt_lookup_ngram": "speed only: output is unchanged (bench/lookup.py)",
     "workers.draft_confidence": "speed only: greedy output is unchanged (bench/decode.py)",
     "models.*.npu_ready": "picks NPU-ready weights; needs an NPU to matter",
