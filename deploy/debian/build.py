@@ -116,8 +116,11 @@ def _is_elf(path: Path) -> bool:
 def stage_folder(folder: Path, stage: Path) -> list[Path]:
     """Copy the frozen folder to /usr/lib/npu-proxy with Debian's modes; its ELF files."""
     dest = stage / LIB
-    # NOTE: the embedded models' .gitattributes are their repositories' files, unused here.
-    shutil.copytree(folder, dest, symlinks=True, ignore=shutil.ignore_patterns(".git*"))
+    # NOTE: the embedded models' .gitattributes are their repositories' files, unused here;
+    # a __pycache__ is byte code Debian packages must not ship (lintian's error; PyAV's wheel
+    # carries one inside its dist-info licenses, which PyInstaller copies with the metadata).
+    shutil.copytree(folder, dest, symlinks=True,
+                    ignore=shutil.ignore_patterns(".git*", "__pycache__"))
     elves = []
     for path in sorted(dest.rglob("*")):
         if path.is_symlink():
