@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from errors import error_message
 from serverctl import Server, wait_for
 
 from npu_proxy.gateway.api.ollama.template import render
@@ -305,7 +306,7 @@ def test_stop_strings_are_bounded(base_url: str, path: str, body: dict[str, Any]
              "options.stop": {"options": {"stop": stops}}}[param]
     r = httpx.post(base_url + path, timeout=60, json={"model": LLM, **body, **field})
     assert r.status_code == 400, r.text
-    message = _message(r)
+    message = error_message(r)
     assert message.startswith(param) and ("limit is 16" in message or "limit is 512" in message)
     # At the limits it is served.
     ok = [f"s{i}" for i in range(MAX_STOPS - 1)] + ["x" * MAX_STOP_CHARS]
@@ -313,19 +314,6 @@ def test_stop_strings_are_bounded(base_url: str, path: str, body: dict[str, Any]
              "options.stop": {"options": {"stop": ok, "num_predict": 1}}}[param]
     assert httpx.post(base_url + path, timeout=60,
                       json={"model": LLM, **body, **field}).status_code == 200
-
-
-def _message(r: httpx.Response) -> str:
-    """The error message of any API's error shape."""
-    body = r.json()
-    if r.request.url.path.startswith("/v1/messages"):
-        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-        return str(body["error"]["message"])
-    if r.request.url.path.startswith("/v1/"):
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-        return str(body["error"]["message"])
-    assert set(body) == {"error"}
-    return str(body["error"])
 
 
 def test_a_template_is_refused_before_its_text_is_built() -> None:
@@ -349,7 +337,7 @@ def test_an_amplifying_template_is_a_400(base_url: str) -> None:
     r = httpx.post(base_url + "/api/generate", timeout=60, json={
         "model": LLM, "stream": False, "prompt": "p" * 65_536,
         "template": "{{ .Prompt }}" * 2000})
-    assert r.status_code == 400 and "max_prompt_chars" in _message(r)
+    assert r.status_code == 400 and "max_prompt_chars" in error_message(r)
 
 
 def test_control_characters_from_a_client_are_escaped_in_the_log(server: Server) -> None:
@@ -370,7 +358,7 @@ def test_control_characters_from_a_client_are_escaped_in_the_log(server: Server)
 def test_detokenize_takes_at_most_the_context(base_url: str) -> None:
     r = httpx.post(base_url + "/detokenize", timeout=60,
                    json={"model": LLM, "tokens": [1] * (CONTEXT + 1)})
-    assert r.status_code == 400 and f"limit is {CONTEXT}" in _message(r)
+    assert r.status_code == 400 and f"limit is {CONTEXT}" in error_message(r)
     r = httpx.post(base_url + "/v1/detokenize", timeout=60,
                    json={"model": LLM, "tokens": [28] * CONTEXT})
     assert r.status_code == 200 and r.json()["prompt"]
@@ -396,7 +384,7 @@ def test_tool_parameters_nested_deep_are_a_400(base_url: str, path: str) -> None
             "input": "hi", "messages": HI}
     r = httpx.post(base_url + path, timeout=60, json=body)
     assert r.status_code == 400, r.text
-    assert f"nests deeper than {MAX_DEPTH} levels" in _message(r)
+    assert f"nests deeper than {MAX_DEPTH} levels" in error_message(r)
 
 
 @pytest.mark.parametrize("value", [
@@ -420,7 +408,7 @@ def test_ollama_numeric_options_are_checked(base_url: str, option: dict[str, Any
         "model": LLM, "prompt": "hi", "stream": False, "options": {"num_predict": 1, **option}})
     assert r.status_code == 400, r.text
     name = next(iter(option))
-    assert _message(r).startswith(f"{name} must be a number from")
+    assert error_message(r).startswith(f"{name} must be a number from")
 
 
 def test_sampling_numbers_at_their_bounds_are_served(base_url: str) -> None:
@@ -431,4 +419,4 @@ def test_sampling_numbers_at_their_bounds_are_served(base_url: str) -> None:
     assert r.status_code == 200, r.text
     r = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
         "model": LLM, "messages": HI, "max_tokens": 1, "min_p": 5})
-    assert r.status_code == 400 and _message(r).startswith("min_p must be a number")
+    assert r.status_code == 400 and error_message(r).startswith("min_p must be a number")

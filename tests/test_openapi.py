@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from errors import error_message
 from starlette.routing import Route
 
 from npu_proxy.gateway.app import Gateway
@@ -81,19 +82,6 @@ def _properties(document: dict[str, Any], method: str, path: str) -> dict[str, A
     return dict(_body_schema(document, method, path)["properties"])
 
 
-def _error_message(path: str, r: httpx.Response) -> str:
-    """The error of a rejected request, checked against its API's error shape."""
-    body = r.json()
-    if path.startswith("/v1/messages"):
-        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
-        return str(body["error"]["message"])
-    if path.startswith("/v1/"):
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-        return str(body["error"]["message"])
-    assert set(body) == {"error"} and isinstance(body["error"], str)
-    return str(body["error"])
-
-
 # Fields whose odd values (None, {}, 10**20) leave the output unbounded: the model may write
 # until its context is full, which on a loaded machine outlasts any client timeout.
 LENGTH_FIELDS = {"max_tokens", "max_completion_tokens", "max_output_tokens", "options"}
@@ -124,6 +112,6 @@ def test_fuzz_one_field_at_a_time(base_url: str, document: dict[str, Any], path:
                 r = _post(client, path, body, unbounded=field in LENGTH_FIELDS)
                 if r.status_code >= 500:
                     failures.append(f"{field}={value!r}: {r.status_code} {r.text[:200]}")
-                elif r.status_code >= 400 and not _error_message(path, r):
+                elif r.status_code >= 400 and not error_message(r):
                     failures.append(f"{field}={value!r}: {r.status_code} without a message")
     assert not failures, "\n".join(failures)

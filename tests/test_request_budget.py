@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from errors import error_message
 from serverctl import Server
 
 from npu_proxy.gateway.content.json_size import ToolBudget, measure
@@ -100,17 +101,6 @@ def _body(value: Any) -> bytes:
         .encode()
 
 
-def _message(r: httpx.Response) -> str:
-    body = r.json()
-    if r.request.url.path.startswith("/v1/messages"):
-        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-        return str(body["error"]["message"])
-    if r.request.url.path.startswith("/v1/"):
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-        return str(body["error"]["message"])
-    return str(body["error"])
-
-
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/messages",
                                   "/v1/responses"])
 def test_tools_past_the_prompt_limit_are_a_400(base_url: str, path: str) -> None:
@@ -125,7 +115,7 @@ def test_tools_past_the_prompt_limit_are_a_400(base_url: str, path: str) -> None
         "model": LLM, "max_tokens": 1, "stream": False, "tools": tools, "input": "hi",
         "messages": HI}))
     assert r.status_code == 400, r.text
-    assert "max_prompt_chars" in _message(r)
+    assert "max_prompt_chars" in error_message(r)
 
 
 # --- the workers' socket limit, checked at the sender ----------------------------------------
