@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,8 +48,11 @@ class FaultInjector:
         _hold(self.faults.hold_accept_until)
 
     def hold_start(self, shown: str) -> None:
-        """Block until the hold_start_until file exists (when set)."""
+        """Block until the hold_start_until file, or this request's file in hold_start_dir,
+        exists (when set)."""
         gate = self.faults.hold_start_until
+        if self.faults.hold_start_dir:
+            gate = str(Path(self.faults.hold_start_dir) / re.sub(r"[^A-Za-z0-9._-]", "_", shown))
         if gate and not Path(gate).exists():
             log.warning("fault hook: holding request_id=%s before it starts", shown)
             _hold(gate)

@@ -154,6 +154,7 @@ class Output:
 
 def _usage(gen: Generation) -> dict[str, int]:
     fin = gen.finished
+    # NOTE: cache counts are not measured (docs/api.md, "Usage and cached tokens"): 0.
     return {"input_tokens": fin.prompt_tokens if fin else gen.accepted.prompt_tokens,
             "output_tokens": fin.completion_tokens if fin else 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}

@@ -12,7 +12,8 @@ gateway/content/created_model.py). The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
 - the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
-- a stream is framed, ended and typed the dialect's way (gateway/http/wire.py); otherwise
+- a stream is framed, kept alive while silent (`stream_keepalive_seconds`), ended and typed
+  the dialect's way (gateway/http/wire.py); otherwise
   the output is collected, under the same watch, and rendered as one JSON body;
 - a GatewayError before the first byte is the API's error response (status, Retry-After);
   after it, the API's error event is the stream's last;
@@ -51,7 +52,7 @@ from npu_proxy.gateway.http.util import (
     request_key,
     unless_disconnected,
 )
-from npu_proxy.gateway.http.wire import Dialect, dialect_for
+from npu_proxy.gateway.http.wire import Dialect, dialect_for, idle_ticks
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
@@ -218,8 +219,9 @@ class RequestPath:
         if turn.ignored is not None:
             turn.ignored.report(request.url.path, request_id(request))
         if turn.stream:
-            return StreamingResponse(_stream(dialect, turn, gen), media_type=dialect.media_type,
-                                     headers=turn.headers(gen))
+            every = self.router.config.stream_keepalive_seconds if dialect.keepalive else 0.0
+            return StreamingResponse(_stream(dialect, turn, gen, every),
+                                     media_type=dialect.media_type, headers=turn.headers(gen))
         return await _whole(request, dialect, turn, gen)
 
 
@@ -232,10 +234,11 @@ class DialectRoutes:
         self.catalog = requests.tooling.catalog
 
 
-async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIterator[bytes]:
+async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation,
+                  keepalive: float) -> AsyncIterator[bytes]:
     try:
-        async for event in turn.reply.events(gen):
-            yield dialect.frame(event)
+        async for event in idle_ticks(turn.reply.events(gen), keepalive):
+            yield dialect.keepalive if event is None else dialect.frame(event)
     except GatewayError as exc:
         yield dialect.error_event(exc)
         return

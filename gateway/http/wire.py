@@ -10,15 +10,18 @@ all ask it.
 
 A `Dialect` holds what every route of its API shares: the error body (`{"error": {...}}`,
 `{"type": "error", ...}` or `{"error": "..."}`) and status, Retry-After, and how a stream is
-framed (SSE `data:` lines, SSE named events, NDJSON) and ended. The translation of requests
-and responses is each API's own module: openai.py, responses.py, anthropic.py, ollama.py.
+framed (SSE `data:` lines, SSE named events, NDJSON), kept alive while it is silent
+(`idle_ticks`: an SSE comment, Anthropic's `ping` event, nothing for NDJSON) and ended.
+The translation of requests and responses is each API's own module: openai.py, responses.py,
+anthropic.py, ollama.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
@@ -38,6 +41,8 @@ class Dialect:
     end: bytes  # what closes a stream that completed
     error_body: Callable[[GatewayError], dict[str, Any]]
     status: Callable[[GatewayError], int]
+    # What a silent stream sends to stay open (b"": nothing), which the API's clients skip.
+    keepalive: bytes = b""
 
     def error_response(self, exc: GatewayError,
                        headers: dict[str, str] | None = None) -> Response:
@@ -73,6 +78,66 @@ def sse_named(obj: dict[str, Any]) -> bytes:
 
 def ndjson_line(obj: dict[str, Any]) -> bytes:
     return dumps(obj) + b"\n"
+
+
+# NOTE: a line starting with ":" is a comment every SSE parser drops (WHATWG event-stream
+# interpretation; openai-python's and openai-node's decoders, EventSource); llama.cpp's
+# server and vLLM's `--sse-keep-alive-interval` send the same while a prompt is prefilled.
+SSE_COMMENT = b": keep-alive\n\n"
+
+T = TypeVar("T")
+_END = object()
+
+
+@dataclass(frozen=True)
+class _Raised:
+    exc: Exception
+
+
+async def idle_ticks(items: AsyncIterator[T], every: float) -> AsyncIterator[T | None]:
+    """`items`, with None in between whenever `every` seconds pass without one (0: never).
+
+    The items are drawn by one task of their own (not one per item: a stream's tokens would
+    each cost a task), so waiting for the next one can time out without cancelling it."""
+    if every <= 0:
+        async for item in items:
+            yield item
+        return
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                await queue.put(item)
+            await queue.put(_END)
+        except Exception as exc:  # raised to whoever reads the items, in their task
+            await queue.put(_Raised(exc))
+        finally:
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                await close()
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            if queue.empty():
+                try:
+                    async with asyncio.timeout(every):
+                        got = await queue.get()
+                except TimeoutError:
+                    yield None
+                    continue
+            else:
+                got = queue.get_nowait()
+            if got is _END:
+                return
+            if isinstance(got, _Raised):
+                raise got.exc
+            yield got  # type: ignore[misc]
+    finally:
+        # NOTE: a client gone mid-wait: the reader's cancellation reaches the generation,
+        # whose own cleanup sends the worker its abort.
+        task.cancel()
 
 
 def http_status(exc: GatewayError) -> int:
@@ -112,10 +177,12 @@ def responses_error(exc: GatewayError) -> dict[str, Any]:
     return openai_error(exc)
 
 
-OPENAI = Dialect("openai", SSE, sse_data, b"data: [DONE]\n\n", openai_error, http_status)
+OPENAI = Dialect("openai", SSE, sse_data, b"data: [DONE]\n\n", openai_error, http_status,
+                 SSE_COMMENT)
 # NOTE: a Responses stream ends with its response.completed (or .incomplete, .failed) event,
 # no [DONE] line.
-RESPONSES = Dialect("responses", SSE, sse_named, b"", responses_error, http_status)
+RESPONSES = Dialect("responses", SSE, sse_named, b"", responses_error, http_status,
+                    SSE_COMMENT)
 
 
 # --- Anthropic ---------------------------------------------------------------------------
@@ -142,7 +209,10 @@ def anthropic_error(exc: GatewayError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-ANTHROPIC = Dialect("anthropic", SSE, sse_event, b"", anthropic_error, anthropic_status)
+# NOTE: Anthropic's streams carry `ping` events anywhere after message_start, which its SDKs
+# skip; every stream here sends message_start before the worker's first token.
+ANTHROPIC = Dialect("anthropic", SSE, sse_event, b"", anthropic_error, anthropic_status,
+                    sse_event({"type": "ping"}))
 
 
 # --- Ollama ------------------------------------------------------------------------------
@@ -152,6 +222,8 @@ def ollama_error(exc: GatewayError) -> dict[str, Any]:
     return {"error": exc.message}
 
 
+# NOTE: no keep-alive: real Ollama sends nothing before the first token, and ollama-python
+# (0.6) passes every line to json.loads, so a blank line would end its stream with an error.
 OLLAMA = Dialect("ollama", NDJSON, ndjson_line, b"", ollama_error, http_status)
 
 

@@ -31,6 +31,10 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Hold each request after the engine dequeued it (tracked as active) and before it starts
     # generating, until this file exists: an abort can then arrive in exactly that window.
     hold_start_until: str = ""
+    # Like hold_start_until, one request at a time: each waits for a file in this folder
+    # named after its X-Request-ID (other characters than [A-Za-z0-9._-] as "_"), so a test
+    # can hold several requests, one after the other, in a long "prefill" of its making.
+    hold_start_dir: str = ""
     # Constrain every generation that has no other constraint (JSON schema, regex) to this
     # regular expression: a test hook that makes a tiny model answer in a given shape (e.g.
     # `<think>…</think>answer`) through any API.

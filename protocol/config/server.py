@@ -45,6 +45,12 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     # A worker takes requests up to 2 * max_body_bytes + 1 MiB (protocol/sockets.py).
     max_frame_bytes: int = 64 * 1024 * 1024
     inference_timeout: float = 180.0
+    # A streamed reply that sent nothing for this many seconds (a long prefill, a queue, a
+    # tool call held back until it parses) gets the API's harmless keep-alive: an SSE
+    # comment (OpenAI chat, completions, Responses), a `ping` event (Anthropic); Ollama's
+    # NDJSON gets none (gateway/http/wire.py). Proxies (nginx: 60 s) and client read
+    # timeouts would otherwise drop it. 0 = never.
+    stream_keepalive_seconds: float = 15.0
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     # Each process's log file (<runtime>/logs/<name>.log) rotates past this size, keeping

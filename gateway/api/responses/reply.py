@@ -97,7 +97,8 @@ def usage(gen: Generation, reasoning: int = 0) -> dict[str, Any]:
     fin = gen.finished
     prompt = fin.prompt_tokens if fin else gen.accepted.prompt_tokens
     completion = fin.completion_tokens if fin else gen.tokens
-    # NOTE: no prompt cache is reported by the workers: cached tokens are 0.
+    # NOTE: GenAI does not say how many prompt tokens its prefix cache served (docs/api.md,
+    # "Usage and cached tokens"): 0, not a guess.
     return {"input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": completion,

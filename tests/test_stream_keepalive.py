@@ -1,0 +1,172 @@
+"""A stream that is silent (a long prefill) sends its API's keep-alive, and clients still parse it.
+
+The worker's test hook `hold_start_dir` holds each request after the worker accepted it (the
+response's headers are out) and before its first step, until a file named after the request's
+X-Request-ID exists: a prefill as long as the test wants. The client's transport releases that
+gate itself on the first keep-alive it reads, so every stream below shows one before its first
+token, or (without keep-alives) waits until the client's read timeout fails the test. The hook
+`force_regex` makes the 135M model answer exactly "ok" through every API.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import ollama
+import openai
+import pytest
+from serverctl import Server
+
+LLM = "smollm2:135m"
+ANSWER = "ok"
+COMMENT = b": keep-alive\n\n"
+PING = b"event: ping\n"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("keepalive")
+    gates = tmp / "gates"
+    gates.mkdir()
+    server = Server(tmp, workers=[{
+        "name": "llm", "role": "llm",
+        "faults": {"hold_start_dir": str(gates), "force_regex": ANSWER}}],
+        stream_keepalive_seconds=0.1).start()
+    server.gates = gates  # type: ignore[attr-defined]
+    yield server
+    server.stop()
+
+
+class Releasing:
+    """Records a response's bytes and opens the request's gate once `marker` was read
+    `count` times: the transport of an httpx client (or of httpx2's, which the Anthropic SDK
+    uses: `mod`)."""
+
+    def __init__(self, gate: Path, marker: bytes, count: int) -> None:
+        self.gate, self.marker, self.count = gate, marker, count
+        self.seen = bytearray()
+
+    def read(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self.seen.extend(chunk)
+            if self.seen.count(self.marker) >= self.count:
+                self.gate.touch()  # the keep-alive arrived: the "prefill" may end
+            yield chunk
+
+    def transport(self, mod: Any = httpx) -> Any:
+        tee = self
+
+        class Stream(mod.SyncByteStream):  # type: ignore[misc,name-defined]
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def __iter__(self) -> Iterator[bytes]:
+                return tee.read(self.inner)
+
+            def close(self) -> None:
+                self.inner.close()
+
+        class Transport(mod.HTTPTransport):  # type: ignore[misc,name-defined]
+            def handle_request(self, request: Any) -> Any:
+                response = super().handle_request(request)
+                response.stream = Stream(response.stream)
+                return response
+
+        return Transport()
+
+
+def _client(srv: Server, rid: str, marker: bytes, count: int = 1,
+            mod: Any = httpx) -> tuple[Any, Releasing]:
+    tee = Releasing(srv.gates / rid, marker, count)  # type: ignore[attr-defined]
+    # NOTE: a stream that never sends the keep-alive is never released: the read timeout
+    # fails the test then (the worker's own deadline is minutes away).
+    return mod.Client(transport=tee.transport(mod), timeout=60,
+                      headers={"X-Request-ID": rid}), tee
+
+
+def _before_first(seen: bytes, marker: bytes, token: bytes) -> None:
+    """`marker` was read before the first match of the pattern `token` (the first text)."""
+    first = re.search(token, seen)
+    assert marker in seen and first is not None, seen[:2000]
+    assert seen.index(marker) < first.start(), seen[:2000]
+
+
+def test_openai_chat_stream_keeps_alive_while_prefilling(srv: Server) -> None:
+    http, tee = _client(srv, "ka-chat-raw", COMMENT)
+    with http, http.stream("POST", srv.url + "/v1/chat/completions", json={
+            "model": LLM, "stream": True, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Say ok"}]}) as r:
+        assert r.status_code == 200
+        body = r.read()
+    _before_first(body, COMMENT, rb'"content":"[^"]')
+    assert body.endswith(b"data: [DONE]\n\n")
+
+    http, tee = _client(srv, "ka-chat-sdk", COMMENT)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
+    stream = client.chat.completions.create(
+        model=LLM, stream=True, max_tokens=8,
+        messages=[{"role": "user", "content": "Say ok"}])
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert COMMENT in tee.seen
+
+
+def test_openai_completions_and_responses_keep_alive(srv: Server) -> None:
+    http, tee = _client(srv, "ka-completions", COMMENT)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model=LLM, prompt="Say ok", max_tokens=8, stream=True) if c.choices)
+    assert text == ANSWER
+    _before_first(bytes(tee.seen), COMMENT, rb'"text":"[^"]')
+
+    http, tee = _client(srv, "ka-responses", COMMENT)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
+    events = list(client.responses.create(model=LLM, input="Say ok", stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == ANSWER
+    _before_first(bytes(tee.seen), COMMENT, b"response.output_text.delta")
+
+
+def test_anthropic_stream_pings_while_prefilling(srv: Server) -> None:
+    # NOTE: every Anthropic stream has one ping after message_start; a second one before the
+    # first text delta is the keep-alive.
+    http, tee = _client(srv, "ka-anthropic", PING, count=2, mod=httpx2)
+    client = anthropic.Anthropic(base_url=srv.url, api_key="x", http_client=http)
+    with client.messages.stream(model=LLM, max_tokens=8,
+                                messages=[{"role": "user", "content": "Say ok"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == ANSWER and final.stop_reason == "end_turn"
+    seen = bytes(tee.seen)
+    first_delta = seen.index(b"event: content_block_delta")
+    assert seen[:first_delta].count(PING) >= 2, seen[:2000]
+    assert seen.index(b"event: message_start") < seen.index(PING)
+
+
+def test_ollama_gets_no_keepalive_as_its_client_fails_on_one(srv: Server) -> None:
+    # Why Ollama's NDJSON gets no keep-alive: ollama-python reads every line as JSON, so a
+    # blank line ends the stream with an error (the Ollama server itself sends nothing
+    # before the first token).
+    def blank_line_first(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'\n{"model":"m","created_at":"2025-01-01T00:00:00Z",'
+                              b'"message":{"role":"assistant","content":"ok"},"done":true}\n')
+
+    mocked = ollama.Client(host="http://127.0.0.1:1",
+                           transport=httpx.MockTransport(blank_line_first))
+    with pytest.raises(json.JSONDecodeError):
+        list(mocked.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
+
+    (srv.gates / "ka-ollama").touch()  # type: ignore[attr-defined]
+    client = ollama.Client(host=srv.url, headers={"X-Request-ID": "ka-ollama"})
+    parts = list(client.chat(model=LLM, messages=[{"role": "user", "content": "Say ok"}],
+                             stream=True))
+    assert "".join(p.message.content or "" for p in parts) == ANSWER and parts[-1].done
