@@ -112,6 +112,11 @@ def test_create_from_a_model_with_system_and_parameters(client: ollama.Client,
     # Request options win over the model's parameters.
     short = client.chat(model=PIRATE, messages=HI, options={"num_predict": 2})
     assert short.eval_count is not None and short.eval_count <= 2
+    # The model's temperature 0 wins over Ollama's default (0.8): greedy, so asked again
+    # with a fresh seed each time it gives one text (the prefix cache is warm for these).
+    again = {client.chat(model=PIRATE, messages=HI, options={"num_predict": 24}).message.content
+             for _ in range(4)}
+    assert len(again) == 1
     # A system message of the request's own replaces the model's.
     own = [{"role": "system", "content": "Be brief."}, *HI]
     assert client.chat(model=PIRATE, messages=own).prompt_eval_count == \

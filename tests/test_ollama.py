@@ -20,13 +20,17 @@ import openai
 import pytest
 from langchain_ollama import ChatOllama
 from serverctl import Server
+from starlette.requests import Request
 
 from npu_proxy.gateway.api.ollama.template import render
 from npu_proxy.gateway.api.ollama.turn import format_schema
 from npu_proxy.gateway.api.openai.chat import JsonSchemaSpec, ResponseFormat, _response_schema
+from npu_proxy.gateway.api.request_path import _api_defaults
+from npu_proxy.gateway.content.created_model import with_params
 from npu_proxy.gateway.content.params import json_schema_text, ollama_params, openai_params
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive
+from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.models.registry import package_file
 
 LLM = "smollm2:135m"
@@ -405,6 +409,20 @@ def test_openai_and_ollama_map_to_the_same_params() -> None:
          "presence_penalty": 0.1, "frequency_penalty": 0.2, "top_k": 40, "min_p": 0.05,
          "repeat_penalty": 1.1}, json.dumps(schema))
     assert from_openai == from_ollama
+
+
+def test_ollama_requests_without_options_sample_with_ollamas_defaults() -> None:
+    """An Ollama client that sends no options samples as against Ollama (temperature 0.8,
+    top_k 40, top_p 0.9); the OpenAI API keeps its own (GenAI's: temperature 1)."""
+    model = ServedModel(name=LLM, kind="llm", workers=[])
+    ollama_scope = Request({"type": "http", "path": "/api/chat", "headers": []})
+    openai_scope = Request({"type": "http", "path": "/v1/chat/completions", "headers": []})
+    bare = with_params(ollama_params({}, None), model, _api_defaults(ollama_scope))
+    assert (bare.temperature, bare.top_k, bare.top_p) == (0.8, 40, 0.9)
+    mine = with_params(ollama_params({"temperature": 0.2}, None), model,
+                       _api_defaults(ollama_scope))
+    assert (mine.temperature, mine.top_k) == (0.2, 40)
+    assert _api_defaults(openai_scope) is None
 
 
 def test_format_and_response_format_share_one_schema_path() -> None:

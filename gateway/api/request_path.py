@@ -37,6 +37,7 @@ from npu_proxy.gateway.api.limits import Limits
 from npu_proxy.gateway.content.created_model import with_messages, with_params
 from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import ImageLimits, Images
+from npu_proxy.gateway.content.params import OLLAMA_DEFAULTS
 from npu_proxy.gateway.content.reasoning import Thinking
 from npu_proxy.gateway.content.schema_check import check_regex, check_schema
 from npu_proxy.gateway.content.tools import CallParser, Tooling, ToolRequest
@@ -52,7 +53,7 @@ from npu_proxy.gateway.http.util import (
     request_key,
     unless_disconnected,
 )
-from npu_proxy.gateway.http.wire import Dialect, dialect_for, idle_ticks
+from npu_proxy.gateway.http.wire import OLLAMA, Dialect, dialect_for, idle_ticks
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
@@ -137,7 +138,7 @@ class RequestPath:
         """A Generate request without tools (a prompt, or messages made from one), within the
         limits; `requested` is the model name the client sent."""
         messages = with_messages(messages, model) if messages is not None else None
-        params = with_params(params, model)
+        params = with_params(params, model, _api_defaults(request))
         self.limits.check_input(messages, prompt, None)
         return self._generate(request, model, params, messages=messages, prompt=prompt,
                               template_vars=template_vars)
@@ -148,7 +149,8 @@ class RequestPath:
                    ) -> tuple[Generate, CallParser | None]:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
-        messages, params = with_messages(messages, model), with_params(params, model)
+        messages, params = with_messages(messages, model), with_params(
+            params, model, _api_defaults(request))
         self.limits.check_input(messages, None, tools)
         if tools is not None and tools.tools:
             require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
@@ -223,6 +225,11 @@ class RequestPath:
             return StreamingResponse(_stream(dialect, turn, gen, every),
                                      media_type=dialect.media_type, headers=turn.headers(gen))
         return await _whole(request, dialect, turn, gen)
+
+
+def _api_defaults(request: Request) -> SamplingParams | None:
+    """The sampling defaults of the request's API where GenAI's are not its own."""
+    return OLLAMA_DEFAULTS if dialect_for(request.scope) is OLLAMA else None
 
 
 class DialectRoutes:

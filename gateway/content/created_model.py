@@ -60,11 +60,16 @@ def _defaults(model: ServedModel, record: CreatedModel) -> SamplingParams:
     return parsed
 
 
-def with_params(params: SamplingParams, model: ServedModel) -> SamplingParams:
-    """`params` with every field the request left unset taken from the model's parameters."""
-    if model.created is None or not model.created.parameters:
-        return params
-    defaults = _defaults(model, model.created)
+def with_params(params: SamplingParams, model: ServedModel,
+                fallback: SamplingParams | None = None) -> SamplingParams:
+    """`params` with every field the request left unset taken from the model's parameters,
+    and then from `fallback` (the API's own defaults, if it has any)."""
+    if model.created is not None and model.created.parameters:
+        params = _fill(params, _defaults(model, model.created))
+    return params if fallback is None else _fill(params, fallback)
+
+
+def _fill(params: SamplingParams, defaults: SamplingParams) -> SamplingParams:
     unset: dict[str, Any] = {}
     for field in SamplingParams.__struct_fields__:
         mine, theirs = getattr(params, field), getattr(defaults, field)

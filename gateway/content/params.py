@@ -19,6 +19,13 @@ from npu_proxy.protocol.messages import SamplingParams
 
 log = logging.getLogger(__name__)
 
+# Ollama's own sampling defaults (its DefaultOptions), for a request to its API where neither
+# the request nor the model sets one: an Ollama client that sends no options samples as it
+# would against Ollama (OpenAI's defaults are GenAI's: temperature 1, no top-k, top-p 1).
+# NOTE: not its repeat_penalty 1.1 over the last 64 tokens: GenAI's penalty counts every
+# earlier token, which is another penalty, so none is applied unless asked for.
+OLLAMA_DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.9)
+
 # Ollama options that exist but have no OpenVINO GenAI counterpart: accepted and ignored.
 OLLAMA_IGNORED = frozenset({
     "mirostat", "mirostat_eta", "mirostat_tau", "tfs_z", "typical_p", "repeat_last_n",

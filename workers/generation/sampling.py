@@ -4,6 +4,7 @@ and which messages a truncated history keeps (Generate.truncate)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 import msgspec
@@ -111,8 +112,10 @@ def generation_config(
             cfg.top_k = params.top_k
         if params.min_p is not None:
             cfg.min_p = params.min_p
-        if params.seed is not None:
-            cfg.rng_seed = params.seed
+        # NOTE: GenAI's rng_seed defaults to 0, so every sampled request without a seed drew
+        # the same numbers and a client's "regenerate" got the same text back; without a seed
+        # a request gets a fresh one, as with OpenAI, Ollama and vLLM.
+        cfg.rng_seed = params.seed if params.seed is not None else secrets.randbits(32)
     if params.repetition_penalty is not None:
         cfg.repetition_penalty = params.repetition_penalty
     if params.presence_penalty is not None:
