@@ -53,11 +53,10 @@ from npu_proxy.models.locate import MINILM_IR_FOLDER, minilm_ir_folder
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import Embed, Embeddings, encode, reply_decoder
 from npu_proxy.protocol.sockets import (
-    TOPIC_HEARTBEAT,
-    TOPIC_REQUEST,
     configure_push,
     configure_sub,
     connect,
+    subscribe_replies,
     worker_endpoint,
 )
 from npu_proxy.workers.embed_model import embedding_config
@@ -140,16 +139,16 @@ class Direct:
         configure_push(self.push)
         connect(self.push, config, worker_endpoint(config, worker, "in"))
         self.sub = self.ctx.socket(zmq.SUB)
-        configure_sub(self.sub, TOPIC_REQUEST)
-        self.sub.setsockopt(zmq.SUBSCRIBE, TOPIC_HEARTBEAT)
-        connect(self.sub, config, worker_endpoint(config, worker, "out"))
+        out = worker_endpoint(config, worker, "out")
+        configure_sub(self.sub, None)
+        subscribe_replies(self.sub, config, out)  # NOTE: heartbeats come there too
+        connect(self.sub, config, out)
         self.decoder = reply_decoder()
         # NOTE: a SUB hears a PUB only once its subscription got there; a heartbeat heard
         # proves it did (answers published before would be lost).
         if not self.sub.poll(30_000):
             raise SystemExit(f"no heartbeat from worker {worker} within 30 s")
         self.sub.recv_multipart()
-        self.sub.setsockopt(zmq.UNSUBSCRIBE, TOPIC_HEARTBEAT)
 
     def run(self, texts: list[str]) -> float:
         """Seconds until each of `texts`, sent as a request of its own all at once, is

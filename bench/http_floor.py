@@ -42,13 +42,13 @@ from serverctl import Server, free_port, wait_for
 
 from npu_proxy.models.locate import minilm_ir_folder
 from npu_proxy.protocol.config import load_config
+from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import Embed, Embeddings, encode, reply_decoder
 from npu_proxy.protocol.sockets import (
-    TOPIC_HEARTBEAT,
-    TOPIC_REQUEST,
     configure_push,
     configure_sub,
     connect,
+    subscribe_replies,
     worker_endpoint,
 )
 from npu_proxy.workers.embed_model import embedding_config
@@ -65,12 +65,14 @@ def bare_app(config_path: Path, worker: str) -> Any:
     connect(push, config, worker_endpoint(config, worker, "in"))
     push_now: zmq.Socket[bytes] = zmq.Socket.shadow(push.underlying)
     sub = ctx.socket(zmq.SUB)
-    configure_sub(sub, TOPIC_REQUEST)
-    # NOTE: a heartbeat heard proves the subscription reached the worker; until then GET
-    # answers 503 (answers published before it would be lost).
-    sub.setsockopt(zmq.SUBSCRIBE, TOPIC_HEARTBEAT)
+    out = worker_endpoint(config, worker, "out")
+    configure_sub(sub, None)
+    # NOTE: a heartbeat heard (the worker sends them on this reply topic too) proves the
+    # subscription reached the worker; until then GET answers 503 (answers published before
+    # it would be lost).
+    subscribe_replies(sub, config, out)
     heard = asyncio.Event()
-    connect(sub, config, worker_endpoint(config, worker, "out"))
+    connect(sub, config, out)
     sub_now: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
     waiting: dict[str, asyncio.Future[Any]] = {}
     ids = itertools.count()
@@ -81,11 +83,11 @@ def bare_app(config_path: Path, worker: str) -> Any:
         while True:
             frames = await sub.recv_multipart()
             while True:
-                if frames[0] == TOPIC_HEARTBEAT:
+                msg = replies.decode(frames[-1])
+                if isinstance(msg, Heartbeat):
                     heard.set()
                 else:
-                    msg = replies.decode(frames[-1])
-                    future = waiting.pop(getattr(msg, "id", ""), None)
+                    future = waiting.pop(msg.id, None)
                     if future is not None and not future.done():
                         future.set_result(msg)
                 try:

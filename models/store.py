@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -293,9 +294,11 @@ class ModelStore:
         self._write_aliases(aliases)
         return True
 
-    def add_created(self, record: CreatedModel) -> None:
+    def add_created(self, record: CreatedModel,
+                    before_copy: Callable[[int], None] | None = None) -> None:
         """Write a created model's record (replacing one of the same name); a model with its
-        own weights gets them as a hard link to its blob (a copy where links fail)."""
+        own weights gets them as a hard link to its blob (a copy where links fail, after
+        `before_copy` was told the bytes it adds and raised nothing)."""
         folder = self.root / CREATED
         folder.mkdir(parents=True, exist_ok=True)
         old = self.created().get(record.name)
@@ -307,6 +310,11 @@ class ModelStore:
                 try:
                     os.link(self.blob_path(record.blob), tmp)
                 except OSError:
+                    # NOTE: a cache (or its created/ folder) where links fail (another
+                    # device, FAT, some network shares) takes a second copy of the weights,
+                    # which the quota must allow like a pull or an upload.
+                    if before_copy is not None:
+                        before_copy(self.blob_path(record.blob).stat().st_size)
                     shutil.copyfile(self.blob_path(record.blob), tmp)
                 os.replace(tmp, weights)
             finally:

@@ -130,21 +130,9 @@ def public_key(path: str | Path) -> bytes:
 
 
 def worker_clients(config: Config, keys: Keys) -> frozenset[bytes]:
-    """Who may connect to this instance's workers: its own client key (its supervisor and,
-    without `worker_only`, its gateway) and, with `worker_only`, the one other host's
-    gateway listed in `client_key_files`.
+    """Who may connect to this instance's workers: its own client key (its supervisor and
+    gateway) and the gateways of other hosts listed in `client_key_files`.
 
-    NOTE: a worker publishes every frame to every subscriber: two gateways on one worker
-    would read each other's text and could abort each other's requests. A worker serves the
-    one gateway it was started for, so a second one is refused here (KeysError: the
-    supervisor does not start)."""
-    remote = list(config.client_key_files)
-    if remote and not config.worker_only:
-        raise KeysError("client_key_files lets another host's gateway use this instance's "
-                        "workers, which its own gateway uses: a worker serves one gateway. "
-                        "Start the workers for another host with --worker-only")
-    if len(remote) > 1:
-        raise KeysError(f"client_key_files lists {len(remote)} gateways; a worker serves one "
-                        "gateway (it publishes every frame to every subscriber): run one "
-                        "--worker-only instance per gateway")
-    return frozenset([keys.client_public, *(public_key(p) for p in remote)])
+    NOTE: several gateways may share a worker: each hears only its own frames and aborts only
+    its own requests, by the client key it logged in with (protocol/replies.py)."""
+    return frozenset([keys.client_public, *(public_key(p) for p in config.client_key_files)])

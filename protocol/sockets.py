@@ -1,8 +1,9 @@
 """ZeroMQ endpoints, socket options and security, in one place for every process.
 
-Each worker binds `<name>.in` (PULL: requests, aborts) and `<name>.out` (PUB: everything it
-says). The gateway connects a PUSH to each `.in` and a SUB to each `.out`; the supervisor
-subscribes to every `.out` for heartbeats and serves the control socket and its events.
+Each worker binds `<name>.in` (PULL: requests, aborts) and `<name>.out` (XPUB: everything it
+says, each gateway's replies on that gateway's own topic: protocol/replies.py). The gateway
+connects a PUSH to each `.in` and a SUB to each `.out`; the supervisor subscribes to every
+`.out` for heartbeats and serves the control socket and its events.
 
 Every socket binds through `bind` and connects through `connect`, the one code path for
 security and size limits:
@@ -36,9 +37,12 @@ log = logging.getLogger(__name__)
 PUB_HWM = 100_000
 
 # NOTE: the first frame of every PUB message is a topic, so the supervisor can subscribe to
-# heartbeats alone and never decode token frames.
+# heartbeats alone and never decode token frames; a request's frames go on the topic of the
+# gateway that sent it (`reply_topic`).
 TOPIC_HEARTBEAT = b"h"
 TOPIC_REQUEST = b"r"
+# NOTE: what a worker's XPUB takes in is subscriptions: a topic of a few dozen bytes.
+SUBSCRIPTION_MAX_BYTES = 1024
 
 # NOTE: a control command names a worker and a model: a few hundred bytes.
 CONTROL_MAX_BYTES = 64 * 1024
@@ -128,6 +132,8 @@ def _limit(sock: zmq.Socket[Any], config: Config) -> None:
         sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_BYTES)
     elif kind in (zmq.SUB, zmq.REQ, zmq.DEALER):
         sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+    elif kind == zmq.XPUB:
+        sock.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX_BYTES)
 
 
 class _Allowed:
@@ -212,9 +218,28 @@ def configure_push(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
 def configure_pub(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
     sock.setsockopt(zmq.SNDHWM, PUB_HWM)
     sock.setsockopt(zmq.LINGER, 500)
+    if sock.getsockopt(zmq.TYPE) == zmq.XPUB:
+        # NOTE: a subscriber hears only what the worker grants it (protocol/replies.py).
+        sock.setsockopt(zmq.XPUB_MANUAL, 1)
 
 
-def configure_sub(sock: zmq.Socket, topic: bytes = b"") -> None:  # type: ignore[type-arg]
+def reply_topic(client_key: bytes) -> bytes:
+    """The topic of one gateway's frames: its CURVE client key (b"" on ipc), ended so that
+    no topic is a prefix of another."""
+    return TOPIC_REQUEST + client_key + b"\0"
+
+
+def subscribe_replies(sock: zmq.Socket, config: Config,  # type: ignore[type-arg]
+                      endpoint: Endpoint) -> None:
+    """Subscribe a SUB to this instance's own replies from a worker (the topic of its client
+    key on tcp); the worker sends it its heartbeats there too."""
+    key = load_keys(config).client_public if endpoint.tcp else b""
+    sock.setsockopt(zmq.SUBSCRIBE, reply_topic(key))
+
+
+def configure_sub(sock: zmq.Socket, topic: bytes | None = b"") -> None:  # type: ignore[type-arg]
+    """A SUB's buffers, subscribed to `topic` (None: to nothing yet)."""
     sock.setsockopt(zmq.RCVHWM, PUB_HWM)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, topic)
+    if topic is not None:
+        sock.setsockopt(zmq.SUBSCRIBE, topic)

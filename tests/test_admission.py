@@ -37,7 +37,12 @@ from npu_proxy.protocol.messages import (
     encode,
     reply_decoder,
 )
-from npu_proxy.protocol.sockets import configure_sub, connect, worker_endpoint
+from npu_proxy.protocol.sockets import (
+    configure_sub,
+    connect,
+    subscribe_replies,
+    worker_endpoint,
+)
 
 LLM = "smollm2:135m"
 RUNNING = 2
@@ -229,8 +234,10 @@ class WorkerWire:
     def __init__(self, srv: Server) -> None:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
-        configure_sub(self.sub)
-        connect(self.sub, srv.config, worker_endpoint(srv.config, "llm", "out"))
+        out = worker_endpoint(srv.config, "llm", "out")
+        configure_sub(self.sub, None)
+        subscribe_replies(self.sub, srv.config, out)
+        connect(self.sub, srv.config, out)
         # NOTE: not the gateway's IMMEDIATE option: a send waits for the connection instead
         # of failing while it is still being made.
         self.push = self.ctx.socket(zmq.PUSH)

@@ -14,14 +14,11 @@ from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, Timings, encode
-from npu_proxy.protocol.sockets import (
-    TOPIC_HEARTBEAT,
-    TOPIC_REQUEST,
-    bind,
-    configure_pub,
-    worker_endpoint,
-)
+from npu_proxy.protocol.sockets import bind, configure_pub, reply_topic, worker_endpoint
 from npu_proxy.protocol.states import ProcessState
+
+# The one gateway's topic on ipc: its heartbeats and its requests' frames.
+LOCAL = reply_topic(b"")
 
 
 def _config(tmp_path: Path) -> Config:
@@ -77,7 +74,7 @@ def test_frames_arriving_together_reach_each_stream_in_order(tmp_path: Path) -> 
             deadline = time.monotonic() + 30
             while link.heartbeat is None:
                 assert time.monotonic() < deadline, "the broker never heard the worker"
-                pub.send_multipart((TOPIC_HEARTBEAT, encode(beat)))
+                pub.send_multipart((LOCAL, encode(beat)))
                 await asyncio.sleep(0.01)
             streams = {rid: broker.open("embed", rid, _embed(rid)) for rid in ("a", "b", "c")}
             for _ in streams:
@@ -85,13 +82,13 @@ def test_frames_arriving_together_reach_each_stream_in_order(tmp_path: Path) -> 
                 assert pull.poll(30_000) and pull.recv()
             for seq in range(100):
                 for rid in streams:
-                    pub.send_multipart((TOPIC_REQUEST, encode(
+                    pub.send_multipart((LOCAL, encode(
                         Delta(id=rid, seq=seq, text=f"{rid}{seq} ", tokens=seq + 1))))
             # NOTE: one stray frame of a request nobody waits for changes nothing.
-            pub.send_multipart((TOPIC_REQUEST, encode(Delta(id="gone", seq=0, text="x",
+            pub.send_multipart((LOCAL, encode(Delta(id="gone", seq=0, text="x",
                                                              tokens=1))))
             for rid in streams:
-                pub.send_multipart((TOPIC_REQUEST, encode(
+                pub.send_multipart((LOCAL, encode(
                     Finished(id=rid, seq=100, finish_reason="stop", prompt_tokens=1,
                              completion_tokens=100, timings=Timings()))))
             for rid, stream in streams.items():

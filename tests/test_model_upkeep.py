@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
+import struct
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from fakehub import FakeHub
 from serverctl import Server, wait_for
 
 from npu_proxy.models.registry import package_file
+from npu_proxy.models.upkeep import room
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLM = "smollm2:135m"
@@ -146,6 +150,38 @@ def test_the_cache_quota_refuses_a_pull_and_an_upload(srv: Server, cache: Path) 
     digest = hashlib.sha256(small).hexdigest()
     r = httpx.post(srv.url + f"/api/blobs/sha256:{digest}", timeout=60, content=small)
     assert r.status_code == 201, r.text
+
+
+def test_the_quota_holds_a_blob_copied_where_links_fail(srv: Server, cache: Path,
+                                                        tmp_path: Path) -> None:
+    """A created model's weights are a hard link to their blob; where the cache cannot link
+    (here its created/ folder on another file system) they are a copy, held to the quota."""
+    other = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="npx-upkeep-"))
+    created = cache / "created"
+    try:
+        if os.stat(other).st_dev == os.stat(cache).st_dev:
+            pytest.skip("/dev/shm is on the model cache's file system")
+        assert not created.exists()
+        created.symlink_to(other, target_is_directory=True)
+        left = room(cache, QUOTA)
+        assert left is not None
+        # NOTE: fits once (the upload), not twice (the copy).
+        header = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+        gguf = tmp_path / "m.gguf"
+        with gguf.open("wb") as f:
+            f.write(header)
+            f.truncate(left * 2 // 3)
+        client = ollama.Client(host=srv.url, timeout=120)
+        digest = client.create_blob(gguf)
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.create(model="upkeep-copied", files={"m.gguf": digest})
+        assert refused.value.status_code == 400
+        assert "max_cache_bytes" in refused.value.error
+        assert list(other.iterdir()) == []
+        assert "upkeep-copied:latest" not in [m.model for m in client.list().models]
+    finally:
+        created.unlink(missing_ok=True)
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def test_unused_blobs_are_pruned_after_a_delete(srv: Server, cache: Path) -> None:

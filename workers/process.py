@@ -2,7 +2,8 @@
 
 Threads: the main thread loads the model and then runs the engine loop; a receiver thread
 decodes requests from the PULL socket and hands them to the engine; a heartbeat thread
-publishes the worker's state. All PUB sends go through one lock (sockets are not thread-safe).
+publishes the worker's state and grants subscriptions. All XPUB use goes through one lock
+(sockets are not thread-safe). Each gateway's frames go to it alone (protocol/replies.py).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from npu_proxy.protocol.messages import (
     encode,
     request_decoder,
 )
+from npu_proxy.protocol.replies import ReplyRoutes, user_id
 from npu_proxy.protocol.sockets import (
-    TOPIC_HEARTBEAT,
-    TOPIC_REQUEST,
     bind,
     configure_pub,
     term,
@@ -59,22 +59,29 @@ class WorkerProcess:
         self.load_seconds = 0.0
         self.engine: Engine | None = None
         self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         configure_pub(self._pub)
         self._pub_lock = threading.Lock()
+        self.routes = ReplyRoutes(worker_endpoint(config, spec.name, "out").tcp)
         self._stop = threading.Event()
         self._draining = threading.Event()
 
     # --- publishing ----------------------------------------------------------------------
 
-    def publish(self, msg: msgspec.Struct) -> None:
-        data = encode(msg)
-        topic = TOPIC_HEARTBEAT if isinstance(msg, Heartbeat) else TOPIC_REQUEST
+    def publish(self, beat: Heartbeat) -> None:
+        """A heartbeat, to every subscriber (subscriptions waiting are granted first)."""
+        data = encode(beat)
         with self._pub_lock:
-            self._pub.send_multipart((topic, data))
+            self.routes.grant(self._pub)
+            for topic in self.routes.topics:
+                self._pub.send_multipart((topic, data))
 
     def emit(self, frame: RequestFrame) -> None:
-        self.publish(frame)
+        """A request's frame, to the gateway that sent the request."""
+        topic, frame = self.routes.outbound(frame)
+        data = encode(frame)
+        with self._pub_lock:
+            self._pub.send_multipart((topic, data))
 
     def heartbeat(self) -> Heartbeat:
         engine = self.engine
@@ -124,15 +131,24 @@ class WorkerProcess:
         decoder = request_decoder()
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
+        routed = self.routes.tcp
         while not self._stop.is_set():
             if not poller.poll(100):
                 continue
-            raw = pull.recv()
+            # NOTE: on tcp the message's User-Id (its sender's client key) says which
+            # gateway's request it is; ipc has one gateway and takes the plain path.
+            key = ""
+            if routed:
+                frame = pull.recv(copy=False)
+                raw, key = frame.bytes, user_id(frame)
+            else:
+                raw = pull.recv()
             try:
                 msg = decoder.decode(raw)
             except msgspec.DecodeError as exc:
                 log.error("undecodable request dropped: %s", exc)
                 continue
+            self.routes.inbound(msg, key)
             self._dispatch(msg)
         pull.close()
 

@@ -21,7 +21,9 @@ replace it; here it is someone else's files), while a created model may be creat
 A blob is checked while it streams in (models/blobs.py): at most `max_blob_bytes`, its
 sha256 equal to the digest in its URL, written to a temporary file that is renamed into
 place only then; no partial file stays behind. The body limit of other routes
-(`max_body_bytes`) does not apply to blobs, which are never held in memory.
+(`max_body_bytes`) does not apply to blobs, which are never held in memory. Both an upload
+and the copy of a blob made where the cache cannot hard-link it are held to
+`max_cache_bytes` (a 413 and a 400).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
 from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
 from npu_proxy.models.gguf import ModelInfoError, read_gguf_header
 from npu_proxy.models.store import STAGING, safe_relative
-from npu_proxy.models.upkeep import room
+from npu_proxy.models.upkeep import QuotaExceeded, check_room, room
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +135,11 @@ class CreateRoutes:
         try:
             req = await decode_body(request, CreateRequest)
             record, steps = await self._record(req)
-            await asyncio.to_thread(self.store.add_created, record)
+            await asyncio.to_thread(self.store.add_created, record, self._room_for_copy)
         except GatewayError as exc:
             return _error(exc.status, exc.message)
+        except QuotaExceeded as exc:
+            return _error(400, str(exc))
         except BlobError as exc:
             return _error(exc.status, exc.message)
         except OSError as exc:
@@ -184,6 +188,13 @@ class CreateRoutes:
                   ("template", "system", "parameters", "messages", "license")
                   if getattr(req, what) is not None]
         return record, steps
+
+    def _room_for_copy(self, need: int) -> None:
+        """A QuotaExceeded when the copy of a blob the cache cannot hard-link would not fit
+        `max_cache_bytes` (runs in a thread)."""
+        check_room(self.store.root, self.config.max_cache_bytes, need,
+                   "copying the blob into the created model (hard links fail in this model "
+                   "cache)")
 
     def _check_free(self, raw: str, name: str) -> None:
         """A created model may be made again; any other model of that name is not replaced."""

@@ -43,6 +43,7 @@ from npu_proxy.protocol.sockets import (
     connect,
     events_endpoint,
     request_limit,
+    subscribe_replies,
     worker_endpoint,
 )
 from npu_proxy.protocol.states import ProcessState, observed, reported, silence_allowed, transition
@@ -180,8 +181,12 @@ class Broker:
             configure_push(push)
             connect(push, self.config, worker_endpoint(self.config, spec.name, "in"))
             sub = self.ctx.socket(zmq.SUB)
-            configure_sub(sub)
-            connect(sub, self.config, worker_endpoint(self.config, spec.name, "out"))
+            out = worker_endpoint(self.config, spec.name, "out")
+            # NOTE: not to the heartbeat topic: the worker sends this gateway its heartbeats
+            # on its own reply topic, so hearing one proves its frames reach it too.
+            configure_sub(sub, None)
+            subscribe_replies(sub, self.config, out)
+            connect(sub, self.config, out)
             link = WorkerLink(spec=spec, push=push, sub=sub,
                               busy_limit=self.config.inference_timeout)
             self.links[spec.name] = link
