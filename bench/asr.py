@@ -81,12 +81,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, nargs="+", default=[3.0, 30.0, 60.0])
     args = parser.parse_args()
     folder = MODEL_CACHE / WHISPER_IR_FOLDER
-    if not (folder / "openvino_encoder_model.xml").is_file():
-        from test_audio import converter_python
+    from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir
 
-        from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir
-
-        ensure_whisper_ir(folder, converter_python())
+    ensure_whisper_ir(folder)
     server = None
     url = args.url
     if url is None:

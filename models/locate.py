@@ -24,6 +24,7 @@ folder (4) is only named here, and built by the embedding worker that loads it
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,17 @@ MINILM_IR_FOLDER = "all-minilm-l6-v2"
 MINILM_RERANK_FOLDER = "all-minilm-l6-v2-rerank"
 # The folder the embedded Whisper tiny.en is built into (workers/speech/whisper_ir.py).
 WHISPER_IR_FOLDER = "whisper-tiny-en"
+# The file a finished build of an embedded IR folder writes last: how long it took (JSON).
+BUILD_RECORD = "npu_proxy_build.json"
+
+
+def build_seconds(folder: Path) -> float | None:
+    """How long the embedded IR in `folder` took to build, from its `BUILD_RECORD`."""
+    try:
+        seconds = json.loads((folder / BUILD_RECORD).read_text())["build_seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(seconds) if isinstance(seconds, int | float) else None
 
 
 class Origin(enum.Enum):

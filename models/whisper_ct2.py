@@ -1,6 +1,7 @@
-"""A CTranslate2 Whisper model (model.bin, config.json, tokenizer.json) as a Transformers
-`WhisperForConditionalGeneration` folder, with numpy alone: what optimum-intel then exports
-to OpenVINO IR (workers/speech/whisper_ir.py).
+"""A CTranslate2 Whisper model (model.bin, config.json, tokenizer.json) as Transformers'
+`WhisperForConditionalGeneration` names its weights, and the json files of its folder, with
+numpy alone: what workers/speech/whisper_graph.py writes as OpenVINO IR (and what
+optimum-intel's torch export would read as a Transformers folder, `write_hf_folder`).
 
 CTranslate2's converter (python/ctranslate2/converters/transformers.py `WhisperLoader`, a
 `BartLoader`) fuses what Transformers keeps apart, and this undoes it:
@@ -194,19 +195,14 @@ def _tokenizer_files(tokenizer: dict[str, Any],
     return {**tokenizer, "added_tokens": added}, ids, languages
 
 
-def write_hf_folder(ct2_dir: Path, out: Path) -> None:
-    """Write `out` as a Transformers Whisper folder: model.safetensors, config.json,
+def write_configs(model: CT2Model, ct2_dir: Path, out: Path) -> None:
+    """Write into `out` what a Whisper folder has besides its weights: config.json,
     generation_config.json, preprocessor_config.json and the tokenizer's files."""
-    from safetensors.numpy import save_file
-
-    model = read_model_bin(ct2_dir / "model.bin")
     ct2_config = json.loads((ct2_dir / "config.json").read_text())
     tokenizer = json.loads((ct2_dir / "tokenizer.json").read_text())
-    weights = state_dict(model)
     config = _config(model, ct2_config)
     full, ids, languages = _tokenizer_files(tokenizer, config["vocab_size"])
     out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     dumps = {
         "config.json": config,
         "generation_config.json": _generation_config(ids, ct2_config, languages,
@@ -230,3 +226,13 @@ def write_hf_folder(ct2_dir: Path, out: Path) -> None:
     merges = tokenizer["model"].get("merges", [])
     lines = [m if isinstance(m, str) else " ".join(m) for m in merges]
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(lines) + "\n")
+
+
+def write_hf_folder(ct2_dir: Path, out: Path) -> None:
+    """Write `out` as a Transformers Whisper folder: model.safetensors and `write_configs`'
+    files (what optimum-intel's torch export reads; the tests' reference IR is made so)."""
+    from safetensors.numpy import save_file
+
+    model = read_model_bin(ct2_dir / "model.bin")
+    write_configs(model, ct2_dir, out)
+    save_file(state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})

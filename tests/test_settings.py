@@ -165,12 +165,14 @@ def test_a_retired_setting_is_ignored_with_a_warning_and_a_typo_still_fails(
     from npu_proxy.protocol.config import ConfigError, load_config
 
     old = tmp_path / "old.toml"
-    old.write_text('heartbeat_interval = 0.5\n[models."m"]\npath = "/x.gguf"\n'
+    old.write_text('heartbeat_interval = 0.5\nconverter_python = "/x/python"\n'
+                   '[models."m"]\npath = "/x.gguf"\n'
                    'description = "mine"\n')
     with caplog.at_level("WARNING"):
         config = load_config(old, env={})
     assert config.models["m"].path == "/x.gguf"
-    assert "heartbeat_interval" in caplog.text and "models.m.description" in caplog.text
+    for key in ("heartbeat_interval", "converter_python", "models.m.description"):
+        assert key in caplog.text
     typo = tmp_path / "typo.toml"
     typo.write_text("heartbeat_timeot = 10\n")
     try:

