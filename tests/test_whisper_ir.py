@@ -2,9 +2,7 @@
 with the default workers transcribes on first use, building it then; the built IR computes
 what optimum-intel's torch export of the same weights computes; a build that computes
 something else is refused.
-
-NOTE on the words checked: Whisper tiny.en hears espeak-ng's opening "Hello" as "The" (the
-torch export of the same weights does too; test_audio.py), so "Hello" is not checked.
+The recording and the words checked are test_audio.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import pytest
 import soundfile
 import soxr
 from serverctl import MODEL_CACHE, Server
-from test_audio import ESPEAK, speak, whisper_ir_folder
+from test_audio import ESPEAK, WORDS, speak, whisper_ir_folder
 
 from npu_proxy.models.ctranslate2 import read_model_bin
 from npu_proxy.models.locate import BUILD_RECORD, WHISPER_IR_FOLDER, build_seconds
@@ -32,7 +30,6 @@ from npu_proxy.models.whisper_ct2 import state_dict
 from npu_proxy.workers.speech import whisper_graph, whisper_ir
 from npu_proxy.workers.speech.whisper_check import WhisperCheckError, check_ir
 
-WORDS = ("world", "capital", "france", "paris")
 # The IR optimum-intel (torch) exports from models/whisper_ct2.py's Transformers folder: the
 # reference, built once per machine in the tests' builder venv (tests/tiny_vlm.py).
 REFERENCE = "whisper-tiny-en-optimum"
