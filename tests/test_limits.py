@@ -13,6 +13,7 @@ import httpx
 import ollama
 import openai
 import pytest
+from errors import error_message
 from serverctl import Server
 
 LLM = "smollm2:135m"
@@ -117,7 +118,7 @@ def test_output_up_to_the_context_and_claude_names_are_served(
 
 # --- counts and prompt length, on a server with low limits ---------------------------------
 
-MAX_MESSAGES, MAX_TOOLS, MAX_CHARS, MAX_BODY = 4, 2, 200, 4096
+MAX_MESSAGES, MAX_TOOLS, MAX_CHARS, MAX_BODY, MAX_OBJECTS = 4, 2, 200, 4096, 40
 RUN = uuid.uuid4().hex[:8]  # NOTE: the model cache is shared; names of this run are its own
 MADE, ALIAS, COPY = (f"npx-test-{what}-{RUN}:latest" for what in ("made", "alias", "copy"))
 
@@ -126,7 +127,8 @@ MADE, ALIAS, COPY = (f"npx-test-{what}-{RUN}:latest" for what in ("made", "alias
 def low(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = Server(tmp_path_factory.mktemp("limits"), workers=[{"name": "llm", "role": "llm"}],
                  max_messages=MAX_MESSAGES, max_tools=MAX_TOOLS, max_prompt_chars=MAX_CHARS,
-                 max_body_bytes=MAX_BODY, model_aliases={ALIAS: MADE}).start()
+                 max_body_bytes=MAX_BODY, max_json_objects=MAX_OBJECTS,
+                 model_aliases={ALIAS: MADE}).start()
     yield srv
     srv.stop()
 
@@ -201,6 +203,26 @@ def test_the_limits_are_named_with_their_numbers(low: Server) -> None:
     r = httpx.post(low.url + "/v1/chat/completions", timeout=60, json={
         "model": LLM, "messages": _turns(1, MAX_CHARS + 1)})
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/api/chat",
+                                  "/v1/responses"])
+def test_a_body_of_too_many_objects_is_refused_before_it_is_decoded(low: Server,
+                                                                    path: str) -> None:
+    """A million empty messages (a 30 MB body) took the gateway's event loop a second and
+    107 MiB to decode before max_messages could be checked: the body's objects are counted
+    first, so the refusal names max_json_objects, not max_messages."""
+    field = "input" if path == "/v1/responses" else "messages"
+    many: list[dict[str, Any]] = [{}] * MAX_OBJECTS  # with the body's own object, one over
+    r = httpx.post(low.url + path, timeout=60,
+                   json={"model": LLM, "max_tokens": 1, field: many})
+    assert r.status_code == 400, r.text
+    message = error_message(r)
+    assert "max_json_objects" in message and f"limit is {MAX_OBJECTS}" in message, message
+    # At the limit the body is decoded and checked as before.
+    r = httpx.post(low.url + path, timeout=60,
+                   json={"model": LLM, "max_tokens": 1, field: many[1:]})
+    assert r.status_code == 400 and "max_json_objects" not in error_message(r)
 
 
 def test_counts_are_checked_before_any_message_is_read(low: Server) -> None:

@@ -212,7 +212,8 @@ class RequestPath:
     async def serve(self, request: Request, body: type[B], translate: Translate[B]) -> Response:
         dialect = dialect_for(request.scope)
         try:
-            turn = await translate(request, await decode_body(request, body))
+            turn = await translate(request, await decode_body(
+                request, body, max_objects=self.router.config.max_json_objects))
             if isinstance(turn, Response):
                 return turn
             gen = await unless_disconnected(request, self.router.generate(turn.model, turn.msg))

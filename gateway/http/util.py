@@ -43,10 +43,16 @@ def request_key(request: Request) -> str:
     return str(key)
 
 
-async def decode_body(request: Request, kind: type[T], strict: bool = True) -> T:
+async def decode_body(request: Request, kind: type[T], strict: bool = True,
+                      max_objects: int = 0) -> T:
+    """The body decoded as `kind`; with `max_objects`, refused first when it holds more `{`
+    bytes than that (a count at memchr speed, where decoding builds every object)."""
     body = await request.body()
     if not body:
         raise invalid("the request body is empty; a JSON object is required")
+    if max_objects and (objects := body.count(b"{")) > max_objects:
+        raise invalid(f"the request body holds {objects} JSON objects ('{{' counted, in "
+                      f"strings too); the limit is {max_objects} (max_json_objects)")
     try:
         return msgspec.json.decode(body, type=kind, strict=strict)
     except msgspec.ValidationError as exc:

@@ -29,6 +29,12 @@ class RequestLimits(ServerSettings):
     max_messages: int = 10_000
     max_tools: int = 256
     max_prompt_chars: int = 1_000_000
+    # JSON objects in one request body, counted as its `{` bytes (in strings too) before
+    # the body is decoded; a body over it is a 400. NOTE: decoding is the one step that runs
+    # before any count can be checked, on the event loop: a 30 MB body of a million empty
+    # messages took a second of it and 107 MiB; 250,000 is far beyond any real request
+    # (10,000 messages of several parts, 256 tools with their schemas) and a quarter of that.
+    max_json_objects: int = 250_000
     # Embeddings: inputs in one request, and characters in one input (400 beyond either).
     max_embed_items: int = 512
     max_embed_chars: int = 100_000
