@@ -89,6 +89,10 @@ class Generation:
             headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
         return headers
 
+    def ready(self) -> bool:
+        """The next step of the iteration needs no wait: a frame is there, or the end."""
+        return self.finished is not None or self.stream.ready()
+
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:
             while True:
