@@ -24,9 +24,10 @@ import zmq
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.openai.chat import ChatReply
 from npu_proxy.gateway.api.request_path import Dispatch, _stream
-from npu_proxy.gateway.core.broker import Broker, RequestStream
+from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.wire import OLLAMA, OPENAI, Dialect
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
