@@ -16,7 +16,8 @@ ZeroMQ's I/O thread), read before and after each fixed piece of work:
   eval_count). The HTTP chunks the client read per token are printed beside it.
 - Embeddings (`/v1/embeddings`, `/api/embed`): `--embed-clients` concurrent clients, each
   `--embed-requests` requests of one short text, a new text every request (so no vector cache
-  answers); the ratio is the gateway's CPU per request.
+  answers); the ratio is the gateway's CPU per request. `GET /health` the same way: what a
+  request costs the gateway with no work behind it (hypercorn, the middleware, routing).
 
 One untimed round of each runs first (worker warm, connections open). The idle gateway's CPU
 (heartbeats, status) over a quiet second is printed too; it is included in the ratios, not
@@ -106,6 +107,12 @@ async def openai_embed(client: httpx.AsyncClient, url: str, i: int, _: int) -> S
     return Served(units=1, chunks=1)
 
 
+async def health(client: httpx.AsyncClient, url: str, i: int, _: int) -> Served:
+    r = await client.get(url + "/health")
+    r.raise_for_status()
+    return Served(units=1, chunks=1)
+
+
 async def ollama_embed(client: httpx.AsyncClient, url: str, i: int, _: int) -> Served:
     body = {"model": EMBED_MODEL, "input": f"a short text, number {next(_texts)}"}
     r = await client.post(url + "/api/embed", json=body)
@@ -160,7 +167,8 @@ def run(url: str, gateway: int, args: argparse.Namespace) -> None:
                           ("Ollama /api/chat stream", ollama_stream)):
             measure(gateway, url, name, one, args.streams, args.rounds, args.tokens, "token")
     if args.only in (None, "embed"):
-        for name, one in (("/v1/embeddings", openai_embed), ("/api/embed", ollama_embed)):
+        for name, one in (("/v1/embeddings", openai_embed), ("/api/embed", ollama_embed),
+                          ("GET /health", health)):
             measure(gateway, url, name, one, args.embed_clients, args.embed_requests, 0,
                     "request")
 
