@@ -31,9 +31,9 @@ from starlette.routing import Route
 
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content.speech import MEDIA, Encoder
-from npu_proxy.gateway.core.broker import RequestStream
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.gateway.core.frames import frames_until, release
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
 from npu_proxy.protocol.messages import RequestFrame, Speech, SpeechChunk, Synthesize

@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from npu_proxy.gateway.core.errors import GatewayError
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import (
     EMBED_BATCH_CLASSES,
@@ -32,7 +33,6 @@ from npu_proxy.protocol.liveness import (
 from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
-    RequestFrame,
     WorkerReply,
     encode,
     reply_decoder,
@@ -53,24 +53,6 @@ log = logging.getLogger(__name__)
 
 class WorkerUnavailable(Exception):
     pass
-
-
-@dataclass
-class RequestStream:
-    id: str
-    worker: str
-    frames: asyncio.Queue[RequestFrame] = field(default_factory=asyncio.Queue)
-    next_seq: int = 0
-
-    async def next_frame(self, timeout: float) -> RequestFrame:
-        """The next frame from the worker; TimeoutError after `timeout` s without one."""
-        # NOTE: asyncio.wait_for runs the wait in a task of its own (Python < 3.12), which
-        # costs loop iterations on every token of every stream; a frame already queued is
-        # taken at once, and asyncio.timeout waits in this task.
-        if not self.frames.empty():
-            return self.frames.get_nowait()
-        async with asyncio.timeout(timeout):
-            return await self.frames.get()
 
 
 @dataclass
@@ -232,6 +214,7 @@ class Broker:
         return stream
 
     def close(self, stream: RequestStream) -> None:
+        stream.cancel_timer()
         link = self.links.get(stream.worker)
         if link is not None:
             link.requests.pop(stream.id, None)
@@ -245,18 +228,37 @@ class Broker:
 
     async def _read(self, link: WorkerLink) -> None:
         decoder = reply_decoder()
-        # NOTE: the first frame is awaited, then everything already queued (a batch's
-        # answers, tokens that came while the loop was busy) is taken through a plain view
-        # of the socket, without a Future per frame.
-        sub_now: zmq.Socket[bytes] = zmq.Socket.shadow(link.sub.underlying)
-        while True:
-            frames = await link.sub.recv_multipart()
+        # NOTE: the socket's file descriptor watched by the loop itself, every frame taken
+        # through a plain view of the socket: zmq.asyncio's recv costs a Future and an event
+        # dispatch with enum flag checks per wake-up, per streamed token at 32 streams. The
+        # descriptor is edge-triggered: it is waited on only after EVENTS said no frame is
+        # there (reading EVENTS re-arms it), as ZeroMQ's documentation prescribes.
+        sock: zmq.Socket[bytes] = zmq.Socket.shadow(link.sub.underlying)
+        fd = int(sock.getsockopt(zmq.FD))
+        loop = asyncio.get_running_loop()
+        wake: list[asyncio.Future[None]] = []
+
+        def readable() -> None:
+            if wake and not wake[0].done():
+                wake[0].set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
             while True:
-                self._deliver(link, decoder, frames[-1])
                 try:
-                    frames = sub_now.recv_multipart(zmq.NOBLOCK)
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
-                    break
+                    if int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        continue
+                    wake.append(loop.create_future())
+                    try:
+                        await wake[0]
+                    finally:
+                        wake.clear()
+                    continue
+                self._deliver(link, decoder, frames[-1])
+        finally:
+            loop.remove_reader(fd)
 
     def _deliver(self, link: WorkerLink, decoder: msgspec.msgpack.Decoder[WorkerReply],
                  raw: bytes) -> None:
@@ -289,7 +291,7 @@ class Broker:
                        "frames from the worker were lost; the output would be corrupt")
             return
         stream.next_seq += 1
-        stream.frames.put_nowait(msg)
+        stream.put(msg)
 
     def _on_heartbeat(self, link: WorkerLink, beat: Heartbeat) -> None:
         previous = link.heartbeat
@@ -311,7 +313,7 @@ class Broker:
     def _fail(self, link: WorkerLink, stream: RequestStream, code: ErrorCode,
               message: str) -> None:
         link.requests.pop(stream.id, None)
-        stream.frames.put_nowait(Failed(id=stream.id, seq=stream.next_seq, code=code,
+        stream.put(Failed(id=stream.id, seq=stream.next_seq, code=code,
                                         message=message))
 
     def _fail_all(self, link: WorkerLink, message: str) -> None:

@@ -12,8 +12,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from npu_proxy.gateway.core.broker import Broker, RequestStream
+from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import GatewayError, from_failed
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.protocol.messages import Abort, Failed, RequestFrame
 
 Part = TypeVar("Part")

@@ -9,8 +9,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from npu_proxy.gateway.core.broker import Broker, RequestStream
+from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import GatewayError, from_failed
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
@@ -88,6 +89,10 @@ class Generation:
         if accepted.dropped:
             headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
         return headers
+
+    def ready(self) -> bool:
+        """The next step of the iteration needs no wait: a frame is there, or the end."""
+        return self.finished is not None or self.stream.ready()
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
         try:

@@ -198,6 +198,8 @@ class Metrics:
         self.workers: dict[str, WorkerRecord] = {}
         # request id -> (worker, device) of its last route, for the access log line.
         self._routes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        # (worker, device, model) -> that generation's token series (`_token_series`).
+        self._series: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
         for spec in config.workers:
             if not spec.enabled:
                 continue
@@ -303,19 +305,31 @@ class Metrics:
         spec = link.spec if (link := self.broker.links.get(gen.stream.worker)) else None
         return gen.stream.worker, spec.device if spec else "", spec.model_name if spec else ""
 
+    def _token_series(self, gen: Generation) -> tuple[Any, Any, Any]:
+        """The tokens counter, TTFT and inter-token histograms of a generation's labels.
+
+        NOTE: looked up once per label set, not per token: `labels()` takes a lock and
+        builds a key on every call, a cost paid per streamed token (bench/gateway_cpu.py)."""
+        labels = self._labels(gen)
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = (self.generated_tokens.labels(*labels),
+                                             self.ttft.labels(*labels), self.itl.labels(*labels))
+        return series
+
     @_guarded
     def on_tokens(self, gen: Generation, new: int, gap: float, first: bool) -> None:
-        labels = self._labels(gen)
-        self.generated_tokens.labels(*labels).inc(new)
+        generated, ttft, itl = self._token_series(gen)
+        generated.inc(new)
         self.recent.tokens(new)
         if first:
-            self.ttft.labels(*labels).observe(gap)
+            ttft.observe(gap)
             return
         # NOTE: a frame may carry several tokens (the worker coalesces when the gateway is
         # slower); each gets an equal share of the gap.
-        itl = self.itl.labels(*labels)
+        share = gap / new
         for _ in range(new):
-            itl.observe(gap / new)
+            itl.observe(share)
 
     @_guarded
     def on_done(self, gen: Generation) -> None:

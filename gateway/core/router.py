@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import msgspec
 
-from npu_proxy.gateway.core.broker import Broker, RequestStream, WorkerLink, WorkerUnavailable
+from npu_proxy.gateway.core.broker import Broker, WorkerLink, WorkerUnavailable
 from npu_proxy.gateway.core.errors import (
     GatewayError,
     from_failed,
@@ -29,6 +29,7 @@ from npu_proxy.gateway.core.errors import (
 )
 from npu_proxy.gateway.core.generation import Generation, GenerationObserver, route_headers
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
+from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
