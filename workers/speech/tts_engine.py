@@ -8,6 +8,9 @@ sentence is made; a `Speech` frame ends the request.
 
 Inputs of Piper's export: `input` (ids, [1, n]), `input_lengths` ([n]), `scales`
 ([noise_scale, length_scale, noise_w]) and, for voices with several speakers, `sid`.
+
+The same text, voice and speed give the same audio: VITS samples its noise inside the graph
+(RandomNormalLike, which OpenVINO turns into RandomUniform pairs), and `fix_noise` seeds it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,26 @@ class Voice:
         self.id_map: dict[str, list[int]] = config["phoneme_id_map"]
 
 
+NOISE_SEED = 22050  # any fixed number; each random node gets its own seed from it
+
+
+def fix_noise(model: ov.Model) -> int:
+    """Make the graph's noise the same on every inference; returns the random nodes fixed.
+
+    NOTE: ONNX's RandomNormalLike arrives as Box-Muller over two RandomUniform nodes with
+    seeds 0/0 (a new sequence per run) and TensorFlow's Philox alignment, whose counter the
+    CPU plugin carries from one inference to the next even when seeded, so a seed alone only
+    repeats the first sentence after a compile. With PyTorch's alignment the plugin starts
+    its Mersenne Twister from `global_seed` on every inference (`op_seed` is unused there):
+    each node needs a seed of its own, or a Box-Muller pair draws the same numbers twice."""
+    nodes = [op for op in model.get_ops() if op.get_type_name() == "RandomUniform"]
+    for index, node in enumerate(nodes):
+        node.set_attribute("alignment", "pytorch")
+        node.set_attribute("global_seed", NOISE_SEED + index)
+        node.set_attribute("op_seed", NOISE_SEED + index)
+    return len(nodes)
+
+
 def to_int16(audio: np.ndarray[Any, Any]) -> bytes:
     """Piper's conversion: each sentence scaled to full range, then 16-bit.
     NOTE: VITS output has no fixed level; Piper normalises every sentence the same way."""
@@ -81,6 +104,7 @@ class TtsEngine(SerialSpeechEngine[Synthesize]):
         self.phonemizer = Phonemizer(voice.espeak_voice)
         core = ov.Core()
         model = core.read_model(str(self.model_path))
+        log.info("tts: %d random nodes seeded", fix_noise(model))
         # NOTE: on CPUs with AMX/AVX512-BF16 the CPU plugin runs bf16 by default; then the
         # duration predictor's exp() now and then overflows and the Range node that expands
         # the durations fails (1 request in 60 here). f32 never did, and was not slower.
