@@ -40,18 +40,14 @@ from npu_proxy.protocol.messages import (
     Timings,
     encode,
 )
-from npu_proxy.protocol.sockets import (
-    TOPIC_HEARTBEAT,
-    TOPIC_REQUEST,
-    bind,
-    configure_pub,
-    worker_endpoint,
-)
+from npu_proxy.protocol.sockets import bind, configure_pub, reply_topic, worker_endpoint
 from npu_proxy.protocol.states import ProcessState
 
 TOKENS = 50
 WORDS = [f"w{i} " for i in range(TOKENS)]
 MODEL = "smollm2:135m"
+# The one gateway's topic on ipc: its heartbeats and its requests' frames.
+LOCAL = reply_topic(b"")
 
 Step = Callable[[Callable[[object], None], AsyncIterator[bytes], RequestStream],
                 Awaitable[list[bytes]]]
@@ -74,7 +70,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
                      state=ProcessState.READY)
 
     def send(frame: object) -> None:
-        pub.send_multipart((TOPIC_REQUEST, encode(frame)))
+        pub.send_multipart((LOCAL, encode(frame)))
 
     async def run() -> list[bytes]:
         broker = Broker(config)
@@ -84,7 +80,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
             deadline = time.monotonic() + 30
             while link.heartbeat is None:  # NOTE: until the SUB's subscription arrived
                 assert time.monotonic() < deadline, "the broker never heard the worker"
-                pub.send_multipart((TOPIC_HEARTBEAT, encode(beat)))
+                pub.send_multipart((LOCAL, encode(beat)))
                 await asyncio.sleep(0.01)
             msg = Generate(id="r1", model=MODEL, params=SamplingParams(), prompt="x",
                            deadline=time.time() + 60)
@@ -97,7 +93,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
             reply = (ChatReply(MODEL, True, None, False) if dialect is OPENAI
                      else OllamaReply(MODEL, True, None))
             turn = Dispatch(ServedModel(MODEL, "llm", ["llm"]), msg, True, reply)
-            return await step(send, _stream(dialect, turn, gen), stream)
+            return await step(send, _stream(dialect, turn, gen, 0.0), stream)
         finally:
             await broker.stop()
 
