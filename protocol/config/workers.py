@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import functools
 import importlib.metadata
 from typing import Literal
 
@@ -15,6 +17,7 @@ from npu_proxy.protocol.config.models import (
     DEFAULT_LLM_MODEL,
     DEFAULT_RERANK_MODEL,
     DEFAULT_TTS_MODEL,
+    TTS_PACKAGE,
 )
 
 Role = Literal["llm", "npu", "embed", "vlm", "rerank", "asr", "tts"]
@@ -175,11 +178,20 @@ def _installed(distribution: str) -> bool:
     return True
 
 
-def default_workers(devices: list[str], asr: bool | None = None) -> list[WorkerSpec]:
+@functools.cache
+def _has_espeak() -> bool:
+    """espeak-ng's library (Debian package espeak-ng), which the tts role phonemizes with."""
+    return ctypes.util.find_library("espeak-ng") is not None
+
+
+def default_workers(devices: list[str], asr: bool | None = None,
+                    tts: bool | None = None) -> list[WorkerSpec]:
     """The npu role only where an NPU exists; the llm role on a GPU if any, else the CPU;
-    embeddings, reranking and, with `asr` (None = when the package that carries the embedded
-    Whisper is installed), speech recognition on the CPU. Those three are lazy: no process
-    until a request needs one; the Whisper IR is built by the asr worker's first load."""
+    embeddings, reranking, with `asr` speech recognition and with `tts` speech on the CPU
+    (None: asr when the package that carries the embedded Whisper is installed, tts when
+    the embedded Piper voice's package and espeak-ng's library both are). All but the llm
+    and npu roles are lazy: no process until a request needs one; the Whisper IR is built
+    by the asr worker's first load."""
     names = [d.upper() for d in devices]
     workers = []
     if any(d.startswith("NPU") for d in names):
@@ -190,4 +202,6 @@ def default_workers(devices: list[str], asr: bool | None = None) -> list[WorkerS
     workers.append(WorkerSpec(name="rerank", role="rerank", device="CPU"))
     if _installed(ASR_PACKAGE) if asr is None else asr:
         workers.append(WorkerSpec(name="asr", role="asr", device="CPU"))
+    if (_installed(TTS_PACKAGE) and _has_espeak()) if tts is None else tts:
+        workers.append(WorkerSpec(name="tts", role="tts", device="CPU"))
     return workers
