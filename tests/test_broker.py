@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 import zmq
+from fakeworker import LOCAL, until_heard, worker_sockets
 
 from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, Timings, encode
-from npu_proxy.protocol.sockets import bind, configure_pub, reply_topic, worker_endpoint
 from npu_proxy.protocol.states import ProcessState
-
-# The one gateway's topic on ipc: its heartbeats and its requests' frames.
-LOCAL = reply_topic(b"")
 
 
 def _config(tmp_path: Path) -> Config:
@@ -56,11 +53,7 @@ def test_frames_arriving_together_reach_each_stream_in_order(tmp_path: Path) -> 
     the gateway was busy) are taken in one go and each reaches its own stream, in order."""
     config = _config(tmp_path)
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    bind(pull, config, worker_endpoint(config, "embed", "in"))
-    pub = ctx.socket(zmq.PUB)
-    configure_pub(pub)
-    bind(pub, config, worker_endpoint(config, "embed", "out"))
+    pull, pub = worker_sockets(ctx, config, "embed")
     beat = Heartbeat(worker="embed", pid=os.getpid(), role="embed", device="CPU", model="m",
                      state=ProcessState.READY)
 
@@ -69,13 +62,7 @@ def test_frames_arriving_together_reach_each_stream_in_order(tmp_path: Path) -> 
         await broker.start()
         try:
             link = broker.links["embed"]
-            # NOTE: a SUB hears a PUB only once its subscription arrived: publish heartbeats
-            # until the broker has heard one.
-            deadline = time.monotonic() + 30
-            while link.heartbeat is None:
-                assert time.monotonic() < deadline, "the broker never heard the worker"
-                pub.send_multipart((LOCAL, encode(beat)))
-                await asyncio.sleep(0.01)
+            await until_heard(link, pub, beat)
             streams = {rid: broker.open("embed", rid, _embed(rid)) for rid in ("a", "b", "c")}
             for _ in streams:
                 # NOTE: each request reached the worker's side.

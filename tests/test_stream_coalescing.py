@@ -20,6 +20,7 @@ import httpx
 import ollama
 import openai
 import zmq
+from fakeworker import LOCAL, until_heard, worker_sockets
 
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.openai.chat import ChatReply
@@ -40,14 +41,11 @@ from npu_proxy.protocol.messages import (
     Timings,
     encode,
 )
-from npu_proxy.protocol.sockets import bind, configure_pub, reply_topic, worker_endpoint
 from npu_proxy.protocol.states import ProcessState
 
 TOKENS = 50
 WORDS = [f"w{i} " for i in range(TOKENS)]
 MODEL = "smollm2:135m"
-# The one gateway's topic on ipc: its heartbeats and its requests' frames.
-LOCAL = reply_topic(b"")
 
 Step = Callable[[Callable[[object], None], AsyncIterator[bytes], RequestStream],
                 Awaitable[list[bytes]]]
@@ -61,11 +59,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
     config = Config(transport="ipc", runtime_dir=str(runtime),
                     workers=[WorkerSpec(name="llm", role="llm")])
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    bind(pull, config, worker_endpoint(config, "llm", "in"))
-    pub = ctx.socket(zmq.PUB)
-    configure_pub(pub)
-    bind(pub, config, worker_endpoint(config, "llm", "out"))
+    pull, pub = worker_sockets(ctx, config, "llm")
     beat = Heartbeat(worker="llm", pid=os.getpid(), role="llm", device="CPU", model=MODEL,
                      state=ProcessState.READY)
 
@@ -77,11 +71,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
         await broker.start()
         try:
             link = broker.links["llm"]
-            deadline = time.monotonic() + 30
-            while link.heartbeat is None:  # NOTE: until the SUB's subscription arrived
-                assert time.monotonic() < deadline, "the broker never heard the worker"
-                pub.send_multipart((LOCAL, encode(beat)))
-                await asyncio.sleep(0.01)
+            await until_heard(link, pub, beat)
             msg = Generate(id="r1", model=MODEL, params=SamplingParams(), prompt="x",
                            deadline=time.time() + 60)
             stream = broker.open("llm", "r1", msg)

@@ -23,6 +23,7 @@ from typing import Any
 
 import openai
 import zmq
+from fakeworker import LOCAL, until_heard, worker_sockets
 from serverctl import Server, free_port_block
 
 from npu_proxy.gateway.core.broker import Broker
@@ -44,8 +45,6 @@ from npu_proxy.protocol.messages import (
 from npu_proxy.protocol.sockets import (
     TOPIC_HEARTBEAT,
     TOPIC_REQUEST,
-    bind,
-    configure_pub,
     configure_sub,
     connect,
     reply_topic,
@@ -56,8 +55,6 @@ from npu_proxy.protocol.states import ProcessState
 
 LLM = "smollm2:135m"
 LONG = 300  # tokens of A's request: it runs while B's requests and Abort come and go
-# The one gateway's topic on ipc: its heartbeats and its requests' frames.
-LOCAL = reply_topic(b"")
 
 
 def _beat(worker: str, **fields: object) -> Heartbeat:
@@ -75,9 +72,7 @@ def test_a_heartbeat_speaks_only_for_its_own_link(tmp_path: Path) -> None:
     config = Config(transport="ipc", runtime_dir=str(runtime),
                     workers=[WorkerSpec(name="embed", role="embed")])
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    configure_pub(pub)
-    bind(pub, config, worker_endpoint(config, "embed", "out"))
+    pull, pub = worker_sockets(ctx, config, "embed")
 
     async def run() -> None:
         broker = Broker(config)
@@ -86,11 +81,7 @@ def test_a_heartbeat_speaks_only_for_its_own_link(tmp_path: Path) -> None:
         await broker.start()
         try:
             link = broker.links["embed"]
-            deadline = time.monotonic() + 30
-            while link.heartbeat is None:  # NOTE: until the SUB's subscription arrived
-                assert time.monotonic() < deadline, "the broker never heard the worker"
-                pub.send_multipart((LOCAL, encode(_beat("embed"))))
-                await asyncio.sleep(0.01)
+            await until_heard(link, pub, _beat("embed"))
             # The worker on this link names others, with counters and a long batch list.
             for name in ("intruder", "llm", "x" * 200):
                 pub.send_multipart((LOCAL, encode(_beat(
@@ -99,8 +90,9 @@ def test_a_heartbeat_speaks_only_for_its_own_link(tmp_path: Path) -> None:
                 "embed", queue=8, cache_hits=60, embed_batches=[2] * 1000))))
             pub.send_multipart((LOCAL, encode(_beat(
                 "embed", queue=7, cache_hits=3, embed_batches=[2] * len(EMBED_BATCH_CLASSES)))))
+            deadline = time.monotonic() + 30
             while link.heartbeat.queue != 7:  # NOTE: frames of one link arrive in order
-                assert time.monotonic() < deadline + 30, "the last heartbeat never arrived"
+                assert time.monotonic() < deadline, "the last heartbeat never arrived"
                 await asyncio.sleep(0.01)
             assert link.heartbeat.worker == "embed"
             text = metrics.exposition().decode()
@@ -116,6 +108,7 @@ def test_a_heartbeat_speaks_only_for_its_own_link(tmp_path: Path) -> None:
     try:
         asyncio.run(run())
     finally:
+        pull.close(0)
         pub.close(0)
         ctx.term()
 
