@@ -32,6 +32,19 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED = 10
 
 
+class ToolTags(msgspec.Struct, omit_defaults=True):
+    """Tool calls under tool_choice auto: the output is free, but once the model writes `begin`
+    (its chat template's call marker) what follows must be one call matching `schema` (a JSON
+    schema, gateway/content/tools/forcing.py `auto_call_schema`), then `end`; after it the
+    output is free again (OpenVINO GenAI's triggered structural tags)."""
+
+    begin: str
+    end: str
+    schema: str
+    # At most one call (parallel tool calls off): the output ends after it.
+    single: bool = False
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True):
     """The one internal parameter set every API is mapped to (see gateway/content/params.py)."""
 
@@ -62,6 +75,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     logprobs: bool = False
     # A regular expression the output must match (vLLM's structured_outputs.regex).
     regex: str | None = None
+    # Tool calls constrained once begun (tool_choice auto); never with json_schema or regex.
+    tool_tags: ToolTags | None = None
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):

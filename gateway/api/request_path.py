@@ -24,6 +24,7 @@ The dialect is the one `dialect_for(scope)` picks for the request.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -56,6 +57,8 @@ from npu_proxy.gateway.http.util import (
 from npu_proxy.gateway.http.wire import OLLAMA, Dialect, dialect_for, idle_ticks
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
+
+log = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
 
@@ -205,6 +208,18 @@ class RequestPath:
                          cfg.max_schema_chars)
         if params.regex is not None:
             check_regex(params.regex)
+        if params.tool_tags is not None:
+            cfg = self.router.config
+            try:
+                check_schema(params.tool_tags.schema, cfg.max_schema_nodes,
+                             cfg.max_schema_depth, cfg.max_schema_chars)
+            except GatewayError as exc:
+                # NOTE: the client asked for no constraint (tool_choice auto): tools whose
+                # schemas a worker could not compile, or too large to, leave calls
+                # unconstrained (parsed as before) rather than refuse the request.
+                log.info("request_id=%s tool calls left unconstrained: %s",
+                         request_id(request), exc.message)
+                params = msgspec.structs.replace(params, tool_tags=None)
         return Generate(id=request_key(request), model=model.name, params=params,
                         deadline=self.router.deadline(), messages=messages, prompt=prompt,
                         tools=tools, log_id=request_id(request), template_vars=template_vars)

@@ -62,12 +62,13 @@ class Unsupported(Exception):
     """The schema uses something this compiler leaves to GenAI's own."""
 
 
-def schema_grammar(text: str) -> str | None:
+def schema_grammar(text: str, padded: bool = False) -> str | None:
     """The EBNF grammar for the JSON schema `text`, or None when it uses anything outside the
-    subset compiled here (GenAI's own json_schema compiler then takes it)."""
+    subset compiled here (GenAI's own json_schema compiler then takes it). `padded`: a
+    newline may come before and after the value (a tool call between its tags)."""
     try:
         root = json.loads(text)
-        return _Compiler(root).grammar()
+        return _Compiler(root).grammar(padded)
     except (Unsupported, ValueError, TypeError, RecursionError):
         return None
 
@@ -140,8 +141,10 @@ class _Compiler:
         # recurse without consuming a character (left recursion), which GenAI cannot compile.
         self.bare: set[str] = set()
 
-    def grammar(self) -> str:
+    def grammar(self, padded: bool = False) -> str:
         top = self.expr(self.root)
+        if padded:
+            top = f'( "" | "\\n" ) {top} ( "" | "\\n" )'
         lines = [f"root ::= {top}", *(f"{n} ::= {body}" for n, body in self.rules.items())]
         needed = set(self.generic)
         while True:

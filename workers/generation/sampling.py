@@ -4,7 +4,6 @@ and which messages a truncated history keeps (Generate.truncate)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable
 
@@ -12,7 +11,7 @@ import msgspec
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams
-from npu_proxy.workers.generation.json_grammar import garbled_name, schema_grammar
+from npu_proxy.workers.generation.structured import structured_output
 
 # NOTE: a request that names no limit still must end: at this many tokens, or at the end
 # of the context when it comes first. Asking for more (Ollama's num_predict -1, any
@@ -134,18 +133,6 @@ def generation_config(
         # NOTE: OpenVINO GenAI gives the sampled token's log-probability only (any value > 1
         # is taken as 1), so no alternatives exist to return.
         cfg.logprobs = 1
-    if params.json_schema is not None:
-        # NOTE: GenAI's own schema compiler lets whitespace between JSON tokens run to the
-        # token limit; what json_grammar.py compiles bounds it (json_grammar.py says why).
-        grammar = schema_grammar(params.json_schema)
-        if grammar is None and (name := garbled_name(params.json_schema)) is not None:
-            raise ValueError(f"the JSON schema's property name {json.dumps(name)[:80]} has a "
-                             "quote, backslash or control character, which structured output "
-                             "takes only in schemas without pattern, format, number bounds or "
-                             "other keywords outside the common subset")
-        cfg.structured_output_config = (
-            ov_genai.StructuredOutputConfig(json_schema=params.json_schema)
-            if grammar is None else ov_genai.StructuredOutputConfig(grammar=grammar))
-    elif params.regex is not None:
-        cfg.structured_output_config = ov_genai.StructuredOutputConfig(regex=params.regex)
+    if (constraint := structured_output(params)) is not None:
+        cfg.structured_output_config = constraint
     return cfg

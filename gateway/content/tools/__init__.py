@@ -19,6 +19,9 @@ How tools reach the model:
 tool_choice:
 - `none`: tools are not offered and the output is not parsed (history still rendered).
 - `auto`: tools are offered and the output is parsed: if it is a call, it is a call, else text.
+  Where calls have begin/end markers (`<tool_call>`: the fallback prompt, Hermes/Qwen
+  templates), a call once begun is constrained to one offered tool and its schema
+  (`SamplingParams.tool_tags`, `auto_call_schema`); nothing forces the model to begin one.
 - `required` (OpenAI) / `any` (Anthropic) / a named function: generation is constrained
   (structured output, `SamplingParams.json_schema`) to `{"name": const, "arguments": <that
   tool's parameters schema>}` (`anyOf` over the tools; with parallel calls allowed and no

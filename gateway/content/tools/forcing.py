@@ -1,5 +1,6 @@
-"""A forced call (tool_choice required, any or a named function): the JSON schema the output
-must satisfy, so even a small model returns a call whose arguments validate."""
+"""The JSON schema of a tool call: the whole output of a forced call (tool_choice required,
+any or a named function), or what follows a call marker under tool_choice auto, so even a
+small model returns a call whose arguments validate."""
 
 from __future__ import annotations
 
@@ -29,14 +30,13 @@ def _rewrite_refs(node: Any, prefix: str) -> Any:
     return node
 
 
-def call_schema(req: ToolRequest) -> str | None:
-    """The JSON schema a forced call must satisfy, or None when nothing is forced.
+def _one_call(req: ToolRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The schema of one call to any offered tool (`{"name": const, "arguments": <its
+    parameters>}`, `anyOf` over the tools), and the definitions it refers to.
 
     NOTE: each tool's `$defs`/`definitions` move to the root (renamed per tool), because its
     parameters schema is nested under `arguments` and its `#/$defs/...` refs must still resolve.
     """
-    if not req.forced:
-        return None
     defs: dict[str, Any] = {}
     variants = []
     for i, tool in enumerate(req.offered):
@@ -59,12 +59,33 @@ def call_schema(req: ToolRequest) -> str | None:
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
-    one: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return (variants[0] if len(variants) == 1 else {"anyOf": variants}), defs
+
+
+def _dumps(schema: dict[str, Any], defs: dict[str, Any]) -> str:
+    if defs:
+        schema["$defs"] = defs
+    return json.dumps(schema, ensure_ascii=False)
+
+
+def call_schema(req: ToolRequest) -> str | None:
+    """The JSON schema a forced call must satisfy, or None when nothing is forced."""
+    if not req.forced:
+        return None
+    one, defs = _one_call(req)
     schema: dict[str, Any]
     if req.parallel and not req.named:
         schema = {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL}
     else:
         schema = dict(one)
-    if defs:
-        schema["$defs"] = defs
-    return json.dumps(schema, ensure_ascii=False)
+    return _dumps(schema, defs)
+
+
+def auto_call_schema(req: ToolRequest) -> str | None:
+    """Under tool_choice auto: the JSON schema of one call, which the model's output must
+    satisfy between its template's call markers once it has begun a call (the worker's
+    structural tag, `SamplingParams.tool_tags`), or None when no tool is offered."""
+    if req.choice.mode != "auto" or not req.offered:
+        return None
+    one, defs = _one_call(req)
+    return _dumps(dict(one), defs)

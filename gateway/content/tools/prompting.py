@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
-from npu_proxy.gateway.content.tools.forcing import call_schema
+from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema
 from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
 from npu_proxy.gateway.core.catalog import ModelCatalog
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.protocol.messages import ChatMessage, SamplingParams
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTags
 
 
 def _call_text(name: str, arguments: Any) -> str:
@@ -105,6 +105,15 @@ def _with_system(messages: list[ChatMessage], section: str) -> list[ChatMessage]
     return [ChatMessage(role="system", content=section), *messages]
 
 
+def call_markers(native: bool, chat_template: str) -> tuple[str, str] | None:
+    """The strings a call begins and ends with: the fallback prompt's `<tool_call>` tags, or a
+    native template's when it writes them (Hermes, Qwen2.5, Qwen3); None for a template whose
+    calls have no such pair (Llama 3.x writes bare JSON), which CallParser reads unmarked."""
+    if not native or (TAG_OPEN in chat_template and TAG_CLOSE in chat_template):
+        return TAG_OPEN, TAG_CLOSE
+    return None
+
+
 def _has_tool_history(messages: list[ChatMessage]) -> bool:
     return any(m.tool_calls or m.role in ("tool", "function") for m in messages)
 
@@ -147,16 +156,26 @@ class Tooling:
 
     async def prepare(self, model: ServedModel, messages: list[ChatMessage],
                       req: ToolRequest | None, params: SamplingParams) -> PreparedChat:
-        """Messages and tools for the worker; a forced call sets `params.json_schema`."""
+        """Messages and tools for the worker; a forced call sets `params.json_schema`, a call
+        under tool_choice auto `params.tool_tags`."""
         if req is not None and not req.tools:
             req = None
         if req is None and not _has_tool_history(messages):
             return PreparedChat(messages, None, None)
-        out, tools = prepare(messages, req, await self.native(model))
+        native = await self.native(model)
+        out, tools = prepare(messages, req, native)
         schema = call_schema(req) if req is not None else None
         if schema is not None:
             if params.json_schema is not None:
                 raise invalid("a forced tool call cannot be combined with a response format",
                               param="tool_choice")
             params.json_schema = schema
+        # NOTE: a response format the client asked for wins over the auto call's constraint:
+        # it is the client's contract for the whole output (GenAI takes one constraint per
+        # request), and a call it lets through is still parsed, only unconstrained.
+        if req is not None and params.json_schema is None and params.regex is None and \
+                (auto := auto_call_schema(req)) is not None:
+            markers = call_markers(native, await self.catalog.chat_template(model))
+            if markers is not None:
+                params.tool_tags = ToolTags(*markers, auto, single=not req.parallel)
         return PreparedChat(out, tools, req)
