@@ -7,7 +7,8 @@ embedded SmolLM2 on the CPU resident, embed and rerank lazy), timed from exec to
 Each variant is started once first (a warm-up start: the GGUF converted to IR, OpenVINO's
 compile cache filled), then the starts alternate between this working tree and the git
 revision `--against` (its files, run with this environment through PYTHONPATH), so both see
-the same load on a shared machine; printed: the median of each and their ratio.
+the same load on a shared machine; printed: the median of each and their ratio. Each variant
+keeps one runtime folder from start to start, as a user's instance does.
 
 The breakdown comes from the processes' own JSON log lines (time.time() stamps, the same
 clock as the exec time): the supervisor's device discovery (a child process that imports
@@ -74,8 +75,8 @@ def first_token_s(url: str, t0: float) -> float:
     raise RuntimeError("no token")
 
 
-def one_start(tmp: Path, pythonpath: str | None) -> dict[str, float]:
-    server = Server(tmp, log_format="json", log_level="info")
+def one_start(tmp: Path, pythonpath: str | None, runtime: Path) -> dict[str, float]:
+    server = Server(tmp, log_format="json", log_level="info", runtime_dir=str(runtime))
     env_before = os.environ.get("PYTHONPATH")
     if pythonpath:
         os.environ["PYTHONPATH"] = pythonpath
@@ -156,7 +157,10 @@ def main() -> int:
         def start(name: str) -> dict[str, float]:
             nonlocal runs
             runs += 1
-            return one_start(tmp / f"run{runs}", variants[name])
+            # NOTE: one runtime folder per variant, kept from start to start as a user's is
+            # (what a start may keep there, such as the devices found, is then found).
+            runtime = tmp / f"rt{list(variants).index(name)}"
+            return one_start(tmp / f"run{runs}", variants[name], runtime)
 
         for name in variants:
             warm = start(name)

@@ -147,6 +147,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.broker.start()
+        await self.router.switcher.residency.ask_states()
         await asyncio.to_thread(tidy, self.router.table.store)
         keep_alive = asyncio.create_task(self.router.switcher.run())
         try:

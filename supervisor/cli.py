@@ -47,8 +47,8 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
         call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
-    from npu_proxy.supervisor.devices import discover
-    from npu_proxy.supervisor.runtime_dir import RuntimeDirError
+    from npu_proxy.supervisor.devices import discover_cached
+    from npu_proxy.supervisor.runtime_dir import RuntimeDirError, prepare_runtime_dir
     from npu_proxy.supervisor.service.loop import Supervisor
     from npu_proxy.supervisor.service.startup import CannotStart
 
@@ -60,14 +60,20 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
         return msgspec.structs.replace(config, worker_only=True) if worker_only else config
 
     # NOTE: the bind is checked before device discovery, so a refusal comes at once.
-    refusal = load(**kw, allow_unauthenticated_remote=opt_out).remote_bind_refusal()
+    first = load(**kw, allow_unauthenticated_remote=opt_out)
+    refusal = first.remote_bind_refusal()
     if refusal is not None:
         raise click.ClickException(refusal)
-    found = discover()
+    try:
+        prepare_runtime_dir(first.runtime_path())
+    except RuntimeDirError as exc:
+        raise click.ClickException(str(exc)) from exc
+    found, cached = discover_cached(first.runtime_path())
     config = reload()
     setup_logging("supervisor", config.log_level, config.log_format)
     logging.getLogger("supervisor").info(
-        "devices: %s", ", ".join(f"{k} ({v})" for k, v in found.items()))
+        "devices: %s%s", ", ".join(f"{k} ({v})" for k, v in found.items()),
+        " (as found at an earlier start since boot)" if cached else "")
     if not is_loopback_host(config.host) and not config.api_key:
         logging.getLogger("supervisor").warning(
             "ALLOW_UNAUTHENTICATED_REMOTE: listening on %s without an API key; anyone who "

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
 from serverctl import Server
 
 from npu_proxy.protocol.config import default_workers, load_config
-from npu_proxy.supervisor.devices import discover
+from npu_proxy.supervisor.devices import CACHE_FILE, boot_key, discover, discover_cached
 
 
 def test_discovery_runs_in_a_child_and_finds_the_cpu() -> None:
     devices = discover()
     assert devices.get("CPU")
+
+
+def test_the_devices_found_are_kept_for_this_boot(tmp_path: Path) -> None:
+    """The first start of a boot asks OpenVINO and keeps the answer in the runtime folder;
+    later starts of this boot read it; another boot or OpenVINO asks again."""
+    found, cached = discover_cached(tmp_path)
+    assert found.get("CPU") and not cached
+    kept = json.loads((tmp_path / CACHE_FILE).read_text())
+    assert kept == {"key": boot_key(), "devices": found}
+    assert discover_cached(tmp_path) == (found, True)
+    # What the file says is what a start of this boot uses (no child asked OpenVINO).
+    (tmp_path / CACHE_FILE).write_text(json.dumps({"key": boot_key(),
+                                                   "devices": {"CPU": "kept CPU"}}))
+    assert discover_cached(tmp_path) == ({"CPU": "kept CPU"}, True)
+    for stale in ('{"key": "another boot", "devices": {"CPU": "kept CPU"}}', '{"broken'):
+        (tmp_path / CACHE_FILE).write_text(stale)
+        assert discover_cached(tmp_path) == (found, False)
 
 
 def test_default_workers_follow_the_devices() -> None:

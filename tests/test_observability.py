@@ -226,7 +226,9 @@ def test_ready_flips_and_a_killed_worker_restarts(tmp_path: Path) -> None:
             return r.status_code == 200
 
         wait_for(ready, 240, every=0.05)
-        assert seen == [503, 200]
+        # NOTE: 200 from the first answer: the worker loading at start can serve (a request
+        # waits for it); its restart below is a 503.
+        assert seen == [200]
         srv.wait_ready(60)
         before = scrape(srv.url)
         assert value(before, "npu_proxy_worker_up", worker="llm") == 1
@@ -265,9 +267,10 @@ def test_health_answers_while_the_worker_hangs_in_load(tmp_path: Path) -> None:
         with httpx.Client(base_url=srv.url, timeout=1.0) as client:
             for _ in range(20):
                 assert client.get("/health").json() == {"status": "ok"}
+                # A first load (within its load_timeout) can serve: requests wait for it.
                 r = client.get("/health/ready")
-                assert r.status_code == 503
-                assert r.json()["reason"] == "no LLM worker is ready: llm is loading"
+                assert r.status_code == 200
+                assert r.json()["loading"] == ["llm"] and r.json()["workers"] == []
                 time.sleep(0.05)
             row = client.get("/health/devices").json()["workers"][0]
             assert row["state"] == "loading" and row["up"] is False

@@ -130,6 +130,16 @@ class WorkerLink:
         return self.state == ProcessState.IDLE
 
     @property
+    def first_load(self) -> bool:
+        """Loading the first process the supervisor started for it (at start, or a lazy one
+        on demand), not one that replaced a crashed or restarted process."""
+        # NOTE: a request waits for a first load (as Ollama's first request waits for the
+        # model); during a restart it gets a 503 with Retry-After, so a balancer fails over
+        # to an instance that serves instead of holding the request for a whole reload.
+        sup = self.supervised
+        return sup is not None and sup.restarts == 0 and self.state.loading
+
+    @property
     def serving(self) -> bool:
         # NOTE: only once the gateway has heard the process itself: that proves its SUB is
         # connected, so the frames of a request sent there are not lost.
@@ -329,8 +339,11 @@ class Broker:
                       len(link.requests), extra={"worker": name})
         self._fail_all(link, f"worker {name} {reason}")
 
-    def _on_status(self, link: WorkerLink, status: WorkerStatus) -> None:
+    def on_status(self, status: WorkerStatus) -> None:
         """The supervisor's state of a worker (on change, and once a second)."""
+        link = self.links.get(status.worker)
+        if link is None:
+            return
         previous = link.supervised
         if previous is None or previous.pid != status.pid:
             link.pid_since = time.monotonic()
@@ -347,7 +360,7 @@ class Broker:
 
         NOTE: a worker silent inside a pipeline step (`blocking`) gets stall_timeout here, as
         a long prefill may take that long; the supervisor, which can read its CPU time, says
-        sooner when it is stopped or deadlocked (`_on_status`)."""
+        sooner when it is stopped or deadlocked (`on_status`)."""
         while True:
             await asyncio.sleep(0.2)
             for link in self.links.values():
@@ -367,9 +380,7 @@ class Broker:
                 except msgspec.DecodeError:
                     continue
                 if isinstance(event, WorkerStatus):
-                    link = self.links.get(event.worker)
-                    if link is not None:
-                        self._on_status(link, event)
+                    self.on_status(event)
                     continue
                 if isinstance(event, WorkerExited):
                     self.worker_lost(event.worker, f"exited (code {event.returncode})")

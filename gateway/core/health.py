@@ -94,13 +94,18 @@ class HealthRoutes:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        """Can the server answer a generation now: an LLM worker serves, or one is idle (not
-        loaded, started by the request). Workers that are not loaded are not waited for."""
+        """Can the server take a generation now: an LLM worker serves, is idle (not loaded,
+        started by the request) or is loading for the first time (the request waits for
+        it, as for an idle one). 503 while none can: failed, restarting, none configured."""
         llm = [link for link in self.broker.links.values() if link.spec.role in LLM_ROLES]
         serving = [link.name for link in llm if link.serving]
         idle = [link.name for link in llm if link.idle]
-        if serving or idle:
-            return JSONResponse({"status": "ready", "workers": serving, "not_loaded": idle})
+        # NOTE: a restart's load is not counted (WorkerLink.first_load): a balancer then
+        # sends the requests to an instance that serves.
+        loading = [link.name for link in llm if link.first_load]
+        if serving or idle or loading:
+            return JSONResponse({"status": "ready", "workers": serving, "not_loaded": idle,
+                                 "loading": loading})
         if not llm:
             reason = "no LLM worker is configured"
         else:

@@ -31,7 +31,7 @@ import msgspec
 from npu_proxy.gateway.core.errors import unavailable
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.liveness import WorkerExited
+from npu_proxy.protocol.liveness import WorkerExited, WorkerStatus
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ POLL = 0.02
 FAILED_START_RETRY = 5
 
 R = TypeVar("R", bound=msgspec.Struct)
+
+_DOWN = (ProcessState.FAILED, ProcessState.STOPPED)
+# NOTE: a first load that ends in these is a restart now: its requests get the 503.
+_RESTARTING = (*_DOWN, ProcessState.BACKOFF, ProcessState.UNRESPONSIVE)
 
 
 async def ask(config: Config, command: control.Command, expect: type[R], what: str) -> R:
@@ -78,6 +82,8 @@ class Residency:
         self.pending = pending
         # worker -> the start requests for it wait on
         self.starting: dict[str, asyncio.Task[None]] = {}
+        # worker -> the wait for its first load that requests share
+        self.loading: dict[str, asyncio.Task[None]] = {}
         # workers told to unload (until the supervisor says they are idle)
         self.unloading: set[str] = set()
         # worker -> the last exit the supervisor reported
@@ -107,10 +113,39 @@ class Residency:
                 return link.name
         return None
 
+    async def ask_states(self) -> None:
+        """The supervisor's state of each worker, asked once before the gateway binds.
+
+        NOTE: its published status comes once a second; until then a worker loading at
+        start could not be told from one restarting, and /health/ready would say 503."""
+        try:
+            reply = await asyncio.to_thread(control.call, self.config, control.Status(),
+                                            control.StatusReply, 2.0)
+        except control.ControlError:
+            return  # NOTE: no supervisor answers (yet): its published statuses will come
+        for child in reply.children:
+            link = self.broker.links.get(child.name)
+            if link is not None and link.supervised is None:
+                self.broker.on_status(WorkerStatus(
+                    worker=child.name, state=child.state, pid=child.pid or 0,
+                    restarts=child.restarts, last_error=child.last_error))
+
+    def first_loading(self, workers: list[str]) -> str | None:
+        """The worker of `workers` to wait for when none serves and one is loading for the
+        first time (WorkerLink.first_load)."""
+        links = [self.broker.links[w] for w in workers if w in self.broker.links]
+        if any(self.usable(link) for link in links):
+            return None
+        return next((link.name for link in links if link.first_load), None)
+
     async def ready(self, workers: list[str]) -> None:
-        """Start one of `workers` if none serves and one is idle; return once it serves."""
+        """Start one of `workers` if none serves and one is idle, or wait for one loading
+        for the first time; return once it serves."""
         name = self.sleeper(workers)
         if name is None:
+            loading = self.first_loading(workers)
+            if loading is not None:
+                await self._wait_first_load(loading)
             return
         task = self.starting.get(name)
         if task is None:
@@ -142,13 +177,36 @@ class Residency:
             log.info("worker %s serves, %.2f s after a request needed it", name,
                      time.monotonic() - began, extra={"worker": name})
 
+    async def _wait_first_load(self, name: str) -> None:
+        """Wait for a worker loading for the first time to serve, within its load_timeout.
+
+        NOTE: one wait per worker, shared like a start; a crash meanwhile (backoff: the
+        restart is not waited for, see WorkerLink.first_load) ends it with a 503."""
+        task = self.loading.get(name)
+        if task is None:
+            link = self.broker.links[name]
+            log.info("requests wait for worker %s: %s for the first time", name,
+                     link.state.label, extra={"worker": name})
+            task = asyncio.ensure_future(self._wait_serving(
+                link, link.spec, 0, self.exited.get(name), given_up=_RESTARTING))
+            self.loading[name] = task
+            task.add_done_callback(functools.partial(self._loaded, name))
+        await asyncio.shield(task)
+
+    def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
+        if self.loading.get(name) is task:
+            del self.loading[name]
+        if not task.cancelled():
+            task.exception()  # NOTE: retrieved: every waiter got it through the shield
+
     async def _wait_serving(self, link: WorkerLink, spec: WorkerSpec, old_pid: int,
-                            before: WorkerExited | None) -> None:
+                            before: WorkerExited | None,
+                            given_up: tuple[ProcessState, ...] = _DOWN) -> None:
         deadline = time.monotonic() + spec.load_timeout + CONTROL_TIMEOUT
         while not link.serving or (old_pid and link.pid == old_pid):
             state = link.state
             sup = link.supervised
-            if state in (ProcessState.FAILED, ProcessState.STOPPED):
+            if state in given_up:
                 why = (sup.last_error if sup is not None else "") or state.label
                 raise unavailable(f"worker {link.name} could not start: {why}",
                                   FAILED_START_RETRY)
@@ -237,7 +295,7 @@ class Residency:
         return time.time() + max(0.0, max(left)) if left else None
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self.starting.values()]
+        tasks = [*self._tasks, *self.starting.values(), *self.loading.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -1,0 +1,83 @@
+"""Ready at once, as `ollama serve` is: while the llm worker loads for the first time,
+/health/ready answers 200 (saying it loads) and a request waits for the load; while it
+loads again after a crash, both answer 503 with Retry-After, so a balancer fails over."""
+
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serverctl import Server, wait_for
+
+LLM = "smollm2:135m"
+
+
+def _chat(url: str) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    return client.chat.completions.create(
+        model=LLM, max_tokens=3, messages=[{"role": "user", "content": "Hello"}])
+
+
+def _state(srv: Server) -> str:
+    row = httpx.get(srv.url + "/health/devices", timeout=5).json()["workers"][0]
+    return str(row["state"])
+
+
+@pytest.mark.timeout(900)
+def test_a_first_load_is_waited_for_and_a_restart_is_not(tmp_path: Path) -> None:
+    gate = tmp_path / "load-may-finish"
+    # NOTE: the worker loads only once the gate file exists (each process it runs), so
+    # every state the test looks at lasts until the test ends it.
+    srv = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "load_timeout": 600.0,
+         "faults": {"hold_load_until": str(gate)}},
+    ], backoff_initial=0.1)
+    srv.start(wait=False)
+    try:
+        srv.wait_http(120)
+        wait_for(lambda: "loading held until" in srv.worker_log("llm"), 120)
+        # The worker loads; the status and /health/devices say so.
+        assert _state(srv) == "loading"
+        assert srv.children()["llm"]["state"] == "loading"
+        ready = httpx.get(srv.url + "/health/ready", timeout=5)
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == {"status": "ready", "workers": [], "not_loaded": [],
+                                "loading": ["llm"]}
+
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_chat, srv.url)
+            # The request waits in the gateway for the load (it says so in its log) ...
+            wait_for(lambda: "requests wait for worker llm: loading for the first time"
+                     in srv.worker_log("gateway"), 60)
+            assert not answer.done()
+            gate.touch()
+            # ... and is answered once the worker serves.
+            reply = answer.result(timeout=600)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        ready = httpx.get(srv.url + "/health/ready", timeout=5)
+        assert ready.status_code == 200 and ready.json()["workers"] == ["llm"]
+
+        # A crash: its restart loads (held again), and is not waited for.
+        gate.unlink()
+        pid = srv.children()["llm"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        srv.wait_state("llm", ("loading",), 120, check=lambda row: row["pid"] != pid)
+        wait_for(lambda: _state(srv) == "loading", 30)
+        ready = httpx.get(srv.url + "/health/ready", timeout=5)
+        assert ready.status_code == 503 and ready.headers["retry-after"]
+        assert ready.json()["reason"] == "no LLM worker is ready: llm is loading"
+        with pytest.raises(openai.APIStatusError) as refused:
+            _chat(srv.url)
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"]
+        gate.touch()
+        srv.wait_ready(300)
+        assert _chat(srv.url).choices
+    finally:
+        gate.touch()
+        srv.stop()
