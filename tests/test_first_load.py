@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import pytest
 from serverctl import Server, wait_for
 
 LLM = "smollm2:135m"
+# NOTE: short, so that the load below is held past it: the time a request waits for a load
+# does not count against inference_timeout (a first NPU compile takes minutes).
+INFERENCE_TIMEOUT = 10.0
 
 
 def _chat(url: str) -> openai.types.chat.ChatCompletion:
@@ -36,7 +40,7 @@ def test_a_first_load_is_waited_for_and_a_restart_is_not(tmp_path: Path) -> None
     srv = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "load_timeout": 600.0,
          "faults": {"hold_load_until": str(gate)}},
-    ], backoff_initial=0.1)
+    ], backoff_initial=0.1, inference_timeout=INFERENCE_TIMEOUT)
     srv.start(wait=False)
     try:
         srv.wait_http(120)
@@ -50,10 +54,15 @@ def test_a_first_load_is_waited_for_and_a_restart_is_not(tmp_path: Path) -> None
                                 "loading": ["llm"]}
 
         with ThreadPoolExecutor(1) as pool:
+            sent = time.monotonic()
             answer = pool.submit(_chat, srv.url)
             # The request waits in the gateway for the load (it says so in its log) ...
             wait_for(lambda: "requests wait for worker llm: loading for the first time"
                      in srv.worker_log("gateway"), 60)
+            assert not answer.done()
+            # Held past the request's inference_timeout: the wait is the load's, not the
+            # inference's (a longer hold only makes the point stronger).
+            wait_for(lambda: time.monotonic() - sent > INFERENCE_TIMEOUT + 2, 60)
             assert not answer.done()
             gate.touch()
             # ... and is answered once the worker serves.

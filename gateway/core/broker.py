@@ -312,8 +312,8 @@ class Broker:
                      extra={"worker": link.name, "device": beat.device})
         if previous is not None and previous.pid != beat.pid:
             self._fail_all(link, f"worker {link.name} restarted")
-        elif beat.state in (ProcessState.FAILED.STOPPED, ProcessState.STARTING,
-                            ProcessState.LOADING):
+        elif beat.state in (ProcessState.FAILED, ProcessState.STOPPED,
+                            ProcessState.STARTING, ProcessState.LOADING):
             self._fail_all(link, f"worker {link.name} is {beat.state.label}")
         for listener in self.listeners:
             callback = getattr(listener, "on_heartbeat", None)

@@ -220,9 +220,23 @@ class Router:
     def deadline(self) -> float:
         return time.time() + self.config.inference_timeout
 
+    async def _loaded(self, model: ServedModel,
+                      msg: Generate | Embed | Rerank | Transcribe | Synthesize) -> ServedModel:
+        """The model with a worker serving it; the time spent waiting for a load or a switch
+        is added to the request's deadline.
+
+        NOTE: inference_timeout bounds the inference; a load is bounded by its own
+        load_timeout (a first NPU compile takes minutes), as Ollama does not count a load
+        against a request either.
+        """
+        began = time.time()
+        model = await self.switcher.ensure(model)
+        msg.deadline += time.time() - began
+        return model
+
     async def generate(self, model: ServedModel, msg: Generate) -> Generation:
         started = time.monotonic()
-        model = await self.switcher.ensure(model)
+        model = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         if isinstance(frame, Failed):
             self.broker.close(stream)
@@ -248,7 +262,7 @@ class Router:
         """Dispatch speech to an asr worker (or text to a tts worker: `speak`): its stream
         (the caller closes it), first frame and route headers (gateway/api/audio.py and
         speech.py read the rest)."""
-        model = await self.switcher.ensure(model)
+        model = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         device = self.broker.links[stream.worker].spec.device
         return stream, frame, route_headers(device, stream.worker, reason, 0)
@@ -263,7 +277,7 @@ class Router:
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:
         """Dispatch a request answered by one frame (embeddings, scores) and check its kind."""
-        model = await self.switcher.ensure(model)
+        model = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)
         if isinstance(frame, Failed):
