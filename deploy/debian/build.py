@@ -245,7 +245,8 @@ def control(stage: Path, depends_on: str) -> None:
         (meta / script).chmod(0o755)
 
 
-def build(folder: Path, out: Path, compression: str = "xz") -> Path:
+def build(folder: Path, out: Path, compression: str = "xz",
+          level: int | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     deb = out / f"{PACKAGE}_{version()}_amd64.deb"
     with tempfile.TemporaryDirectory(dir=out) as tmp:
@@ -255,7 +256,8 @@ def build(folder: Path, out: Path, compression: str = "xz") -> Path:
         tidy(elves, stage / LIB / "npu-proxy")
         stage_files(stage)
         control(stage, depends(stage, elves))
-        subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build",
+        subprocess.run(["dpkg-deb", "--root-owner-group", f"-Z{compression}",
+                        *([f"-z{level}"] if level is not None else []), "--build",
                         str(stage), str(deb)], check=True, stdout=subprocess.DEVNULL)
     return deb
 
@@ -267,10 +269,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "dist")
     parser.add_argument("--compression", default="xz", choices=("xz", "gzip", "zstd"),
                         help="dpkg-deb's compressor (gzip: faster to build, larger)")
+    parser.add_argument("--level", type=int, choices=range(10), metavar="0-9",
+                        help="its compression level (dpkg-deb -z; default: dpkg-deb's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         folder = args.folder or freeze(Path(work))
-        print(build(folder.resolve(), args.out.resolve(), args.compression))
+        print(build(folder.resolve(), args.out.resolve(), args.compression, args.level))
 
 
 if __name__ == "__main__":
