@@ -81,6 +81,8 @@ TOOLS = [Tool("get_weather", "", WEATHER_SCHEMA)]
     "\n</tool_call>",
     '```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n```',
     '[TOOL_CALLS] [{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]',
+    # Qwen2.5-Coder-1.5B's form, seen with Claude Code's tools (issue 26).
+    '{"function": "get_weather", "arguments": {"city": "Paris"}}',
 ])
 def test_parser_finds_the_call(text: str) -> None:
     parser = CallParser(TOOLS)

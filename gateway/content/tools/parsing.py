@@ -20,7 +20,9 @@ def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
         return None
     if isinstance(obj.get("function"), dict):
         obj = obj["function"]
-    name = obj.get("name")
+    # NOTE: Qwen2.5-Coder-1.5B, offered Claude Code's tools, wrote its calls as bare
+    # `{"function": "Read", "arguments": {...}}` objects: the tool's name under "function".
+    name = obj.get("name", obj.get("function"))
     tool = tools.get(name) if isinstance(name, str) else None
     if tool is None:
         return None
