@@ -67,6 +67,7 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     min_response_len: int = 128
     # Continuous batching (llm role).
     max_batch_tokens: int = 2048
+    # The KV cache's limit (whole GB): the pipeline allocates blocks as requests need them.
     kv_cache_gb: float = 1.0
     # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
     # n-grams of the prompt (of at most prompt_lookup_ngram tokens) and verified in one pass;

@@ -1,0 +1,68 @@
+"""The model's weight files let go of once the CPU plugin has its own copy.
+
+OpenVINO maps an IR's `.bin` file (ENABLE_MMAP, the default) and the pipeline keeps the
+ov.Model's constants, so every page of that file read while compiling and on the first
+inference stays resident. The CPU plugin repacks the weights of its matrix products into
+buffers of its own on that first inference; from then on most of the mapped pages are never
+read again, yet they count in the worker's RSS (SmolLM2: 88 MiB of a 92 MB file, next to the
+plugin's 79 MiB repacked copy; bench/worker_memory.py).
+
+`release_mapped_weights` tells the kernel to drop those pages (madvise MADV_DONTNEED on the
+read-only mappings of the folder's files). Nothing is lost: a page read again (the int8 token
+embedding, which the output layer reads in place) comes back from the page cache as a minor
+fault, and the mappings stay. Linux only; elsewhere it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MADV_DONTNEED = 4
+
+
+def _mappings(place: Path) -> list[tuple[int, int, int]]:
+    """(start, end, resident KiB) of this process's read-only mappings of the file `place`
+    or of the files in the folder `place`."""
+    found: list[tuple[int, int, int]] = []
+    current: tuple[int, int] | None = None
+    whole = str(place.resolve())
+    prefix = whole + "/"
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and not head[0].endswith(":"):
+            current = None
+            # NOTE: never a writable mapping: dropping a private page someone wrote would
+            # lose the write (a read-only one can only have the file's own contents).
+            name = head[5] if len(head) > 5 else ""
+            if (name == whole or name.startswith(prefix)) and "w" not in head[1]:
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                current = (start, end)
+        elif head[0] == "Rss:" and current is not None:
+            found.append((*current, int(head[1])))
+            current = None
+    return found
+
+
+def release_mapped_weights(*places: str) -> int:
+    """Drop the resident pages of the read-only mappings of these model files or folders'
+    files; KiB dropped."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        maps = [m for place in places if place for m in _mappings(Path(place))]
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    released = 0
+    for start, end, resident in maps:
+        if madvise(start, end - start, MADV_DONTNEED) == 0:
+            released += resident
+    log.info("weight files' pages released: %d MiB", released // 1024)
+    return released
