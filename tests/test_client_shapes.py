@@ -257,6 +257,24 @@ def a_accepted(base: str) -> None:
     assert _ok(r)["type"] == "message" and HEADER not in r.headers
 
 
+def a_deferred_tools(base: str) -> None:
+    later = {"name": "later", "description": "A tool found by a tool search.",
+             "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+             "defer_loading": True}
+    now = {"name": "now", "input_schema": {"type": "object"}}
+    assert _count(base, tools=[now, later]) == _count(base, tools=[now])
+    found = [{"role": "user", "content": "Find a tool"},
+             {"role": "assistant", "content": [
+                 {"type": "tool_use", "id": "toolu_1", "name": "now", "input": {}}]},
+             {"role": "user", "content": [
+                 {"type": "tool_result", "tool_use_id": "toolu_1",
+                  "content": [{"type": "tool_reference", "tool_name": "later"}]}]}]
+    assert _count(base, tools=[now, later], messages=found) > \
+        _count(base, tools=[now], messages=found)
+    assert _count(base, tools=[now, later], tool_choice={"type": "tool", "name": "later"}) > \
+        _count(base, tools=[now], tool_choice={"type": "tool", "name": "now"})
+
+
 # --- every API: a bare JSON call -------------------------------------------------------------
 
 
@@ -328,7 +346,7 @@ ROWS: dict[str, Callable[[str], None]] = {
     "A-system-turn": a_system_turn, "A-defined-tools": a_defined_tools,
     "A-server-tools": a_server_tools, "A-document-text": a_document_text,
     "A-document-pdf": a_document_pdf, "A-server-results": a_server_results,
-    "A-accepted": a_accepted,
+    "A-accepted": a_accepted, "A-deferred-tools": a_deferred_tools,
     **{f"X-bare-call-{api}": _bare_call(api)
        for api in ("openai", "ollama", "anthropic", "responses")},
     "X-bare-undeclared": x_bare_undeclared,

@@ -16,7 +16,8 @@ Decisions:
 - The request's `system`, `messages` (a `system` role inside them is a system turn at its
   position), content blocks and tools are translated by gateway/api/anthropic_input.py;
   `cache_control`, `metadata`, `context_management`, `output_config.effort`,
-  `thinking.display` and `defer_loading` are accepted and change nothing; server tools are
+  `thinking.display` are accepted and change nothing; a `defer_loading` tool is shown to
+  the model once a tool result's `tool_reference` names it (or tool_choice does); server tools are
   left out and named in the `X-NPU-Proxy-Ignored` header. `image` blocks (a base64 source,
   or a url source where the server fetches URLs) on a model with vision go with their user
   message, or with the tool message of the tool_result holding them.
@@ -44,6 +45,7 @@ from starlette.routing import Route
 from npu_proxy.gateway.api.anthropic_input import (
     InMessage,
     chat_messages,
+    loaded_tools,
     output_schema,
     tool_request,
 )
@@ -297,7 +299,9 @@ class AnthropicRoutes(DialectRoutes):
                                        await chat_messages(req.system, req.messages, caps,
                                                            req.model, self.requests.images()),
                                        tool_request(req.tools, req.tool_choice,
-                                                    self.requests.limits.tool_budget()),
+                                                    self.requests.limits.tool_budget(),
+                                                    loaded=loaded_tools(req.messages,
+                                                                        req.tool_choice)),
                                        template_vars=variables)
         count = await unless_disconnected(request, self.router.count_tokens(model, msg))
         return JSONResponse({"input_tokens": count})
@@ -316,7 +320,8 @@ class AnthropicRoutes(DialectRoutes):
         msg, parser = await self.requests.chat(request, model, messages,
                                            tool_request(req.tools, req.tool_choice,
                                                         self.requests.limits.tool_budget(),
-                                                        ignored),
+                                                        ignored, loaded_tools(
+                                                            req.messages, req.tool_choice)),
                                            params, requested=req.model,
                                            template_vars=variables)
         reply = MessageReply(req.model, Output(params.stop, parser), thinking)

@@ -97,6 +97,10 @@ async def _result(block: dict[str, Any], where: str, caps: Capabilities, request
                                           images))
             elif sub.get("type") == "document" and (doc := _document(sub)) is not None:
                 parts.append(doc)
+            elif sub.get("type") == "tool_reference" and isinstance(sub.get("tool_name"), str):
+                # NOTE: the tool itself is offered from now on (loaded_tools); the model is
+                # told so in the result, as its definition appears at the start of the prompt.
+                parts.append(f"Tool {sub['tool_name']} loaded.")
             elif sub.get("type") in UNSUPPORTED_BLOCKS:
                 raise invalid(f"{where}: {sub.get('type')} content is not supported by this "
                               "model", param="messages")
@@ -208,9 +212,26 @@ def output_schema(config: dict[str, Any] | None) -> str | None:
     return json_schema_text(fmt["schema"])
 
 
+def loaded_tools(messages: list[InMessage], tool_choice: dict[str, Any] | None
+                 ) -> frozenset[str]:
+    """The deferred tools (`defer_loading`) the model is shown: those named by a
+    `tool_reference` block in a tool result (a tool search's answer), and a tool_choice's."""
+    names = {(tool_choice or {}).get("name")}
+    for message in messages:
+        if isinstance(message.content, str):
+            continue
+        for block in message.content:
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            for sub in inner if isinstance(inner, list) else []:
+                if isinstance(sub, dict) and sub.get("type") == "tool_reference":
+                    names.add(sub.get("tool_name"))
+    return frozenset(n for n in names if isinstance(n, str))
+
+
 def tool_request(tools: list[dict[str, Any]] | None, tool_choice: dict[str, Any] | None,
-                 budget: ToolBudget, ignored: Ignored | None = None) -> ToolRequest | None:
-    offered = anthropic_tools(tools, budget, ignored)
+                 budget: ToolBudget, ignored: Ignored | None = None,
+                 loaded: frozenset[str] = frozenset()) -> ToolRequest | None:
+    offered = anthropic_tools(tools, budget, ignored, loaded)
     if not offered:
         return None
     choice, parallel = anthropic_choice(tool_choice, True)

@@ -58,14 +58,22 @@ def openai_tools(raw: list[dict[str, Any]] | None, budget: ToolBudget) -> list[T
 
 
 def anthropic_tools(raw: list[dict[str, Any]] | None, budget: ToolBudget,
-                    ignored: Ignored | None = None) -> list[Tool]:
-    """Anthropic: `[{name, description, input_schema}]` (custom tools; `defer_loading`,
-    `cache_control` and `strict` change nothing here). Anthropic-defined client tools
-    (`bash_*`, `text_editor_*`, `memory_*`: a `type` and no input_schema) get their published
-    schemas; server tools (web search, code execution, ...) cannot run here: left out and
-    named in `ignored`."""
+                    ignored: Ignored | None = None,
+                    loaded: frozenset[str] = frozenset()) -> list[Tool]:
+    """Anthropic: `[{name, description, input_schema}]` (custom tools; `cache_control` and
+    `strict` change nothing here). Anthropic-defined client tools (`bash_*`, `text_editor_*`,
+    `memory_*`: a `type` and no input_schema) get their published schemas; server tools (web
+    search, code execution, ...) cannot run here: left out and named in `ignored`.
+
+    A `defer_loading` tool is offered to the model only once it is `loaded`: named by a
+    `tool_reference` block of a tool result (what a tool search returns), as Anthropic's API
+    does. NOTE: Claude Code sends a "DeferredToolPlaceholder" ("never call this tool") so;
+    offered, Qwen2.5-Coder called it, turn after turn.
+    """
     tools = []
     for i, item in enumerate(raw or []):
+        if item.get("defer_loading") is True and item.get("name") not in loaded:
+            continue
         kind = item.get("type")
         if kind not in (None, "custom") and "input_schema" not in item:
             schema = defined_schema(kind)
