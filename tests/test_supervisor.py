@@ -66,12 +66,31 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     assert srv.proc is not None
     kids = descendants(srv.proc.pid)
     assert len(kids) >= 2
+    # NOTE: a second start in its runtime folder finds the control socket answering (the
+    # start's quick check of the socket file says "someone listens", the Ping confirms).
+    rt = srv.config.runtime_dir
+    second = Server(tmp_path / "second", workers=[], runtime_dir=rt)
+    try:
+        second.start(wait=False)
+        assert second.proc is not None
+        assert second.proc.wait(120) != 0
+        assert "an npu-proxy instance already runs" in second.logs()
+    finally:
+        second.stop()
     srv.proc.kill()
     srv.proc.wait(10)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(p) for p in kids):
         time.sleep(0.1)
     assert not any(alive(p) for p in kids)
+    # NOTE: the killed supervisor left its socket files: nothing listens on them, and a new
+    # start in the same folder goes ahead.
+    again = Server(tmp_path / "again", workers=[], runtime_dir=rt)
+    try:
+        again.start()
+        assert httpx.get(again.url + "/health", timeout=10).status_code == 200
+    finally:
+        again.stop()
 
 
 def test_worker_properties_reach_openvino(tmp_path: Path) -> None:

@@ -11,10 +11,9 @@ size keeps each vector's first components, renormalised to unit length (`shorten
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -24,8 +23,12 @@ from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Embedded
+from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import dumps, request_id, request_key
 from npu_proxy.protocol.messages import Embed, Embeddings
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # --- request shapes ----------------------------------------------------------------------
 
@@ -134,6 +137,8 @@ class EmbeddingRoutes(DialectRoutes):
                           param="dimensions")
         self._check_dimensions(model, dimensions, self._dims.get(model.name))
         self._check_limits(texts, param)
+        # NOTE: the vectors are read with numpy, imported after the gateway binds (preload.py).
+        await numpy_ready()
         msg = Embed(id=request_key(request), model=model.name, texts=texts,
                     deadline=self.router.deadline(), truncate=truncate,
                     log_id=request_id(request))
@@ -219,6 +224,8 @@ class EmbeddingRoutes(DialectRoutes):
 
 
 def _matrix(frame: Embeddings) -> np.ndarray[Any, Any]:
+    import numpy as np  # NOTE: loaded by then (numpy_ready in _embed), a dict lookup
+
     return np.frombuffer(frame.data, dtype="<f4").reshape(frame.rows, frame.dims)
 
 
@@ -226,6 +233,8 @@ def shortened(frame: Embeddings, dims: int) -> Embeddings:
     """Each vector's first `dims` components, renormalised to unit length, as OpenAI and
     Ollama answer `dimensions`. NOTE: it keeps meaning only for models trained for it
     (Matryoshka: nomic-embed, OpenAI's text-embedding-3); for others it is a rough cut."""
+    import numpy as np
+
     head = _matrix(frame)[:, :dims].astype(np.float64)
     norms = np.linalg.norm(head, axis=1, keepdims=True)
     head /= np.where(norms > 0.0, norms, 1.0)  # NOTE: an all-zero head stays zero

@@ -34,6 +34,7 @@ from npu_proxy.gateway.content.speech import MEDIA, Encoder
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
 from npu_proxy.protocol.messages import RequestFrame, Speech, SpeechChunk, Synthesize
@@ -85,6 +86,7 @@ class SpeechRoutes(DialectRoutes):
             request, self.router.speak(model, msg))
         if req.instructions:
             headers["X-NPU-Proxy-Ignored"] = "instructions"
+        await numpy_ready()  # NOTE: the encoder works on the loop, with numpy (preload.py)
         encoder = Encoder(req.response_format, streamed=req.stream_format is not None)
         if req.stream_format == "sse":
             return StreamingResponse(self._events(stream, first, msg, encoder),

@@ -20,11 +20,12 @@ from __future__ import annotations
 import io
 import wave
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from npu_proxy.gateway.core.errors import GatewayError, invalid
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SAMPLE_RATE = 16_000
 FORMATS = "WAV, FLAC, MP3, OGG (Vorbis, Opus), AIFF, M4A/MP4 (AAC), WebM (Opus)"
@@ -73,6 +74,8 @@ def _too_long(seconds: float, limits: AudioLimits) -> GatewayError:
 
 def _pcm_wav(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int] | None:
     """Integer PCM WAV through `wave`; None for a WAV that `wave` does not read (float)."""
+    import numpy as np  # NOTE: in a worker thread (api/audio.py), preload.py
+
     try:
         with wave.open(io.BytesIO(data)) as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
@@ -128,6 +131,8 @@ def _soundfile(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], 
 
 def _container(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int]:
     """The first audio stream of an MP4 or WebM file, mixed to mono 16 kHz by FFmpeg."""
+    import numpy as np  # NOTE: in a worker thread (api/audio.py), preload.py
+
     try:
         import av
     except ImportError:
@@ -163,6 +168,8 @@ def _container(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], 
 
 def decode(data: bytes, limits: AudioLimits) -> Audio:
     """The audio in `data` as mono 16 kHz samples, within the limits (GatewayError)."""
+    import numpy as np  # NOTE: in a worker thread (api/audio.py), preload.py
+
     if len(data) > limits.max_bytes:
         raise too_large(len(data), limits)
     if not data:

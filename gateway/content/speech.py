@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # The formats served and their media types (OpenAI's); aac is not: libsndfile has no encoder.
 MEDIA = {"mp3": "audio/mpeg", "opus": "audio/opus", "flac": "audio/flac",
@@ -50,6 +51,8 @@ class Encoder:
 
     def feed(self, pcm: bytes, rate: int) -> bytes:
         """The bytes of the file that can be sent now."""
+        import numpy as np  # NOTE: loaded by then: api/speech.py awaits numpy_ready (preload.py)
+
         samples = np.frombuffer(pcm, dtype="<i2")
         first, self._rate = not self._rate, rate
         if self.format == "pcm":
@@ -62,6 +65,8 @@ class Encoder:
 
     def finish(self, rate: int) -> bytes:
         """The rest of the file, once the last chunk was fed (`rate` when none was)."""
+        import numpy as np
+
         rate = self._rate or rate
         if self.format == "pcm":
             return (self._resample(np.zeros(0, dtype="<i2"), final=True).astype("<i2").tobytes()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import functools
-import importlib.metadata
 from typing import Literal
 
 import msgspec
@@ -171,7 +169,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
         return DEFAULT_EMBED_MODEL if self.role == "embed" else DEFAULT_LLM_MODEL
 
 
+@functools.cache
 def _installed(distribution: str) -> bool:
+    # NOTE: imported here: importlib.metadata (with email) and ctypes.util cost the gateway's
+    # start, which reads a config whose workers are listed (tests/test_layers.py).
+    import importlib.metadata
+
     try:
         importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -182,6 +185,8 @@ def _installed(distribution: str) -> bool:
 @functools.cache
 def _has_espeak() -> bool:
     """espeak-ng's library (Debian package espeak-ng), which the tts role phonemizes with."""
+    import ctypes.util
+
     return ctypes.util.find_library("espeak-ng") is not None
 
 

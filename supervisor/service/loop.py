@@ -31,11 +31,13 @@ class Supervisor(ControlHandlers):
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.setup()
+        # NOTE: the gateway first: its imports are the path to /health/ready (bench/start.py),
+        # a worker's load is waited for by its requests.
+        if "gateway" in self.children:
+            self.children["gateway"].spawn()
         for spec in self.config.local_workers():
             if spec.enabled and not spec.lazy:
                 self.children[spec.name].spawn()
-        if "gateway" in self.children:
-            self.children["gateway"].spawn()
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
         for sub in self.worker_subs:
