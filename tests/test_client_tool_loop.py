@@ -146,7 +146,7 @@ def test_codex_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path) -> 
 def test_claude_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path) -> None:
     run = _loop(qwen, tmp_path, "claude-loop", "claude", [
         "--tools", "Read,Write", "--permission-mode", "acceptEdits",
-        "--system-prompt", SYSTEM.format(cwd=tmp_path / "work"), "-p", TASK])
+        "--system-prompt", SYSTEM.format(cwd=tmp_path / "work"), "-p", TASK], model=AGENT)
     turns = _bodies(run, "/v1/messages")
     assert any(block.get("type") == "tool_result" for body in turns for message in
                body["messages"] if isinstance(message.get("content"), list)

@@ -93,6 +93,17 @@ def test_parser_finds_the_call(text: str) -> None:
     assert parse_calls(text, TOOLS)[1][0].arguments == {"city": "Paris"}
 
 
+def test_parser_finds_calls_followed_by_text() -> None:
+    """Bare calls the output begins with are calls; what follows them is text."""
+    text = ('{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '{"function": "get_weather", "arguments": {"city": "Rome"}}\n\nDone.')
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    rest, calls = parser.finish()
+    assert [c.arguments["city"] for c in calls] == ["Paris", "Rome"]
+    assert streamed + rest == "Done."
+
+
 @pytest.mark.parametrize("text", [
     "The weather in Paris is sunny.", '{"city": "Paris"}',
     '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',

@@ -36,7 +36,9 @@ are bound to one model family each): the output is a call when, after leading wh
 is JSON (bare, in a code fence, or after Mistral's `[TOOL_CALLS]`) or when a `<tool_call>` tag
 appears anywhere; the JSON may be one object, several, or an array, each
 `{"name", "arguments"|"parameters"}` (also OpenAI-style `{"function": {...}}`, arguments as an
-object or a JSON string) naming an offered tool. Anything else is text. Streaming and
+object or a JSON string; `{"function": "<name>", "arguments"}` too) naming an offered tool;
+bare calls the output begins with are calls and any text after them stays text. Anything else
+is text. Streaming and
 non-streaming responses use the same parser, so they agree.
 """
 

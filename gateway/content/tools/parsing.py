@@ -59,7 +59,13 @@ def _json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
     text = text.strip()
     if text.startswith("[TOOL_CALLS]"):
         text = text[len("[TOOL_CALLS]"):].lstrip()
-    text = _unfence(text)
+    calls, rest = _leading_calls(_unfence(text), names)
+    return calls if calls and not rest else None
+
+
+def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], str]:
+    """The calls the text begins with (JSON values in a row, each a call or an array of
+    calls) and the rest of the text, from the first thing that is not one."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     pos = 0
@@ -67,17 +73,17 @@ def _json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
         while pos < len(text) and text[pos] in " \t\r\n,;":
             pos += 1
         if pos >= len(text):
-            break
+            return calls, ""
         try:
-            value, pos = decoder.raw_decode(text, pos)
+            value, end = decoder.raw_decode(text, pos)
         except (json.JSONDecodeError, RecursionError):
-            return None
-        for item in value if isinstance(value, list) else [value]:
-            call = _as_call(item, names)
-            if call is None:
-                return None
-            calls.append(call)
-    return calls or None
+            return calls, text[pos:]
+        found = [_as_call(item, names) for item in
+                 (value if isinstance(value, list) else [value])]
+        if not found or any(call is None for call in found):
+            return calls, text[pos:]
+        calls += [call for call in found if call is not None]
+        pos = end
 
 
 def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
@@ -104,6 +110,12 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         found = _json_calls(stripped, names)
         if found:
             return "", found
+    if stripped[:1] in ("{", "["):
+        # NOTE: Qwen2.5-Coder-1.5B (greedy, Claude Code's tools) wrote two bare calls and
+        # then a line of prose: calls it begins with stay calls, the prose stays text.
+        leading, after = _leading_calls(stripped, names)
+        if leading:
+            return after.strip(), leading
     return text, []
 
 
