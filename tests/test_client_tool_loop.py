@@ -8,16 +8,19 @@ asked to read that file and write out.txt: the test asserts what the user sees, 
 written and not empty, after the client read the file through a tool call the server parsed
 and the tool's result went back to the model.
 
-Run with NPU_PROXY_AGENT_LOOP_TESTS=1 (not in CI): whether a loop completes rests on what a
-1.5B model chooses to call at each turn (here it completed for each client, and also failed
-for reasons of the model's own: an invented session id, an argument the client refused),
-and a suite's outcome must not depend on a model's free choices (issue 28).
+In the slow tier (CI, or NPU_PROXY_SLOW_TESTS=1). Whether a loop completes rests on the
+1.5B model's choices at each turn; both clients get it greedy (an /api/create alias with
+temperature 0, as a user would set with a Modelfile's PARAMETER), and the server takes the
+forms it writes its calls in (bare JSON objects, `{"function": name}`, prose after them) and
+hides Claude Code's deferred placeholder tool. So taken, the loops completed in every run
+here (Codex 6 runs, Claude Code 3 on this machine's CPU, AMX; both once more with oneDNN held
+to AVX-512 bf16, no AMX), 2.5-5 min for the pair on an idle machine, with working folders of
+different path lengths.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,17 +31,10 @@ from clientlaunch import CODEX_QUIET, Run, describe, execute, launched
 from qwen_coder import Unavailable, ensure
 from serverctl import MODEL_CACHE, Server
 
-WANTED = bool(os.environ.get("NPU_PROXY_AGENT_LOOP_TESTS"))
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not WANTED, reason="a 1.5B model's own tool choices decide the outcome "
-                                          "(minutes each): run with "
-                                          "NPU_PROXY_AGENT_LOOP_TESTS=1"),
-    pytest.mark.timeout(3600),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 QWEN = "qwen2.5-coder:1.5b"
-# The model Codex uses: QWEN, greedy.
+# The model both clients use: QWEN, greedy.
 AGENT = "qwen-agent:greedy"
 NOTES = "alpha bravo charlie\nsecond line\n"
 TASK = ("Read the file notes.txt in the current directory, then write its first line, "
@@ -82,7 +78,7 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         # NOTE: sampled (Codex sends no temperature), the 1.5B model's first call varied from
         # run to run, one of two unusable (an exec_command with a `justification` Codex
         # refuses); Codex gets it greedy, as a user would set with a Modelfile's PARAMETER.
-        # Claude Code keeps the model's own sampling: greedy, its loop failed once.
+        # Claude Code gets it greedy too (sampled, it once wrote paths outside the folder).
         made = httpx.post(srv.url + "/api/create", timeout=600, json={
             "model": AGENT, "from": QWEN, "parameters": {"temperature": 0}, "stream": False})
         assert made.status_code == 200, made.text
