@@ -232,6 +232,12 @@ UNCOMPILABLE = [
     {"type": "string", "pattern": "\\p{L}+"},
     {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}},
     {"type": "array", "minItems": 3, "maxItems": 1},
+    {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0,
+                                            "maximum": 0}}},
+    {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0,
+                                            "exclusiveMaximum": 1}}},
+    {"type": "object", "properties": {"n": {"type": "number", "minimum": 2,
+                                            "exclusiveMaximum": 2}}},
 ]
 
 

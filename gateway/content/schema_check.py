@@ -4,7 +4,8 @@ OpenVINO GenAI compiles the schema (with XGrammar) inside the continuous-batchin
 schema it cannot compile throws there and leaves the pipeline unusable: every request on that
 worker fails and the worker restarts. Measured: not JSON, a root that is not an object, an
 unknown or mistyped `type`, an unresolved `$ref`, a pattern that is not a regex, `minimum`
-above `maximum` (or minItems above maxItems), and an empty `enum`/`anyOf` each did that. So
+above `maximum` (or minItems above maxItems, or exclusive bounds that leave no number), and
+an empty `enum`/`anyOf` each did that. So
 every schema (response formats and tool parameters alike, see gateway/api/request_path.py) is walked
 here once, in time linear in its size, and refused with a 400 naming what is wrong.
 
@@ -19,6 +20,7 @@ front, one 256 KiB property name holding `anyOf` of 4,000 subschemas made 4,000 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from functools import partial
@@ -163,10 +165,37 @@ def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
     for low, high in _PAIRS:
         if low in node and high in node and node[low] > node[high]:
             raise fail(f": {low} {node[low]} is above {high} {node[high]}")
+    if _no_number_between(node):
+        raise fail(": no number lies within its minimum/maximum and exclusive bounds")
     if "pattern" in node:
         _regex(node["pattern"], lambda: spell((at, "pattern")))
     if "$ref" in node:
         _resolve(root, node["$ref"], at)
+
+
+def _no_number_between(node: dict[str, Any]) -> bool:
+    """The bounds leave nothing: `exclusiveMinimum: 0` with `maximum: 0`, or for an integer
+    `exclusiveMinimum: 0` with `exclusiveMaximum: 1`.
+
+    NOTE: XGrammar turns the bounds into a range and fails the whole step when it is empty
+    (seen: a replayed client's tool, `exclusiveMinimum: 0, maximum: 0`, under tool_choice
+    auto, killed the llm worker and every request on it).
+    """
+    lows = [(node[k], k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum")
+            if k in node]
+    highs = [(node[k], k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum")
+             if k in node]
+    if not lows or not highs:
+        return False
+    low, low_open = max(lows)  # NOTE: at the same value the exclusive bound is the tighter
+    high, high_open = min(highs, key=lambda bound: (bound[0], not bound[1]))
+    if not all(math.isfinite(v) for v in (low, high)):
+        return False
+    if node.get("type") == "integer":
+        first = math.floor(low) + 1 if low_open else math.ceil(low)
+        last = math.ceil(high) - 1 if high_open else math.floor(high)
+        return bool(first > last)
+    return bool(low > high or (low == high and (low_open or high_open)))
 
 
 # Escapes XGrammar's regex converter refuses (word boundaries, backreferences, Unicode
