@@ -202,17 +202,15 @@ class RequestPath:
                   tools: list[dict[str, Any]] | None = None,
                   template_vars: dict[str, Any] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
+        cfg = self.router.config
+        limits = (cfg.max_schema_nodes, cfg.max_schema_depth, cfg.max_schema_chars)
         if params.json_schema is not None:
-            cfg = self.router.config
-            check_schema(params.json_schema, cfg.max_schema_nodes, cfg.max_schema_depth,
-                         cfg.max_schema_chars)
+            check_schema(params.json_schema, *limits)
         if params.regex is not None:
             check_regex(params.regex)
         if params.tool_tags is not None:
-            cfg = self.router.config
             try:
-                check_schema(params.tool_tags.schema, cfg.max_schema_nodes,
-                             cfg.max_schema_depth, cfg.max_schema_chars)
+                check_schema(params.tool_tags.schema, *limits)
             except GatewayError as exc:
                 # NOTE: the client asked for no constraint (tool_choice auto): tools whose
                 # schemas a worker could not compile, or too large to, leave calls
