@@ -46,21 +46,19 @@ PROMPT = "Write a long story about a lighthouse keeper and the ships she saw."
 
 def reading(pid: int | str = "self") -> dict[str, int]:
     """rss, pss, uss, anon, weights, libs (KiB) and hwm (peak RSS) of one process."""
+    from npu_proxy.workers.generation.weights import regions
+
     roll: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         key, value, *_ = line.split()
         roll[key.rstrip(":")] = int(value)
     weights = other = 0
-    name = ""
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if "-" in head[0] and not head[0].endswith(":"):
-            name = head[5] if len(head) > 5 else ""
-        elif head[0] == "Rss:" and name.startswith("/"):
-            if name.endswith(".bin") and "openvino_" in name:
-                weights += int(head[1])
+    for region in regions(pid):
+        if region.name.startswith("/"):
+            if region.name.endswith(".bin") and "openvino_" in region.name:
+                weights += region.rss_kib
             else:
-                other += int(head[1])
+                other += region.rss_kib
     hwm = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text()
                .splitlines() if line.startswith("VmHWM:"))
     return {"rss": roll["Rss"], "pss": roll["Pss"],

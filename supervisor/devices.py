@@ -53,13 +53,18 @@ def _query(timeout: float) -> dict[str, str]:
     return devices
 
 
-def discover(timeout: float = 60.0) -> dict[str, str]:
-    """Device name -> full name, e.g. {"CPU": "Intel(R) Core(TM) Ultra 7 155H", "NPU": ...}."""
+def _discovered(timeout: float) -> tuple[dict[str, str], bool]:
+    """(devices, True when OpenVINO answered); CPU alone when it did not."""
     try:
-        return _query(timeout)
+        return _query(timeout), True
     except DiscoveryFailed as exc:
         log.warning("device discovery failed (%s); assuming CPU only", exc)
-        return {"CPU": "CPU"}
+        return {"CPU": "CPU"}, False
+
+
+def discover(timeout: float = 60.0) -> dict[str, str]:
+    """Device name -> full name, e.g. {"CPU": "Intel(R) Core(TM) Ultra 7 155H", "NPU": ...}."""
+    return _discovered(timeout)[0]
 
 
 def boot_key() -> str:
@@ -89,11 +94,9 @@ def discover_cached(folder: Path, timeout: float = 60.0) -> tuple[dict[str, str]
         if kept["key"] == key and devices and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in devices.items()):
             return dict(devices), True
-    try:
-        devices = _query(timeout)
-    except DiscoveryFailed as exc:
-        log.warning("device discovery failed (%s); assuming CPU only", exc)
-        return {"CPU": "CPU"}, False
+    devices, answered = _discovered(timeout)
+    if not answered:
+        return devices, False
     try:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"key": key, "devices": devices}))

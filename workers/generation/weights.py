@@ -18,34 +18,47 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4
 
 
+class Region(NamedTuple):
+    """One mapping of a process, from /proc/PID/smaps."""
+    start: int
+    end: int
+    perms: str
+    name: str
+    rss_kib: int
+
+
+def regions(pid: int | str = "self") -> Iterator[Region]:
+    """The mappings of process `pid` with their resident KiB (Linux)."""
+    head_of: list[str] | None = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if "-" in head[0] and not head[0].endswith(":"):
+            head_of = head
+        elif head[0] == "Rss:" and head_of is not None:
+            start, end = (int(x, 16) for x in head_of[0].split("-"))
+            name = head_of[5] if len(head_of) > 5 else ""
+            yield Region(start, end, head_of[1], name, int(head[1]))
+            head_of = None
+
+
 def _mappings(place: Path) -> list[tuple[int, int, int]]:
     """(start, end, resident KiB) of this process's read-only mappings of the file `place`
     or of the files in the folder `place`."""
-    found: list[tuple[int, int, int]] = []
-    current: tuple[int, int] | None = None
     whole = str(place.resolve())
     prefix = whole + "/"
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if "-" in head[0] and not head[0].endswith(":"):
-            current = None
-            # NOTE: never a writable mapping: dropping a private page someone wrote would
-            # lose the write (a read-only one can only have the file's own contents).
-            name = head[5] if len(head) > 5 else ""
-            if (name == whole or name.startswith(prefix)) and "w" not in head[1]:
-                start, end = (int(x, 16) for x in head[0].split("-"))
-                current = (start, end)
-        elif head[0] == "Rss:" and current is not None:
-            found.append((*current, int(head[1])))
-            current = None
-    return found
+    # NOTE: never a writable mapping: dropping a private page someone wrote would lose the
+    # write (a read-only one can only have the file's own contents).
+    return [(r.start, r.end, r.rss_kib) for r in regions()
+            if (r.name == whole or r.name.startswith(prefix)) and "w" not in r.perms]
 
 
 def release_mapped_weights(*places: str) -> int:
