@@ -103,6 +103,8 @@ class ChildStatus(msgspec.Struct):
     uptime: float
     restarts: int
     last_error: str
+    # The process replaces one that crashed (protocol/liveness.py WorkerStatus.recovering).
+    recovering: bool = False
 
     def as_json(self) -> dict[str, object]:
         """The row as `status --json` shows it: the state by its label."""

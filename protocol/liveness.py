@@ -80,6 +80,9 @@ class WorkerStatus(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     pid: int = 0
     restarts: int = 0
     last_error: str = ""
+    # Its process replaces one that crashed (the supervisor recovers it), not a first start
+    # nor a restart it was told to do: the gateway does not wait for such a load.
+    recovering: bool = False
 
 
 SupervisorEvent = WorkerExited | WorkerStatus

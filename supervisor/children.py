@@ -48,6 +48,10 @@ class Child:
         self.state = ProcessState.STOPPED
         self.started_at = 0.0
         self.restarts = 0
+        # The process runs (or is about to) in place of one that crashed: the supervisor is
+        # recovering the worker. False for a first start (at start-up, a lazy worker started
+        # on demand, an operator's start) and for a restart or switch it was told to do.
+        self.recovering = False
         self.crash_times: deque[float] = deque()
         self.last_error = ""
         self.next_start = 0.0

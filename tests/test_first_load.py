@@ -1,6 +1,7 @@
 """Ready at once, as `ollama serve` is: while the llm worker loads for the first time,
-/health/ready answers 200 (saying it loads) and a request waits for the load; while it
-loads again after a crash, both answer 503 with Retry-After, so a balancer fails over."""
+/health/ready answers 200 (saying it loads) and a request waits for the load (Ollama's
+load_duration then counts that wait); while it loads again after a crash, both answer 503
+with Retry-After, so a balancer fails over."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import ollama
 import openai
 import pytest
 from serverctl import Server, wait_for
@@ -25,6 +27,14 @@ def _chat(url: str) -> openai.types.chat.ChatCompletion:
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     return client.chat.completions.create(
         model=LLM, max_tokens=3, messages=[{"role": "user", "content": "Hello"}])
+
+
+def _ollama_chat(url: str) -> tuple[float, ollama.ChatResponse]:
+    """An Ollama chat, and the time (monotonic) it was sent."""
+    client = ollama.Client(host=url, timeout=600)
+    sent = time.monotonic()
+    return sent, client.chat(model=LLM, messages=[{"role": "user", "content": "Hello"}],
+                             options={"num_predict": 3})
 
 
 def _state(srv: Server) -> str:
@@ -54,21 +64,35 @@ def test_a_first_load_is_waited_for_and_a_restart_is_not(tmp_path: Path) -> None
         assert ready.json() == {"status": "ready", "workers": [], "not_loaded": [],
                                 "loading": ["llm"]}
 
-        with ThreadPoolExecutor(1) as pool:
-            sent = time.monotonic()
-            answer = pool.submit(_chat, srv.url)
-            # The request waits in the gateway for the load (it says so in its log) ...
-            wait_for(lambda: "requests wait for worker llm: loading for the first time"
-                     in srv.worker_log("gateway"), 60)
-            assert not answer.done()
-            # Held past the request's inference_timeout: the wait is the load's, not the
-            # inference's (a longer hold only makes the point stronger).
-            wait_for(lambda: time.monotonic() - sent > INFERENCE_TIMEOUT + 2, 60)
-            assert not answer.done()
-            gate.touch()
-            # ... and is answered once the worker serves.
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(_ollama_chat, srv.url)
+            try:
+                # The requests wait in the gateway for the load (the first says so in its
+                # log) ...
+                wait_for(lambda: "requests wait for worker llm: loading for the first time"
+                         in srv.worker_log("gateway"), 60)
+                sent = time.monotonic()
+                answer = pool.submit(_chat, srv.url)
+                assert not answer.done() and not held.done()
+                # Held past the request's inference_timeout: the wait is the load's, not the
+                # inference's (a longer hold only makes the point stronger).
+                wait_for(lambda: time.monotonic() - sent > INFERENCE_TIMEOUT + 2, 60)
+                assert not answer.done() and not held.done()
+                released = time.monotonic()
+            finally:
+                gate.touch()  # NOTE: also on a failure, or the pool waits out the load
+            # ... and are answered once the worker serves.
             reply = answer.result(timeout=600)
+            held_sent, first = held.result(timeout=600)
         assert reply.choices[0].finish_reason in ("stop", "length")
+        # Ollama's load_duration is the time the request spent waiting for the model: at
+        # least the hold this side measured (the load itself came after the release).
+        assert first.done and first.load_duration is not None
+        assert first.load_duration >= (released - held_sent) * 1e9
+        assert first.total_duration is not None and first.total_duration >= first.load_duration
+        # A request on the loaded worker waits for no load.
+        _, second = _ollama_chat(srv.url)
+        assert second.load_duration is not None and second.load_duration < first.load_duration
         ready = httpx.get(srv.url + "/health/ready", timeout=5)
         assert ready.status_code == 200 and ready.json()["workers"] == ["llm"]
 

@@ -5,11 +5,15 @@ workers, the official OpenAI client."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import ollama
 import openai
 import pytest
 from serverctl import Server, descendants, wait_for
@@ -18,6 +22,7 @@ from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.states import Event, ProcessState, transition
 
 EMBED_MODEL = "all-minilm"
+LLM = "smollm2:135m"
 KEEP_ALIVE = 3.0
 
 
@@ -166,3 +171,74 @@ def test_a_start_that_fails_is_a_503_with_retry_after(srv: Server) -> None:
     assert r.status_code == 503, r.text
     assert int(r.headers["Retry-After"]) > 0
     assert "while starting" in r.text or "could not start" in r.text, r.text
+
+
+def _generate(url: str) -> tuple[float, ollama.GenerateResponse]:
+    """An Ollama generate, and the time (monotonic) it was sent."""
+    client = ollama.Client(host=url, timeout=600)
+    sent = time.monotonic()
+    return sent, client.generate(model=LLM, prompt="Hello", options={"num_predict": 3})
+
+
+def _ready(srv: Server) -> httpx.Response:
+    return httpx.get(srv.url + "/health/ready", timeout=10)
+
+
+@pytest.mark.timeout(900)
+def test_a_lazy_llm_started_after_a_crash_and_an_unload_loads_as_a_first_load(
+        tmp_path: Path) -> None:
+    """A crash's restart is a 503 while it loads; once the worker has recovered and stopped
+    for its keep_alive, the start a request makes is a first load again: /health/ready is
+    200 with it loading, as the request waits for it."""
+    gate = tmp_path / "load-may-finish"
+    gate.touch()
+    # NOTE: the only LLM worker, so /health/ready answers for it alone; its loads are held
+    # while the gate file is missing, so each state below lasts until the test ends it.
+    srv = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "lazy": True, "keep_alive": KEEP_ALIVE,
+         "load_timeout": 600.0, "faults": {"hold_load_until": str(gate)}},
+    ], backoff_initial=0.1).start()
+    try:
+        assert _ready(srv).json()["not_loaded"] == ["llm"]
+        _generate(srv.url)  # started on demand
+        pid = row(srv, "llm")["pid"]
+        assert pid
+
+        # A crash: its restart loads (held) and is not waited for.
+        gate.unlink()
+        os.kill(pid, signal.SIGKILL)
+        srv.wait_state("llm", ("loading",), 120, check=lambda c: c["pid"] not in (None, pid))
+        wait_for(lambda: row(srv, "llm")["state"] == "loading", 60)
+        ready = _ready(srv)
+        assert ready.status_code == 503 and ready.headers["retry-after"], ready.text
+        assert srv.children()["llm"]["recovering"] is True
+
+        # Recovered, then stopped for its keep_alive: idle, the crash still counted.
+        gate.touch()
+        srv.wait_state("llm", ("idle",), 120)
+        wait_for(lambda: row(srv, "llm")["state"] == "idle", 60)
+        assert row(srv, "llm")["restarts"] == 1
+        assert srv.children()["llm"]["recovering"] is False
+
+        # The next request starts it: a first load, which the request waits for.
+        gate.unlink()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(_generate, srv.url)
+            try:
+                srv.wait_state("llm", ("loading",), 120)
+                wait_for(lambda: row(srv, "llm")["state"] == "loading", 60)
+                ready = _ready(srv)
+                assert ready.status_code == 200, ready.text
+                assert ready.json() == {"status": "ready", "workers": [], "not_loaded": [],
+                                        "loading": ["llm"]}
+                assert not answer.done()
+                released = time.monotonic()
+            finally:
+                gate.touch()  # NOTE: also on a failure, or the pool waits out the load
+            sent, reply = answer.result(timeout=600)
+        assert reply.done and reply.load_duration is not None
+        assert reply.load_duration >= (released - sent) * 1e9
+        assert row(srv, "llm")["restarts"] == 1
+    finally:
+        gate.touch()
+        srv.stop()

@@ -199,12 +199,14 @@ class EmbeddingRoutes(DialectRoutes):
                                  req.dimensions or None, "input")
         self.router.switcher.touch(model.name, keep)
         frame = done.frame
+        # NOTE: a lazy embed worker is started by the request that needs it: that wait is
+        # Ollama's load_duration (the worker reports no load time of its own per request).
+        waited = round(done.load_wait * 1e9)
         body = {
             "model": req.model,
             "embeddings": _matrix(frame).tolist(),
-            "total_duration": frame.timings.total_ns,
-            # NOTE: the model stays resident in its worker; no request ever waits for a load.
-            "load_duration": 0,
+            "total_duration": waited + frame.timings.total_ns,
+            "load_duration": waited,
             "prompt_eval_count": sum(frame.prompt_tokens),
         }
         return Response(dumps(body), media_type="application/json", headers=done.headers)

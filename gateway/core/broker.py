@@ -131,13 +131,14 @@ class WorkerLink:
 
     @property
     def first_load(self) -> bool:
-        """Loading the first process the supervisor started for it (at start, or a lazy one
-        on demand), not one that replaced a crashed or restarted process."""
+        """Loading a process the supervisor started, not one replacing a crashed process
+        (`WorkerStatus.recovering`): at start, a lazy one on demand (also after an earlier
+        crash, once it had stopped), an operator's start or restart."""
         # NOTE: a request waits for a first load (as Ollama's first request waits for the
-        # model); during a restart it gets a 503 with Retry-After, so a balancer fails over
-        # to an instance that serves instead of holding the request for a whole reload.
+        # model); during a crash's restart it gets a 503 with Retry-After, so a balancer fails
+        # over to an instance that serves instead of holding the request for a whole reload.
         sup = self.supervised
-        return sup is not None and sup.restarts == 0 and self.state.loading
+        return sup is not None and not sup.recovering and self.state.loading
 
     @property
     def serving(self) -> bool:

@@ -128,7 +128,8 @@ class Residency:
             if link is not None and link.supervised is None:
                 self.broker.on_status(WorkerStatus(
                     worker=child.name, state=child.state, pid=child.pid or 0,
-                    restarts=child.restarts, last_error=child.last_error))
+                    restarts=child.restarts, last_error=child.last_error,
+                    recovering=child.recovering))
 
     def first_loading(self, workers: list[str]) -> str | None:
         """The worker of `workers` to wait for when none serves and one is loading for the
@@ -136,7 +137,10 @@ class Residency:
         links = [self.broker.links[w] for w in workers if w in self.broker.links]
         if any(self.usable(link) for link in links):
             return None
-        return next((link.name for link in links if link.first_load), None)
+        # NOTE: not a worker being switched to another model (the Switcher waits for those):
+        # until its new process reports, the table still lists it under its old model.
+        return next((link.name for link in links
+                     if link.first_load and link.name not in self.pending), None)
 
     async def ready(self, workers: list[str]) -> None:
         """Start one of `workers` if none serves and one is idle, or wait for one loading

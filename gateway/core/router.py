@@ -65,6 +65,8 @@ _Reply = TypeVar("_Reply", Embeddings, Reranked)
 class Embedded:
     frame: Embeddings
     headers: dict[str, str]
+    # Seconds the request waited in the gateway for a load or a switch (Router._loaded).
+    load_wait: float = 0.0
 
 
 @dataclass
@@ -220,23 +222,24 @@ class Router:
     def deadline(self) -> float:
         return time.time() + self.config.inference_timeout
 
-    async def _loaded(self, model: ServedModel,
-                      msg: Generate | Embed | Rerank | Transcribe | Synthesize) -> ServedModel:
-        """The model with a worker serving it; the time spent waiting for a load or a switch
-        is added to the request's deadline.
+    async def _loaded(self, model: ServedModel, msg: Generate | Embed | Rerank | Transcribe
+                      | Synthesize) -> tuple[ServedModel, float]:
+        """The model with a worker serving it, and the seconds the request waited for a load
+        or a switch; that wait is added to the request's deadline.
 
         NOTE: inference_timeout bounds the inference; a load is bounded by its own
         load_timeout (a first NPU compile takes minutes), as Ollama does not count a load
-        against a request either.
+        against a request either. The wait is what Ollama reports as load_duration.
         """
         began = time.time()
         model = await self.switcher.ensure(model)
-        msg.deadline += time.time() - began
-        return model
+        waited = max(0.0, time.time() - began)
+        msg.deadline += waited
+        return model, waited
 
     async def generate(self, model: ServedModel, msg: Generate) -> Generation:
         started = time.monotonic()
-        model = await self._loaded(model, msg)
+        model, waited = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         if isinstance(frame, Failed):
             self.broker.close(stream)
@@ -247,14 +250,14 @@ class Router:
             self.broker.close(stream)
             raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
         return Generation(self.broker, stream, frame, reason, started, self.observers,
-                          deadline=msg.deadline)
+                          deadline=msg.deadline, load_wait=waited)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embedded:
-        frame, headers = await self._one_reply(model, msg, Embeddings)
-        return Embedded(frame, headers)
+        frame, headers, waited = await self._one_reply(model, msg, Embeddings)
+        return Embedded(frame, headers, waited)
 
     async def rerank(self, model: ServedModel, msg: Rerank) -> Scored:
-        frame, headers = await self._one_reply(model, msg, Reranked)
+        frame, headers, _ = await self._one_reply(model, msg, Reranked)
         return Scored(frame, headers)
 
     async def transcribe(self, model: ServedModel, msg: Transcribe | Synthesize
@@ -262,7 +265,7 @@ class Router:
         """Dispatch speech to an asr worker (or text to a tts worker: `speak`): its stream
         (the caller closes it), first frame and route headers (gateway/api/audio.py and
         speech.py read the rest)."""
-        model = await self._loaded(model, msg)
+        model, _ = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         device = self.broker.links[stream.worker].spec.device
         return stream, frame, route_headers(device, stream.worker, reason, 0)
@@ -275,9 +278,10 @@ class Router:
             observer.on_audio(worker, seconds)
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
-                         expected: type[_Reply]) -> tuple[_Reply, dict[str, str]]:
-        """Dispatch a request answered by one frame (embeddings, scores) and check its kind."""
-        model = await self._loaded(model, msg)
+                         expected: type[_Reply]) -> tuple[_Reply, dict[str, str], float]:
+        """Dispatch a request answered by one frame (embeddings, scores) and check its kind;
+        also the seconds it waited for a load (Router._loaded)."""
+        model, waited = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)
         if isinstance(frame, Failed):
@@ -285,7 +289,8 @@ class Router:
         if not isinstance(frame, expected):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
         device = self.broker.links[stream.worker].spec.device
-        return frame, route_headers(device, stream.worker, reason, sum(frame.prompt_tokens))
+        return frame, route_headers(device, stream.worker, reason,
+                                    sum(frame.prompt_tokens)), waited
 
     async def _ask(self, model: ServedModel, msg: Tokenize | Detokenize) -> RequestFrame:
         """One request answered with one frame (token counts, detokenizing)."""

@@ -80,7 +80,7 @@ class ControlHandlers(SupervisorSetUp):
         return [ChildStatus(name=child.name, role=child.kind, device=child.device,
                             model=child.model, state=child.state, pid=child.pid,
                             uptime=round(child.uptime(), 1), restarts=child.restarts,
-                            last_error=child.last_error)
+                            last_error=child.last_error, recovering=child.recovering)
                 for child in self.children.values()]
 
     def _child(self, name: str) -> Child:
@@ -120,6 +120,7 @@ class ControlHandlers(SupervisorSetUp):
         child.unloading = False
         if child.pid is None:
             child.crash_times.clear()
+            child.recovering = False  # NOTE: a start, even of a worker waiting to restart
             child.spawn()
         return child
 
@@ -177,6 +178,7 @@ class ControlHandlers(SupervisorSetUp):
         if child.pid is None:
             child.crash_times.clear()
             child.last_error = ""
+            child.recovering = False
             child.spawn()
         elif changed:
             self._terminate(child)  # NOTE: drains; the exit handler restarts it at once

@@ -91,12 +91,14 @@ class Supervisor(ControlHandlers):
         for child in self.children.values():
             if child.kind == "gateway":
                 continue
-            row = (child.state, child.pid or 0, child.restarts, child.last_error)
+            row = (child.state, child.pid or 0, child.restarts, child.last_error,
+                   child.recovering)
             if periodic or self._status_seen.get(child.name) != row:
                 self._status_seen[child.name] = row
                 self.events.send(encode(WorkerStatus(
                     worker=child.name, state=child.state, pid=child.pid or 0,
-                    restarts=child.restarts, last_error=child.last_error)))
+                    restarts=child.restarts, last_error=child.last_error,
+                    recovering=child.recovering)))
         if periodic:
             self._status_sent_at = now
 
@@ -152,6 +154,9 @@ class Supervisor(ControlHandlers):
                 child.last_error = child.last_error or f"exited with code {code}"
             log.error("%s (pid %d) exited unexpectedly with code %d", child.name, pid, code)
         child.kill_at = 0.0
+        # NOTE: only the restart of a crash recovers; an exit held stopped or unloaded for
+        # idleness ends any recovery, so the next start is a first load again.
+        child.recovering = False
         if child.hold:
             child.apply(Event.EXIT_HELD)
         elif child.unloading:
@@ -185,6 +190,7 @@ class Supervisor(ControlHandlers):
             delay = min(self.config.backoff_max,
                         self.config.backoff_initial * 2 ** (len(child.crash_times) - 1))
         child.restarts += 1
+        child.recovering = counted
         child.apply(Event.EXIT)
         child.next_start = now + delay
         log.info("restarting %s in %.1f s", child.name, delay)

@@ -92,7 +92,7 @@ class SupervisorSetUp:
         self.stopping = False
         self.announced = False
         self._status_sent_at = 0.0
-        self._status_seen: dict[str, tuple[ProcessState, int, int, str]] = {}
+        self._status_seen: dict[str, tuple[ProcessState, int, int, str, bool]] = {}
 
     # --- set-up --------------------------------------------------------------------------
 

@@ -25,18 +25,23 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
             for i, c in enumerate(calls)]
 
 
-def final_fields(fin: Finished) -> dict[str, Any]:
-    """done_reason and the six figures of a last chunk, in nanoseconds measured by the worker.
+def final_fields(fin: Finished, load_wait: float = 0.0) -> dict[str, Any]:
+    """done_reason and the six figures of a last chunk, in nanoseconds (the worker's measures
+    and the gateway's wait for a load).
 
-    load_duration is the worker's time from receipt to hand-over (template, tokenizer, queue):
-    models are loaded before any request. NOTE: durations are at least 1 ns so that clients
-    dividing by them (tokens/s) never divide by zero, and total is at least the sum of parts.
+    load_duration is the time the request waited in the gateway for its model to load (a
+    lazy worker's start, a first load, a model switch: `load_wait`, seconds) plus the
+    worker's time from receipt to hand-over (template, tokenizer, queue). NOTE: durations are
+    at least 1 ns so that clients dividing by them (tokens/s) never divide by zero, and total
+    is at least the sum of parts (it then includes the load, as Ollama's does).
     """
     t = fin.timings
-    load, prompt, decode = max(t.queue_ns, 0), max(t.prompt_ns, 1), max(t.decode_ns, 1)
+    waited = round(max(load_wait, 0.0) * 1e9)
+    load = waited + max(t.queue_ns, 0)
+    prompt, decode = max(t.prompt_ns, 1), max(t.decode_ns, 1)
     return {
         "done_reason": DONE_REASON.get(fin.finish_reason, "stop"),
-        "total_duration": max(t.total_ns, load + prompt + decode),
+        "total_duration": max(waited + t.total_ns, load + prompt + decode),
         "load_duration": load,
         "prompt_eval_count": fin.prompt_tokens,
         "prompt_eval_duration": prompt,
@@ -63,7 +68,7 @@ def last(gen: Generation, body: dict[str, Any]) -> dict[str, Any]:
     """A chunk made the final one: done, with done_reason and the figures."""
     body["done"] = True
     if gen.finished is not None:
-        body.update(final_fields(gen.finished))
+        body.update(final_fields(gen.finished, gen.load_wait))
     return body
 
 
