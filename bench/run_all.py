@@ -1,5 +1,6 @@
 """Run every benchmark in this folder, one after the other (each prints its own ratios);
-peers.py is left out: it needs a peer server given by URL."""
+peers.py is left out: it needs llama.cpp's llama-server binary
+(docs/performance.md) or a peer server given by URL."""
 
 from __future__ import annotations
 
