@@ -83,7 +83,7 @@ def _run(tmp_path: Path, dialect: Dialect, step: Step) -> list[bytes]:
             reply = (ChatReply(MODEL, True, None, False) if dialect is OPENAI
                      else OllamaReply(MODEL, True, None))
             turn = Dispatch(ServedModel(MODEL, "llm", ["llm"]), msg, True, reply)
-            return await step(send, _stream(dialect, turn, gen, 0.0), stream)
+            return await step(send, _stream(dialect, turn, gen), stream)
         finally:
             await broker.stop()
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.limits import Limits
@@ -54,7 +54,7 @@ from npu_proxy.gateway.http.util import (
     request_key,
     unless_disconnected,
 )
-from npu_proxy.gateway.http.wire import OLLAMA, Dialect, dialect_for, idle_ticks
+from npu_proxy.gateway.http.wire import OLLAMA, Dialect, StreamResponse, dialect_for
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
@@ -236,8 +236,8 @@ class RequestPath:
             turn.ignored.report(request.url.path, request_id(request))
         if turn.stream:
             every = self.router.config.stream_keepalive_seconds if dialect.keepalive else 0.0
-            return StreamingResponse(_stream(dialect, turn, gen, every),
-                                     media_type=dialect.media_type, headers=turn.headers(gen))
+            return StreamResponse(_stream(dialect, turn, gen), dialect.media_type,
+                                  turn.headers(gen), dialect.keepalive, every)
         return await _whole(request, dialect, turn, gen)
 
 
@@ -255,19 +255,18 @@ class DialectRoutes:
         self.catalog = requests.tooling.catalog
 
 
-async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation,
-                  keepalive: float) -> AsyncIterator[bytes]:
+async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIterator[bytes]:
     # NOTE: events whose frames were already there when they were made go out in one body
     # chunk with those after them (several SSE events or NDJSON lines in one write, as
     # clients parse any chunking): a stream that fell behind its worker catches up in one
     # write and one pass through the ASGI send chain, where each write cost ~0.1 ms of the
     # gateway's CPU (bench/gateway_cpu.py). A lone event is never held back: the chunk goes
-    # out as soon as the next event would have to wait. A silent stream's keep-alive (None
-    # from idle_ticks) goes out like an event.
+    # out as soon as the next event would have to wait. A silent stream's keep-alive is the
+    # response's (http/wire.py StreamResponse).
     held: list[bytes] = []
     try:
-        async for event in idle_ticks(turn.reply.events(gen), keepalive):
-            held.append(dialect.keepalive if event is None else dialect.frame(event))
+        async for event in turn.reply.events(gen):
+            held.append(dialect.frame(event))
             if not gen.ready():
                 yield b"".join(held) if len(held) > 1 else held[0]
                 held.clear()
