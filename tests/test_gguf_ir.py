@@ -142,3 +142,56 @@ def test_an_older_conversion_of_the_same_gguf_is_dropped(tmp_path: Path,
     assert ir_folder(tmp_path / GGUF_IR, gguf) != old
     loadable(str(gguf), tmp_path)  # NOTE: fails to convert (not a model), prunes first
     assert not old.exists()
+
+
+def _q6k_like(zero: np.ndarray, weights: np.ndarray) -> ov.Model:
+    """A matrix product over 8-bit weights in groups of 16 with a zero point and a signed f16
+    scale per group, wired as OpenVINO GenAI loads a Q6_K GGUF tensor (Qwen2.5's attn_v,
+    ffn_down and output layer): Convert, Subtract, Multiply, Reshape, Convert, MatMul."""
+    from openvino import opset13 as ops
+
+    rows, groups, size = weights.shape
+    scale = np.random.default_rng(1).uniform(-0.01, 0.01, (rows, groups, 1)).astype(np.float16)
+    x = ops.parameter([-1, groups * size], ov.Type.f32, name="x")
+    decompressed = ops.multiply(
+        ops.subtract(ops.convert(ops.constant(weights), ov.Type.f16),
+                     ops.convert(ops.constant(zero), ov.Type.f16)),
+        ops.constant(scale))
+    matrix = ops.convert(ops.reshape(decompressed, ops.constant(
+        np.array([rows, groups * size], np.int64)), False), ov.Type.f32)
+    return ov.Model([ops.matmul(x, matrix, False, True)], [x])
+
+
+def _outputs(model: ov.Model, x: np.ndarray, properties: dict[str, object]) -> np.ndarray:
+    request = ov.Core().compile_model(model, "CPU", properties).create_infer_request()
+    request.infer({"x": x})
+    return np.asarray(request.get_output_tensor(0).data).copy()
+
+
+def test_a_q6k_matrix_becomes_signed_8_bit_with_the_same_numbers() -> None:
+    from npu_proxy.workers.ir_fusion import optimize
+
+    rng = np.random.default_rng(0)
+    q6 = rng.integers(0, 64, (256, 96, 16), dtype=np.uint8)  # 6-bit values, zero point 32
+    x = rng.standard_normal((3, 96 * 16)).astype(np.float32)
+    for properties in ({"INFERENCE_PRECISION_HINT": "f32"}, default_properties("CPU"),
+                       {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+                       {"INFERENCE_PRECISION_HINT": "bf16"}):
+        expected = _outputs(_q6k_like(np.full((256, 96, 1), 32, np.uint8), q6), x, properties)
+        model = _q6k_like(np.full((256, 96, 1), 32, np.uint8), q6)
+        assert optimize(model).signed == 1
+        kinds = {op.get_output_element_type(0) for op in model.get_ordered_ops()
+                 if op.get_type_name() == "Constant"}
+        assert ov.Type.i8 in kinds and ov.Type.u8 not in kinds
+        assert np.array_equal(_outputs(model, x, properties), expected), properties
+
+
+def test_8_bit_weights_stay_unsigned_where_signed_would_change_them() -> None:
+    from npu_proxy.workers.ir_fusion import optimize
+
+    rng = np.random.default_rng(0)
+    varying = rng.integers(30, 34, (64, 4, 1), dtype=np.uint8)  # a zero point per group
+    q6 = rng.integers(0, 64, (64, 4, 16), dtype=np.uint8)
+    assert optimize(_q6k_like(varying, q6)).signed == 0
+    wide = rng.integers(0, 256, (64, 4, 16), dtype=np.uint8)  # 255 - 32 does not fit in i8
+    assert optimize(_q6k_like(np.full((64, 4, 1), 32, np.uint8), wide)).signed == 0

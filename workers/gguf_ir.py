@@ -25,7 +25,7 @@ from npu_proxy.models.store import GGUF_IR
 log = logging.getLogger(__name__)
 
 # NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
-FORMAT = "fused-2"
+FORMAT = "fused-3"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:

@@ -12,8 +12,10 @@ threads), so:
   bit for bit in tests/test_gguf_ir.py) with 151 products per step instead of 211 for SmolLM2.
   The MLP's gate and up stay apart: the CPU plugin computes the gate's Swish on the product's
   f32 accumulator, and merged it would run on bf16-rounded values (issue 28);
-- an 8-bit matrix whose zero point is 128 everywhere (how a symmetric Q8_0 GGUF tensor is
-  loaded, SmolLM2's output layer) becomes signed 8-bit without a zero point: the same values.
+- an 8-bit matrix whose zero point is one value everywhere (128: how a symmetric Q8_0 GGUF
+  tensor is loaded, SmolLM2's output layer; 32: a Q6_K tensor, Qwen2.5's attn_v, ffn_down and
+  output layer) becomes signed 8-bit without a zero point: the same values, and the CPU plugin
+  then subtracts one constant instead of reading a zero point per group of 16 or 32.
 
 Measured on the embedded SmolLM2 (bench/levers.py): a decode step ~12 % shorter.
 """
@@ -160,8 +162,9 @@ def _fuse_siblings(model: ov.Model) -> int:
     return groups
 
 
-def _drop_midpoint_zeros(model: ov.Model) -> int:
-    """u8 weights whose zero point is 128 everywhere -> i8 without a zero point."""
+def _drop_uniform_zeros(model: ov.Model) -> int:
+    """u8 weights whose zero point is one value everywhere, and that minus it fits in 8 signed
+    bits -> i8 without a zero point."""
     done = 0
     for op in list(model.get_ordered_ops()):
         if op.get_type_name() != "MatMul":
@@ -169,9 +172,14 @@ def _drop_midpoint_zeros(model: ov.Model) -> int:
         w = compressed_weight(op)
         if w is None or w.weights.get_output_element_type(0) != ov.Type.u8:
             continue
-        if not bool((w.zero.get_data() == 128).all()):
+        zeros = w.zero.get_data()
+        if zeros.size == 0 or not bool((zeros == zeros.flat[0]).all()):
             continue
-        signed = (w.weights.get_data().astype(np.int16) - 128).astype(np.int8)
+        # NOTE: in int16: uint8 minus a Python int stays uint8 in NumPy 2 and wraps around.
+        signed16 = w.weights.get_data().astype(np.int16) - int(zeros.flat[0])
+        if int(signed16.min()) < -128 or int(signed16.max()) > 127:
+            continue
+        signed = signed16.astype(np.int8)
         decompressed = ops.multiply(
             ops.convert(ops.constant(signed), w.to_float.get_output_element_type(0)), w.scale)
         w.multiply.output(0).replace(decompressed.output(0))
@@ -188,7 +196,7 @@ def optimize(model: ov.Model) -> Rewrites:
     """Apply the rewrites above to `model` in place; save it with
     `ov.save_model(model, path, compress_to_fp16=False)` to keep every constant's type."""
     groups = _fuse_siblings(model)
-    signed = _drop_midpoint_zeros(model)
+    signed = _drop_uniform_zeros(model)
     model.validate_nodes_and_infer_types()
     log.info("graph rewrites: %d groups of projections merged, %d 8-bit matrices signed",
              groups, signed)
