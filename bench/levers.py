@@ -36,6 +36,7 @@ import openvino_genai as ov_genai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _proc import rss_kib
 from decode import PROMPT, Stamps
 
 from npu_proxy.models.registry import package_file
@@ -182,13 +183,6 @@ def requantize(ir: Path, folder: Path, kind: str) -> Path:
     return folder
 
 
-def _rss_mib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
-
-
 class Runner:
     def __init__(self, lever: Lever, path: str, device: str, ids: np.ndarray[Any, Any]) -> None:
         props = {"CACHE_DIR": str(CACHE / "ov_cache"), **lever.properties}
@@ -256,7 +250,7 @@ def main() -> None:
             runner = Runner(lever, path, args.device, ids)
             runner.run(8)  # warm-up: compilation, first allocations
             runners[lever.name] = runner
-            rss[lever.name] = _rss_mib()
+            rss[lever.name] = rss_kib() // 1024
             print(f"  {lever.name} loaded, RSS {rss[lever.name]} MiB", flush=True)
         except Exception as exc:
             print(f"  ({lever.name} failed to load: {type(exc).__name__}: {exc})")

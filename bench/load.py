@@ -75,6 +75,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from _proc import rss_kib
 from serverctl import SUPERVISOR, Server, descendants
 
 from npu_proxy.protocol.config import load_config
@@ -83,7 +84,6 @@ MODEL = "smollm2:135m"
 TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a river town",
           "an old clockmaker", "a dragon who cannot fly", "a night market", "a sailing ship"]
 DECODER = msgspec.json.Decoder()
-PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -348,13 +348,6 @@ def _status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def _rss_kib(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KIB
-    except OSError:
-        return 0
-
-
 def _cpu_ticks(pid: int) -> int:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -388,7 +381,7 @@ class Sampler:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.refresh()
         for p in self.procs.values():
-            p.before = p.peak = p.last = sum(_rss_kib(q) for q in p.pids)
+            p.before = p.peak = p.last = sum(rss_kib(q) for q in p.pids)
             p.cpu = {q: _cpu_ticks(q) for q in p.pids}
 
     def refresh(self) -> None:
@@ -420,7 +413,7 @@ class Sampler:
                 self.refresh()
                 last_refresh = time.monotonic()
             for p in self.procs.values():
-                p.last = sum(_rss_kib(q) for q in p.pids)
+                p.last = sum(rss_kib(q) for q in p.pids)
                 p.peak = max(p.peak, p.last)
 
     def start(self) -> None:
@@ -431,7 +424,7 @@ class Sampler:
         self.thread.join()
         self.refresh()
         for p in self.procs.values():
-            p.last = sum(_rss_kib(q) for q in p.pids)
+            p.last = sum(rss_kib(q) for q in p.pids)
             p.peak = max(p.peak, p.last)
 
     def cpu_seconds(self, p: Proc) -> float:

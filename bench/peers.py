@@ -85,6 +85,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _llama_server import LlamaServer, ctx_per_slot
+from _proc import rss_kib
 from serverctl import Server, descendants
 
 from npu_proxy.models.registry import package_file
@@ -104,7 +105,6 @@ WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "garnet", "harbor
 # NOTE: about 1,000 tokens with the template; the prompt_tokens each server counted is printed.
 LONG_SENTENCES = 22
 CONTROL = 3  # GGUF token_type of control tokens
-PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def long_messages(rng: random.Random) -> list[dict[str, str]]:
@@ -153,13 +153,6 @@ class Result:
 
 
 # --- processes ---------------------------------------------------------------------------
-
-
-def _rss_kib(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KIB
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _cmdline(pid: int) -> str:
@@ -256,7 +249,7 @@ class Sampler:
         self.roots.pop(name, None)
 
     def tree(self, name: str) -> int:
-        return sum(_rss_kib(p) for p in self.pids.get(name, ()))
+        return sum(rss_kib(p) for p in self.pids.get(name, ()))
 
     def _loop(self) -> None:
         refreshed = time.monotonic()
