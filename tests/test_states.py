@@ -118,6 +118,10 @@ def test_the_gateway_reads_the_supervisors_state_and_its_own_freshness() -> None
     # A new process the gateway has not heard yet: its state, but no requests until it has.
     fresh = _link(ready, _beat(6, S.READY))
     assert fresh.state == S.READY and not fresh.serving
+    # Heard, but its last heartbeat still said loading: the supervisor's "ready" (from a
+    # later heartbeat, on another socket) is not enough until the gateway hears it too.
+    heard_loading = _link(ready, _beat(7, S.LOADING))
+    assert heard_loading.state == S.READY and not heard_loading.serving
     # Before the supervisor's first status: the heartbeat, through the same table.
     assert _link(None, _beat(7, S.LOADING)).state == S.LOADING
     assert _link(None, _beat(7, S.FAILED)).state == S.STARTING
