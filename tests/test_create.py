@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from serverctl import Server, wait_for
+from serverctl import Server, seed_cache, wait_for
 
 from npu_proxy.models.registry import package_file
 
@@ -329,7 +329,8 @@ def test_created_models_survive_a_restart(tmp_path: Path, gguf: Path) -> None:
     a client that goes away mid-upload leave nothing behind."""
     limit = 1_000_000
     server = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
-                    model_cache=str(tmp_path / "cache"), max_blob_bytes=limit).start()
+                    model_cache=str(seed_cache(tmp_path / "cache")),
+                    max_blob_bytes=limit).start()
     try:
         big = b"x" * (limit + 1)
         digest = sha256_of(big)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -32,20 +33,54 @@ def _greedy(path: str) -> tuple[str, str]:
     return prompt, str(pipe.generate(prompt, config))
 
 
-def test_converted_once_then_loaded_as_ir(tmp_path: Path,
+class Converted(NamedTuple):
+    cache: Path
+    folder: Path
+    log: str
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    """The embedded SmolLM2 converted (rewrite and probe included) into an empty cache, and
+    what that conversion logged.
+
+    NOTE: made once for the module: the conversion with its probe at each precision is the
+    slowest step here (15-25 s on two loaded cores), and two tests look at its result."""
+    cache = tmp_path_factory.mktemp("gguf-ir")
+    logger = logging.getLogger("npu_proxy.workers.gguf_ir")
+    lines, level = _Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        folder = loadable(str(locate(Config(), "smollm2:135m").path), cache)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    return Converted(cache, Path(folder), "\n".join(lines.lines))
+
+
+def test_converted_once_then_loaded_as_ir(converted: Converted,
                                           caplog: pytest.LogCaptureFixture) -> None:
     gguf = locate(Config(), "smollm2:135m").path
     caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
-    first = loadable(str(gguf), tmp_path)
-    assert "converting" in caplog.text
-    assert "differs" not in caplog.text and "could not check" not in caplog.text
-    folder = Path(first)
-    assert folder == ir_folder(tmp_path / GGUF_IR, gguf)
+    assert "converting" in converted.log
+    assert "differs" not in converted.log and "could not check" not in converted.log
+    folder, first = converted.folder, str(converted.folder)
+    assert folder == ir_folder(converted.cache / GGUF_IR, gguf)
     assert (folder / "openvino_model.xml").is_file()
     assert (folder / "openvino_tokenizer.xml").is_file()
-    assert [p.name for p in (tmp_path / GGUF_IR).iterdir()] == [folder.name]  # no leftovers
-    caplog.clear()
-    assert loadable(str(gguf), tmp_path) == first
+    # no leftovers
+    assert [p.name for p in (converted.cache / GGUF_IR).iterdir()] == [folder.name]
+    assert loadable(str(gguf), converted.cache) == first
     assert "converting" not in caplog.text and "converted IR" in caplog.text
     # The IR answers exactly as the GGUF does: same chat prompt, same greedy text.
     assert _greedy(first) == _greedy(str(gguf))
@@ -104,9 +139,9 @@ def _logits(folder: str, properties: dict[str, object]) -> tuple[int, np.ndarray
 
 
 def test_the_rewritten_graph_computes_the_same_numbers_with_fewer_products(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        converted: Converted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = str(locate(Config(), "smollm2:135m").path)
-    rewritten = loadable(gguf, tmp_path / "rewritten")
+    rewritten = str(converted.folder)
     monkeypatch.setattr(gguf_ir, "_rewrite", lambda folder: None)
     as_genai_saves_it = loadable(gguf, tmp_path / "plain")
     exact = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}

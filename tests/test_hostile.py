@@ -13,7 +13,6 @@ import json
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -206,20 +205,16 @@ def test_a_pathological_template_never_stalls_another_stream(base_url: str) -> N
     assert seen >= 6
 
 
-def test_a_timed_out_request_frees_its_slot(tmp_path: Path) -> None:
-    server = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
-                    inference_timeout=2.0).start()
-    try:
-        r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
-            "model": "smollm2:135m", "max_tokens": 4000, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "Tell me a very long story."}]})
-        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
-        deadline = time.monotonic() + 60
-        while _in_flight(server.url, "llm") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _in_flight(server.url, "llm") == 0
-    finally:
-        server.stop()
+def test_a_timed_out_request_frees_its_slot(timeout_server: Server) -> None:
+    url = timeout_server.url
+    r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "model": "smollm2:135m", "max_tokens": 4000, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    deadline = time.monotonic() + 60
+    while _in_flight(url, "llm") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _in_flight(url, "llm") == 0
 
 
 # Each of these made OpenVINO's grammar compiler throw inside the batch step, which left the

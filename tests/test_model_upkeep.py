@@ -25,7 +25,7 @@ import httpx
 import ollama
 import pytest
 from fakehub import FakeHub
-from serverctl import Server, wait_for
+from serverctl import Server, seed_cache, wait_for
 
 from npu_proxy.models.registry import package_file
 from npu_proxy.models.upkeep import room
@@ -82,7 +82,8 @@ def srv(cache: Path, hub: FakeHub) -> Iterator[Server]:
         env.delenv("HF_HUB_OFFLINE", raising=False)
         env.delenv("HF_TOKEN", raising=False)
         server = Server(cache.parent, workers=[{"name": "llm", "role": "llm"}],
-                        model_cache=str(cache), max_cache_bytes=QUOTA, pull_threads=1)
+                        model_cache=str(seed_cache(cache)), max_cache_bytes=QUOTA,
+                        pull_threads=1)
         server.start()
         try:
             yield server

@@ -20,7 +20,7 @@ import msgspec
 import ollama
 import pytest
 from fakehub import FakeHub
-from serverctl import Server
+from serverctl import Server, seed_cache
 
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import GatewayError
@@ -82,7 +82,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory, hub: FakeHub) -> Iterator[Serv
         env.delenv("HF_HUB_OFFLINE", raising=False)
         env.delenv("HF_TOKEN", raising=False)
         server = Server(tmp, workers=[{"name": "llm", "role": "llm"}],
-                        model_cache=str(tmp / "cache"), switch_timeout=120.0,
+                        model_cache=str(seed_cache(tmp / "cache")), switch_timeout=120.0,
                         models={CONFIG_KEY: {"repo": "test/smol-c", "file": GGUF}})
         server.start()
         try:

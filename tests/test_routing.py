@@ -207,16 +207,11 @@ def test_eight_concurrent_streams_on_the_batching_worker(srv: Server) -> None:
         assert text
 
 
-def test_request_timeout_returns_partial_text(tmp_path: Path) -> None:
-    server = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
-                    inference_timeout=3.0).start()
-    try:
-        body = {"model": LLM, "messages": SHORT, "max_tokens": 4000, "ignore_eos": True}
-        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-        assert r.status_code == 200
-        data = r.json()
-        assert data["choices"][0]["message"]["content"]
-        assert data["choices"][0]["finish_reason"] == "length"
-        assert 0 < data["usage"]["completion_tokens"] < 4000
-    finally:
-        server.stop()
+def test_request_timeout_returns_partial_text(timeout_server: Server) -> None:
+    body = {"model": LLM, "messages": SHORT, "max_tokens": 4000, "ignore_eos": True}
+    r = httpx.post(timeout_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200
+    data = r.json()
+    assert data["choices"][0]["message"]["content"]
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert 0 < data["usage"]["completion_tokens"] < 4000
