@@ -153,12 +153,12 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
 
 def test_gateway_start_loads_no_module_only_some_requests_need() -> None:
     """The image URL fetch (httpx) and the speech encoders (soundfile, soxr) are imported on
-    use, and numpy after startup in a thread (gateway/http/preload.py): at start they cost the
-    gateway time before it can bind (bench/start.py)."""
+    use, and numpy and Pillow after startup in a thread (gateway/http/preload.py): at start
+    they cost the gateway time before it can bind (bench/start.py)."""
     code = (
         "import json, sys\n"
         "import npu_proxy.gateway.__main__\n"
-        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments', 'numpy')\n"
+        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments', 'numpy', 'PIL')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in banned)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
