@@ -9,9 +9,10 @@ compile cache filled), then the starts alternate between this working tree and t
 revision `--against` (its files, run with this environment through PYTHONPATH), so both see
 the same load on a shared machine; printed: the median of each and their ratio. Each variant
 keeps one runtime folder from start to start, as a user's instance does, and its modules are
-compiled to bytecode first, as an installed wheel's are (`--no-bytecode`: not; with
-PYTHONDONTWRITEBYTECODE set, as in the shared dev environment, every start then compiles
-every module of the tree from source: 0.24 s of the gateway's 0.57 s of import CPU).
+compiled to bytecode first, as an installed wheel's are (`--no-bytecode`: not, though what an
+earlier run wrote stays; with PYTHONDONTWRITEBYTECODE set, as in the shared dev environment,
+every start then compiles every module of the tree from source: 0.24 s of the gateway's
+0.57 s of import CPU).
 
 The breakdown comes from the processes' own JSON log lines (time.time() stamps, the same
 clock as the exec time): the supervisor's device discovery (a child process that imports
