@@ -22,13 +22,15 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.keys import Keys, load_keys, public_key, worker_clients
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,10 @@ def _guard(ctx: zmq.Context[Any], config: Config, keys: Keys) -> None:
     with _guards_lock:
         if id(ctx) in _guards:
             return
+        # NOTE: imported here, on tcp only: it imports asyncio (0.04 s of CPU), which the
+        # supervisor and a worker over ipc never need (bench/start.py).
+        from zmq.auth.thread import ThreadAuthenticator
+
         # NOTE: the handler is a Python thread: while native code holds the GIL (a long
         # compile) new connections wait for it; connections already made are not affected.
         auth = ThreadAuthenticator(ctx, log=logging.getLogger(__name__ + ".zap"))

@@ -7,6 +7,7 @@ NPU_PROXY_* environment variables and these flags, in that order of precedence.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import sys
 from typing import Any
@@ -19,14 +20,34 @@ from npu_proxy.protocol.control import Ok, Restart, Shutdown, Start, Status, Sta
 from npu_proxy.protocol.logs import setup_logging
 from npu_proxy.protocol.states import ProcessState
 from npu_proxy.supervisor.cli_common import call, config_options, load
-from npu_proxy.supervisor.doctor import doctor
 from npu_proxy.supervisor.logfiles import follow as follow_lines
 from npu_proxy.supervisor.logfiles import tail
-from npu_proxy.supervisor.models_cli import convert, models, pull, rm
-from npu_proxy.supervisor.service_cli import service
+
+# The commands of modules of their own, imported when named (or listed, for --help).
+LAZY_COMMANDS = {"pull": "models_cli", "models": "models_cli", "rm": "models_cli",
+                 "convert": "models_cli", "service": "service_cli", "doctor": "doctor"}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A group whose LAZY_COMMANDS are imported on use.
+
+    NOTE: `start` is on the path to /health/ready, and importing the doctor's, the service's
+    and the model commands' modules cost it about a third of the CLI's imports
+    (bench/start.py)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = LAZY_COMMANDS.get(cmd_name)
+        if module is None:
+            return super().get_command(ctx, cmd_name)
+        found = getattr(importlib.import_module(f"npu_proxy.supervisor.{module}"), cmd_name)
+        assert isinstance(found, click.Command)
+        return found
+
+
+@click.group(cls=LazyGroup)
 def main() -> None:
     """npu-proxy: Ollama, OpenAI and Anthropic APIs on Intel NPU, GPU and CPU."""
 
@@ -231,10 +252,6 @@ def _everything(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _everything(v) for k, v in obj.items() if v is not None}
     return obj
-
-
-for _command in (pull, models, rm, convert, service, doctor):
-    main.add_command(_command)
 
 
 if __name__ == "__main__":

@@ -153,13 +153,31 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
 
 def test_gateway_start_loads_no_module_only_some_requests_need() -> None:
     """The image URL fetch (httpx) and the speech encoders (soundfile, soxr) are imported on
-    use, and numpy after startup in a thread (gateway/http/preload.py): at start they cost the
-    gateway time before it can bind (bench/start.py)."""
+    use, and numpy and Pillow after startup in a thread (gateway/http/preload.py): at start
+    they cost the gateway time before it can bind (bench/start.py)."""
     code = (
         "import json, sys\n"
         "import npu_proxy.gateway.__main__\n"
-        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments', 'numpy')\n"
+        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments', 'numpy', 'PIL')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in banned)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out) == []
+
+
+def test_supervisor_start_loads_no_module_only_other_commands_need() -> None:
+    """`npx-supervisor start` spawns the gateway after its own imports: the doctor's, the
+    service's and the model commands' modules (supervisor/cli.py LazyGroup), the model
+    registry (a Load's check) and asyncio (zmq.auth.thread, for CURVE over tcp only) are
+    imported on use (bench/start.py)."""
+    code = (
+        "import json, sys\n"
+        "import npu_proxy.supervisor.cli, npu_proxy.supervisor.devices\n"
+        "import npu_proxy.supervisor.runtime_dir, npu_proxy.supervisor.service.loop\n"
+        "banned = ('asyncio', 'npu_proxy.supervisor.doctor', 'npu_proxy.supervisor.service_cli',"
+        " 'npu_proxy.supervisor.models_cli', 'npu_proxy.models.locate', 'zmq.auth.thread')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m in banned)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True).stdout

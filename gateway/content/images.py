@@ -33,18 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import importlib
 import io
 import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-from PIL import Image
 
 from npu_proxy.gateway.content.image_fetch import GENERIC, MAX_URL_CHARS, FetchRefused, fetch
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.protocol.config import Config
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 log = logging.getLogger(__name__)
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
@@ -131,6 +134,8 @@ def check_image(data: bytes, field: str, limits: ImageLimits, param: str | None 
         raise _too_large(field, param, len(data), limits)
     unreadable = _bad(field, param, "not an image this server reads (PNG, JPEG, WebP, GIF "
                       "or BMP), or a corrupt one")
+    from PIL import Image  # NOTE: loaded by then (_pillow_ready), a dict lookup
+
     try:
         kind, width, height = _header(data)
     except Image.DecompressionBombError:
@@ -150,6 +155,8 @@ def check_image(data: bytes, field: str, limits: ImageLimits, param: str | None 
 
 
 def _open(data: bytes) -> Image.Image:
+    from PIL import Image
+
     with warnings.catch_warnings():
         # NOTE: the pixel cap is checked by the caller; Pillow's warning would only repeat it.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -180,6 +187,7 @@ async def fetch_image(url: str, field: str, limits: ImageLimits, param: str | No
     cap = limits.max_bytes if cap is None else min(cap, limits.max_bytes)
     try:
         data = await fetch(url, cap, limits.url_timeout)
+        await _pillow_ready()
         return check_image(data, field, limits, param)
     except (FetchRefused, GatewayError) as exc:
         log.info("image URL in %s not fetched: %s", field, exc)
@@ -201,9 +209,24 @@ def _http_url(url: str, field: str, param: str) -> None:
 OFF_LOOP_CHARS = 256 * 1024
 
 
+_pillow = False
+
+
+async def _pillow_ready() -> None:
+    """Pillow imported: by the gateway's preload thread after it binds (gateway/http/
+    preload.py), else here in a thread, never on the event loop."""
+    global _pillow
+    if not _pillow:
+        # NOTE: not a sys.modules check: a module is listed there while another thread is
+        # still importing it, and using it then would wait for that import on the loop.
+        await asyncio.to_thread(importlib.import_module, "PIL.Image")
+        _pillow = True
+
+
 async def _off_loop(decode: Callable[[str, str, ImageLimits, str], bytes], text: str,
                     field: str, limits: ImageLimits, param: str) -> bytes:
     """`decode(text, ...)`, in a worker thread when `text` is large."""
+    await _pillow_ready()
     if len(text) < OFF_LOOP_CHARS:
         return decode(text, field, limits, param)
     return await asyncio.to_thread(decode, text, field, limits, param)

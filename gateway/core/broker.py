@@ -359,6 +359,10 @@ class Broker:
             # stopped or deadlocked, by its CPU time) and is killing it; its requests end
             # now rather than when the exit is seen. Its state now routes nothing to it.
             self.worker_lost(link.name, f"is unresponsive: {status.last_error}")
+        for listener in self.listeners:
+            callback = getattr(listener, "on_status", None)
+            if callback is not None:
+                callback(status)
 
     async def _watch(self) -> None:
         """Fail requests on a worker whose heartbeats stopped (hung or silently dead).

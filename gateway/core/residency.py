@@ -31,7 +31,7 @@ import msgspec
 from npu_proxy.gateway.core.errors import unavailable
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.liveness import WorkerExited, WorkerStatus
+from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
@@ -41,9 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT = 10.0
-# NOTE: how often a waiting request looks at the worker's state; a worker's ready heartbeat
-# is sent the moment it is ready, so this bounds the start's added latency.
-POLL = 0.02
+# NOTE: a wait for a worker's state wakes on its news (a heartbeat, the supervisor's status,
+# an exit: `Residency._news_of`), so a worker's ready heartbeat, sent the moment it is ready,
+# ends it at once; this bounds only what ends by time passing (a silent worker, a deadline).
+POLL = 0.25
 # Retry-After of a start that failed: the supervisor restarts it with backoff meanwhile.
 FAILED_START_RETRY = 5
 
@@ -89,10 +90,36 @@ class Residency:
         # worker -> the last exit the supervisor reported
         self.exited: dict[str, WorkerExited] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # worker -> the waits for its next news (_news_of)
+        self._news: dict[str, list[asyncio.Future[None]]] = {}
         self.broker.listeners.append(self)
 
     def on_worker_exited(self, event: WorkerExited) -> None:
         self.exited[event.worker] = event
+        self._wake(event.worker)
+
+    def on_heartbeat(self, link: WorkerLink, beat: Heartbeat) -> None:
+        self._wake(link.name)
+
+    def on_status(self, status: WorkerStatus) -> None:
+        self._wake(status.worker)
+
+    def _wake(self, worker: str) -> None:
+        for waiter in self._news.pop(worker, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _news_of(self, worker: str) -> None:
+        """Return at `worker`'s next heartbeat, supervisor status or exit, or after POLL."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._news.setdefault(worker, []).append(waiter)
+        try:
+            await asyncio.wait_for(waiter, POLL)
+        except TimeoutError:
+            pass
+        finally:
+            with contextlib.suppress(ValueError):
+                self._news.get(worker, []).remove(waiter)
 
     def usable(self, link: WorkerLink) -> bool:
         return link.serving and link.name not in self.unloading
@@ -221,7 +248,7 @@ class Residency:
             if time.monotonic() > deadline:
                 raise unavailable(f"worker {link.name} did not load within "
                                   f"{spec.load_timeout:.0f} s (load_timeout)", FAILED_START_RETRY)
-            await asyncio.sleep(POLL)
+            await self._news_of(link.name)
 
     # --- unloading -----------------------------------------------------------------------
 
@@ -277,7 +304,7 @@ class Residency:
                 deadline = time.monotonic() + self.config.grace_period + CONTROL_TIMEOUT
                 while time.monotonic() < deadline and (
                         link.serving or link.state == ProcessState.DRAINING):
-                    await asyncio.sleep(POLL)
+                    await self._news_of(name)
         except Exception as exc:
             log.warning("unloading worker %s failed: %s", name, exc, extra={"worker": name})
         finally:

@@ -1,4 +1,5 @@
-"""What the gateway imports after it starts serving, in a thread: numpy (embeddings, audio).
+"""What the gateway imports after it starts serving, in a thread: numpy (embeddings, audio)
+and Pillow (images: gateway/content/images.py waits for it in a thread of its own).
 
 numpy is 0.15 s of CPU, a sixth of the gateway's imports, all of it before `/health/ready`
 when imported at start (bench/start.py). Imported on first use on the event loop, it would
@@ -16,7 +17,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-MODULES = ("numpy",)
+MODULES = ("numpy", "PIL.Image")
 
 _loaded = threading.Event()
 _begun = threading.Lock()

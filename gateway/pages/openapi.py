@@ -8,7 +8,6 @@ decode_body; responses are only described, since their shapes are the three APIs
 from __future__ import annotations
 
 import re
-from importlib import metadata
 from typing import Any
 
 import msgspec
@@ -72,6 +71,10 @@ _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
 
 def _version() -> str:
+    # NOTE: imported here, when the document is first asked for: importlib.metadata (with
+    # email) is 0.02 s of the gateway's imports before it binds (bench/start.py).
+    from importlib import metadata
+
     try:
         return metadata.version("npu-proxy")
     except metadata.PackageNotFoundError:

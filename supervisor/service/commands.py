@@ -11,8 +11,6 @@ from typing import Any
 
 import msgspec
 
-from npu_proxy.models.locate import locate
-from npu_proxy.models.registry import ModelSourceMissing
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, ConfigError
 from npu_proxy.protocol.control import (
@@ -201,6 +199,11 @@ class ControlHandlers(SupervisorSetUp):
         the registry resolves to files (pulled, configured, embedded), never a path."""
         if name in {w.model_name for w in self.config.workers}:
             return
+        # NOTE: imported on use: the model registry is not on the supervisor's path to
+        # spawning the gateway (bench/start.py).
+        from npu_proxy.models.locate import locate
+        from npu_proxy.models.registry import ModelSourceMissing
+
         try:
             locate(self.config, name, allow_path=False)
         except ModelSourceMissing as exc:
