@@ -142,11 +142,9 @@ class WorkerLink:
 
     @property
     def serving(self) -> bool:
-        # NOTE: only once the gateway has heard the process itself say it serves: hearing it
-        # proves its SUB is connected, so the frames of a request sent there are not lost,
-        # and its own "ready" (not an earlier "loading" of the same pid) means every observer
-        # of that heartbeat (the metrics' load time, the catalog) has seen what came with it
-        # before the supervisor's "ready", which arrives on another socket, can route here.
+        # NOTE: only once the gateway has heard the process itself say it serves: that proves
+        # its SUB is connected (a request's frames are not lost), and every observer of that
+        # heartbeat (the metrics' load time) saw it before the supervisor's "ready" counts.
         beat = self.heartbeat
         return (self.state.serving and beat is not None and beat.pid == self.pid
                 and beat.state.serving)
