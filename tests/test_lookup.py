@@ -43,30 +43,45 @@ CODE_EDIT = {"model": "smollm2:135m", "max_tokens": 160, "temperature": 0,
                            "read_config in this code and return the whole code:\n" + CODE}]}
 
 
-@pytest.fixture(scope="module")
-def lookup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("lookup"), workers=[
-        {"name": "llm", "role": "llm", "prompt_lookup": 5}]).start()
-    yield srv
-    srv.stop()
+# The three servers' workers: prompt lookup, a draft model, and neither.
+WORKERS = {
+    "lookup": {"name": "llm", "role": "llm", "prompt_lookup": 5},
+    "draft": {"name": "llm", "role": "llm", "draft_model": "smollm2:135m", "draft_tokens": 4},
+    # NOTE: without speculative decoding, but computing as a speculative worker does (on
+    # CPU, without dynamic quantization): the text one-token steps make, which both must make.
+    "plain": {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]},
+}
 
 
 @pytest.fixture(scope="module")
-def drafted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("draft"), workers=[
-        {"name": "llm", "role": "llm", "draft_model": "smollm2:135m", "draft_tokens": 4}]).start()
-    yield srv
-    srv.stop()
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    """The three servers, started together: their loads overlap instead of queueing."""
+    made = {name: Server(tmp_path_factory.mktemp(name), workers=[worker])
+            for name, worker in WORKERS.items()}
+    try:
+        for srv in made.values():
+            srv.start(wait=False)
+        for srv in made.values():
+            srv.wait_ready()
+        yield made
+    finally:
+        for srv in made.values():
+            srv.stop()
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A worker without speculative decoding that computes as a speculative one does (on CPU,
-    without dynamic quantization): the text one-token steps make, which both must make."""
-    srv = Server(tmp_path_factory.mktemp("plain"), workers=[
-        {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]}]).start()
-    yield srv
-    srv.stop()
+def lookup(servers: dict[str, Server]) -> Server:
+    return servers["lookup"]
+
+
+@pytest.fixture(scope="module")
+def drafted(servers: dict[str, Server]) -> Server:
+    return servers["draft"]
+
+
+@pytest.fixture(scope="module")
+def plain(servers: dict[str, Server]) -> Server:
+    return servers["plain"]
 
 
 def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
