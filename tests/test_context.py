@@ -72,8 +72,9 @@ def long_chat(base_url: str) -> tuple[list[dict[str, str]], int]:
 @pytest.fixture(scope="module")
 def small(base_url: str) -> Iterator[str]:
     """A model of SMALL tokens' context: LLM made by /api/create with num_ctx SMALL."""
-    # NOTE: npx-test- names are this suite's (test_create removes those a killed run left).
-    name = f"npx-test-ctx{SMALL}-{uuid.uuid4().hex[:8]}:latest"
+    # NOTE: not an npx-test- name: test_create removes those of other runs when it starts,
+    # and the cache is shared by every run on the machine.
+    name = f"npx-ctx{SMALL}-{uuid.uuid4().hex[:8]}:latest"
     made = httpx.post(base_url + "/api/create", timeout=600, json={
         "model": name, "from": LLM, "parameters": {"num_ctx": SMALL}, "stream": False})
     assert made.status_code == 200, made.text
