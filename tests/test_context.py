@@ -8,15 +8,18 @@ shared server and its embedded SmolLM2 (context 8192 tokens).
   with that API's own overflow error, carrying the exact token count.
 - Ollama's options.num_ctx, smaller than the model's context, is the request's context.
 
-NOTE: a prompt near the full context is one ~8,000-token prefill step: 8-14 s on 2 loaded
-cores, but over the supervisor's 120 s step limit on a machine 5x oversubscribed. Those runs
-are `slow` (CI); the same code is exercised quickly through a small num_ctx.
+NOTE: the runs to the end of a context and the histories cut to fit one use a model made by
+/api/create from SmolLM2 with PARAMETER num_ctx 1024 (as a Modelfile sets a smaller context):
+its context in every API, reached in ~1,000 tokens rather than 8,000. A prompt near the full
+8192 was one ~8,000-token prefill step, 8-14 s on 2 loaded cores (those runs were CI-only);
+test_admission's long prefill still takes one.
 """
 
 from __future__ import annotations
 
-import os
 import re
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -29,19 +32,16 @@ from npu_proxy.gateway.content.params import ollama_params
 from npu_proxy.protocol.messages import ChatMessage
 from npu_proxy.workers.generation.sampling import droppable, fewest_dropped
 
-SLOW = pytest.mark.skipif(
-    not (os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS")),
-    reason="a prefill of the whole context; run in CI or with NPU_PROXY_SLOW_TESTS=1")
-
 LLM = "smollm2:135m"
 CONTEXT = 8192  # smollm2:135m's max_position_embeddings
+SMALL = 1024  # the context of the `small` model: LLM made with PARAMETER num_ctx 1024
 ROOM = 12  # what the near-full prompt leaves for the reply
 SYSTEM = {"role": "system", "content": "You are terse."}
 
 
-def _count(url: str, messages: list[dict[str, str]]) -> int:
+def _count(url: str, messages: list[dict[str, str]], model: str = LLM) -> int:
     """The exact prompt tokens of a chat, by the server's own tokenizer (vLLM's /tokenize)."""
-    r = httpx.post(url + "/tokenize", json={"model": LLM, "messages": messages}, timeout=60)
+    r = httpx.post(url + "/tokenize", json={"model": model, "messages": messages}, timeout=60)
     assert r.status_code == 200, r.text
     return int(r.json()["count"])
 
@@ -70,12 +70,25 @@ def long_chat(base_url: str) -> tuple[list[dict[str, str]], int]:
 
 
 @pytest.fixture(scope="module")
-def full(base_url: str) -> list[dict[str, str]]:
-    """One user message whose prompt leaves exactly ROOM tokens of the context."""
-    words = CONTEXT - ROOM - 20
+def small(base_url: str) -> Iterator[str]:
+    """A model of SMALL tokens' context: LLM made by /api/create with num_ctx SMALL."""
+    # NOTE: not an npx-test- name: test_create removes those of other runs when it starts,
+    # and the cache is shared by every run on the machine.
+    name = f"npx-ctx{SMALL}-{uuid.uuid4().hex[:8]}:latest"
+    made = httpx.post(base_url + "/api/create", timeout=600, json={
+        "model": name, "from": LLM, "parameters": {"num_ctx": SMALL}, "stream": False})
+    assert made.status_code == 200, made.text
+    yield name
+    httpx.request("DELETE", base_url + "/api/delete", json={"model": name}, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def full(base_url: str, small: str) -> list[dict[str, str]]:
+    """One user message whose prompt leaves exactly ROOM tokens of the small context."""
+    words = SMALL - ROOM - 20
     for _ in range(4):
         chat = [{"role": "user", "content": "word " * words}]
-        off = CONTEXT - ROOM - _count(base_url, chat)
+        off = SMALL - ROOM - _count(base_url, chat, small)
         if off == 0:
             return chat
         words += off
@@ -85,26 +98,24 @@ def full(base_url: str) -> list[dict[str, str]]:
 # --- output beyond the context: clamped, ends with the length reason -------------------------
 
 
-@pytest.mark.slow
-@SLOW
 def test_max_tokens_32000_runs_to_the_end_of_the_context_with_openai(
-        base_url: str, full: list[dict[str, str]]) -> None:
+        base_url: str, small: str, full: list[dict[str, str]]) -> None:
     oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-    done = oai.chat.completions.create(model=LLM, messages=full, max_tokens=32000,  # type: ignore[arg-type]
+    done = oai.chat.completions.create(model=small, messages=full, max_tokens=32000,  # type: ignore[arg-type]
                                        temperature=0, extra_body={"ignore_eos": True})
     assert done.choices[0].finish_reason == "length"
     assert done.usage is not None
-    assert done.usage.prompt_tokens == CONTEXT - ROOM
+    assert done.usage.prompt_tokens == SMALL - ROOM
     assert done.usage.completion_tokens == ROOM
     # NOTE: the same near-full text as a raw prompt (no chat template: a few tokens more
-    # room), so the run to the end of the context is a few dozen tokens, not 8,000 of them
-    # (those outlasted the request's deadline on a loaded machine).
-    text = oai.completions.create(model=LLM, prompt=full[0]["content"], max_tokens=100_000,
+    # room), so the run to the end of the context is a few dozen tokens, not the whole
+    # context's worth.
+    text = oai.completions.create(model=small, prompt=full[0]["content"], max_tokens=100_000,
                                   temperature=0, extra_body={"ignore_eos": True},
                                   stream=True, stream_options={"include_usage": True})
     chunks = list(text)
     usage = chunks[-1].usage
-    assert usage is not None and usage.total_tokens == CONTEXT
+    assert usage is not None and usage.total_tokens == SMALL
     assert ROOM <= usage.completion_tokens < 200
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
@@ -156,18 +167,16 @@ def test_num_predict_minus_one_means_until_the_context_is_full() -> None:
 # --- a history longer than the context ------------------------------------------------------
 
 
-@pytest.mark.slow
-@SLOW
-def test_ollama_chat_drops_the_oldest_messages(base_url: str,
+def test_ollama_chat_drops_the_oldest_messages(base_url: str, small: str,
                                                long_chat: tuple[list[dict[str, str]], int]
                                                ) -> None:
     chat, _ = long_chat
-    done = ollama.Client(host=base_url).chat(model=LLM, messages=chat,
+    done = ollama.Client(host=base_url).chat(model=small, messages=chat,
                                              options={"num_predict": 8, "temperature": 0})
     assert done.done
     assert done.prompt_eval_count is not None
     # Room for the 8 tokens asked, and no more dropped than needed (a message is < 200).
-    assert CONTEXT - 8 - 200 < done.prompt_eval_count <= CONTEXT - 8
+    assert SMALL - 8 - 200 < done.prompt_eval_count <= SMALL - 8
 
 
 def test_ollama_chat_drops_the_oldest_messages_to_fit_num_ctx(base_url: str) -> None:
@@ -242,17 +251,15 @@ def test_responses_overflow_is_context_length_exceeded(base_url: str,
                              truncation="disabled")
 
 
-@pytest.mark.slow
-@SLOW
-def test_responses_truncation_auto(base_url: str,
+def test_responses_truncation_auto(base_url: str, small: str,
                                    long_chat: tuple[list[dict[str, str]], int]) -> None:
     chat, tokens = long_chat
     oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-    done = oai.responses.create(model=LLM, input=chat, max_output_tokens=16,  # type: ignore[arg-type]
+    done = oai.responses.create(model=small, input=chat, max_output_tokens=16,  # type: ignore[arg-type]
                                 truncation="auto", temperature=0)
     assert done.truncation == "auto"
     assert done.usage is not None
-    assert CONTEXT - 16 - 200 < done.usage.input_tokens <= CONTEXT - 16 < tokens
+    assert SMALL - 16 - 200 < done.usage.input_tokens <= SMALL - 16 < tokens
 
 
 def test_anthropic_is_prompt_too_long(base_url: str,

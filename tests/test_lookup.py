@@ -43,30 +43,45 @@ CODE_EDIT = {"model": "smollm2:135m", "max_tokens": 160, "temperature": 0,
                            "read_config in this code and return the whole code:\n" + CODE}]}
 
 
-@pytest.fixture(scope="module")
-def lookup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("lookup"), workers=[
-        {"name": "llm", "role": "llm", "prompt_lookup": 5}]).start()
-    yield srv
-    srv.stop()
+# The three servers' workers: prompt lookup, a draft model, and neither.
+WORKERS = {
+    "lookup": {"name": "llm", "role": "llm", "prompt_lookup": 5},
+    "draft": {"name": "llm", "role": "llm", "draft_model": "smollm2:135m", "draft_tokens": 4},
+    # NOTE: without speculative decoding, but computing as a speculative worker does (on
+    # CPU, without dynamic quantization): the text one-token steps make, which both must make.
+    "plain": {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]},
+}
 
 
 @pytest.fixture(scope="module")
-def drafted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("draft"), workers=[
-        {"name": "llm", "role": "llm", "draft_model": "smollm2:135m", "draft_tokens": 4}]).start()
-    yield srv
-    srv.stop()
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    """The three servers, started together: their loads overlap instead of queueing."""
+    made = {name: Server(tmp_path_factory.mktemp(name), workers=[worker])
+            for name, worker in WORKERS.items()}
+    try:
+        for srv in made.values():
+            srv.start(wait=False)
+        for srv in made.values():
+            srv.wait_ready()
+        yield made
+    finally:
+        for srv in made.values():
+            srv.stop()
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A worker without speculative decoding that computes as a speculative one does (on CPU,
-    without dynamic quantization): the text one-token steps make, which both must make."""
-    srv = Server(tmp_path_factory.mktemp("plain"), workers=[
-        {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]}]).start()
-    yield srv
-    srv.stop()
+def lookup(servers: dict[str, Server]) -> Server:
+    return servers["lookup"]
+
+
+@pytest.fixture(scope="module")
+def drafted(servers: dict[str, Server]) -> Server:
+    return servers["draft"]
+
+
+@pytest.fixture(scope="module")
+def plain(servers: dict[str, Server]) -> Server:
+    return servers["plain"]
 
 
 def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
@@ -76,6 +91,21 @@ def _greedy(url: str, body: dict[str, object] = GROUNDED) -> str:
         r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["message"]["content"])
+
+
+# Each server's greedy text for a request, computed once: the plain worker's is the reference
+# both speculative workers are compared with, and theirs what their streams must repeat.
+_KNOWN: dict[str, str] = {}
+
+
+def _known(srv: Server, body: dict[str, object] = GROUNDED) -> str:
+    """`_greedy` of the server, asked the first time only: greedy decoding on a worker
+    unchanged since gives the same text again (`_greedy` itself where a test is about
+    the worker still serving)."""
+    key = srv.url + json.dumps(body, sort_keys=True)
+    if key not in _KNOWN:
+        _KNOWN[key] = _greedy(srv.url, body)
+    return _KNOWN[key]
 
 
 def _streamed(url: str) -> str:
@@ -94,8 +124,8 @@ def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server
     # Its arithmetic, as the pipeline got it: f32 without dynamic quantization (on CPU).
     assert ("'INFERENCE_PRECISION_HINT': 'f32', 'DYNAMIC_QUANTIZATION_GROUP_SIZE': 0"
             in lookup.worker_log("llm"))
-    assert _greedy(lookup.url) == _greedy(plain.url)
-    assert _greedy(lookup.url, CODE_EDIT) == _greedy(plain.url, CODE_EDIT)
+    assert _known(lookup) == _known(plain)
+    assert _known(lookup, CODE_EDIT) == _known(plain, CODE_EDIT)
 
 
 def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Server) -> None:
@@ -109,7 +139,7 @@ def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Serv
 
 
 def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -> None:
-    assert _streamed(lookup.url) == _greedy(lookup.url)
+    assert _streamed(lookup.url) == _known(lookup)
     r = httpx.post(lookup.url + "/v1/chat/completions", timeout=120, json={
         **GROUNDED, "temperature": 0.9, "seed": 7})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
@@ -133,13 +163,13 @@ def test_prompt_lookup_is_an_llm_role_option(tmp_path: Path) -> None:
 def test_greedy_text_is_unchanged_by_a_draft_model(drafted: Server, plain: Server) -> None:
     assert "speculative decoding on: draft smollm2:135m on CPU, 4 tokens per step" in \
         drafted.worker_log("llm")
-    assert _greedy(drafted.url) == _greedy(plain.url)
-    assert _greedy(drafted.url, CODE_EDIT) == _greedy(plain.url, CODE_EDIT)
+    assert _known(drafted) == _known(plain)
+    assert _known(drafted, CODE_EDIT) == _known(plain, CODE_EDIT)
 
 
 def test_streaming_works_and_sampling_is_refused_with_a_draft_model(drafted: Server) -> None:
     text = _streamed(drafted.url)
-    assert text == _greedy(drafted.url)
+    assert text == _known(drafted)
     # NOTE: OpenVINO GenAI 2026.4 fails the worker's step on a sampled request with a draft
     # model (workers/generation/sampling.py), so such a worker refuses them, and serves on.
     for body in ({**GROUNDED, "temperature": 0.9, "seed": 7},
