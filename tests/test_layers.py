@@ -136,34 +136,32 @@ def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_gateway_supervisor_and_models_load_no_openvino() -> None:
-    """The gateway, the CLI and the model tools run without OpenVINO (and without workers/)."""
-    code = (
-        "import json, sys\n"
-        "import npu_proxy.gateway.app, npu_proxy.supervisor.cli\n"
-        "import npu_proxy.models.locate, npu_proxy.models.pull.install\n"
-        "banned = ('openvino', 'openvino_genai', 'npu_proxy.workers')\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(banned))))\n"
-    )
-    # NOTE: a fresh interpreter: this test process has loaded OpenVINO through other tests.
+def _fresh_modules(*imports: str) -> list[str]:
+    """The modules a fresh interpreter holds after importing `imports` (this test process has
+    loaded OpenVINO and much else through other tests)."""
+    code = ("import json, sys\n" + "".join(f"import {name}\n" for name in imports)
+            + "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True).stdout
-    assert json.loads(out) == []
+    modules: list[str] = json.loads(out)
+    return modules
+
+
+def test_gateway_supervisor_and_models_load_no_openvino() -> None:
+    """The gateway, the CLI and the model tools run without OpenVINO (and without workers/)."""
+    banned = ("openvino", "openvino_genai", "npu_proxy.workers")
+    loaded = _fresh_modules("npu_proxy.gateway.app", "npu_proxy.supervisor.cli",
+                            "npu_proxy.models.locate", "npu_proxy.models.pull.install")
+    assert [m for m in loaded if m.startswith(banned)] == []
 
 
 def test_gateway_start_loads_no_module_only_some_requests_need() -> None:
     """The image URL fetch (httpx) and the speech encoders (soundfile, soxr) are imported on
     use, and numpy and Pillow after startup in a thread (gateway/http/preload.py): at start
     they cost the gateway time before it can bind (bench/start.py)."""
-    code = (
-        "import json, sys\n"
-        "import npu_proxy.gateway.__main__\n"
-        "banned = ('httpx', 'soundfile', 'soxr', 'click', 'rich', 'pygments', 'numpy', 'PIL')\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in banned)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
-    assert json.loads(out) == []
+    banned = ("httpx", "soundfile", "soxr", "click", "rich", "pygments", "numpy", "PIL")
+    loaded = _fresh_modules("npu_proxy.gateway.__main__")
+    assert [m for m in loaded if m.split(".")[0] in banned] == []
 
 
 def test_supervisor_start_loads_no_module_only_other_commands_need() -> None:
@@ -171,17 +169,12 @@ def test_supervisor_start_loads_no_module_only_other_commands_need() -> None:
     service's and the model commands' modules (supervisor/cli.py LazyGroup), the model
     registry (a Load's check) and asyncio (zmq.auth.thread, for CURVE over tcp only) are
     imported on use (bench/start.py)."""
-    code = (
-        "import json, sys\n"
-        "import npu_proxy.supervisor.cli, npu_proxy.supervisor.devices\n"
-        "import npu_proxy.supervisor.runtime_dir, npu_proxy.supervisor.service.loop\n"
-        "banned = ('asyncio', 'npu_proxy.supervisor.doctor', 'npu_proxy.supervisor.service_cli',"
-        " 'npu_proxy.supervisor.models_cli', 'npu_proxy.models.locate', 'zmq.auth.thread')\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m in banned)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
-    assert json.loads(out) == []
+    banned = {"asyncio", "npu_proxy.supervisor.doctor", "npu_proxy.supervisor.service_cli",
+              "npu_proxy.supervisor.models_cli", "npu_proxy.models.locate", "zmq.auth.thread"}
+    loaded = _fresh_modules("npu_proxy.supervisor.cli", "npu_proxy.supervisor.devices",
+                            "npu_proxy.supervisor.runtime_dir",
+                            "npu_proxy.supervisor.service.loop")
+    assert [m for m in loaded if m in banned] == []
 
 
 def test_imports_follow_the_layers() -> None:
