@@ -201,7 +201,7 @@ class EmbeddingRoutes(DialectRoutes):
         frame = done.frame
         # NOTE: a lazy embed worker is started by the request that needs it: that wait is
         # Ollama's load_duration (the worker reports no load time of its own per request).
-        waited = round(done.load_wait * 1e9)
+        waited = done.load_wait_ns
         body = {
             "model": req.model,
             "embeddings": _matrix(frame).tolist(),

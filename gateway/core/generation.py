@@ -57,11 +57,11 @@ class Generation:
     def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
                  reason: str, started: float | None = None,
                  observers: Sequence[GenerationObserver] = (),
-                 deadline: float = float("inf"), load_wait: float = 0.0) -> None:
+                 deadline: float = float("inf"), load_wait_ns: int = 0) -> None:
         self.broker = broker
-        # Seconds the request waited in the gateway for a load or a switch before dispatch
-        # (Router._loaded): Ollama's load_duration counts it.
-        self.load_wait = load_wait
+        # Nanoseconds the request waited in the gateway for a load or a switch before
+        # dispatch (Router._loaded): Ollama's load_duration counts it.
+        self.load_wait_ns = load_wait_ns
         # NOTE: the worker ends a request at its deadline itself; this later one only
         # catches a worker that stalled (still heartbeating, no longer generating).
         self.give_up_at = deadline + STALL_GRACE_S

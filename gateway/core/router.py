@@ -65,8 +65,8 @@ _Reply = TypeVar("_Reply", Embeddings, Reranked)
 class Embedded:
     frame: Embeddings
     headers: dict[str, str]
-    # Seconds the request waited in the gateway for a load or a switch (Router._loaded).
-    load_wait: float = 0.0
+    # Nanoseconds the request waited in the gateway for a load or a switch (Router._loaded).
+    load_wait_ns: int = 0
 
 
 @dataclass
@@ -223,18 +223,18 @@ class Router:
         return time.time() + self.config.inference_timeout
 
     async def _loaded(self, model: ServedModel, msg: Generate | Embed | Rerank | Transcribe
-                      | Synthesize) -> tuple[ServedModel, float]:
-        """The model with a worker serving it, and the seconds the request waited for a load
-        or a switch; that wait is added to the request's deadline.
+                      | Synthesize) -> tuple[ServedModel, int]:
+        """The model with a worker serving it, and the nanoseconds the request waited for a
+        load or a switch; that wait is added to the request's deadline.
 
         NOTE: inference_timeout bounds the inference; a load is bounded by its own
         load_timeout (a first NPU compile takes minutes), as Ollama does not count a load
         against a request either. The wait is what Ollama reports as load_duration.
         """
-        began = time.time()
+        began = time.monotonic_ns()
         model = await self.switcher.ensure(model)
-        waited = max(0.0, time.time() - began)
-        msg.deadline += waited
+        waited = time.monotonic_ns() - began
+        msg.deadline += waited / 1e9
         return model, waited
 
     async def generate(self, model: ServedModel, msg: Generate) -> Generation:
@@ -250,7 +250,7 @@ class Router:
             self.broker.close(stream)
             raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
         return Generation(self.broker, stream, frame, reason, started, self.observers,
-                          deadline=msg.deadline, load_wait=waited)
+                          deadline=msg.deadline, load_wait_ns=waited)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embedded:
         frame, headers, waited = await self._one_reply(model, msg, Embeddings)
@@ -278,9 +278,9 @@ class Router:
             observer.on_audio(worker, seconds)
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
-                         expected: type[_Reply]) -> tuple[_Reply, dict[str, str], float]:
+                         expected: type[_Reply]) -> tuple[_Reply, dict[str, str], int]:
         """Dispatch a request answered by one frame (embeddings, scores) and check its kind;
-        also the seconds it waited for a load (Router._loaded)."""
+        also the nanoseconds it waited for a load (Router._loaded)."""
         model, waited = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         self.broker.close(stream)

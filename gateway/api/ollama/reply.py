@@ -25,18 +25,17 @@ def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
             for i, c in enumerate(calls)]
 
 
-def final_fields(fin: Finished, load_wait: float = 0.0) -> dict[str, Any]:
+def final_fields(fin: Finished, waited: int = 0) -> dict[str, Any]:
     """done_reason and the six figures of a last chunk, in nanoseconds (the worker's measures
     and the gateway's wait for a load).
 
     load_duration is the time the request waited in the gateway for its model to load (a
-    lazy worker's start, a first load, a model switch: `load_wait`, seconds) plus the
+    lazy worker's start, a first load, a model switch: `waited`, nanoseconds) plus the
     worker's time from receipt to hand-over (template, tokenizer, queue). NOTE: durations are
     at least 1 ns so that clients dividing by them (tokens/s) never divide by zero, and total
     is at least the sum of parts (it then includes the load, as Ollama's does).
     """
     t = fin.timings
-    waited = round(max(load_wait, 0.0) * 1e9)
     load = waited + max(t.queue_ns, 0)
     prompt, decode = max(t.prompt_ns, 1), max(t.decode_ns, 1)
     return {
@@ -68,7 +67,7 @@ def last(gen: Generation, body: dict[str, Any]) -> dict[str, Any]:
     """A chunk made the final one: done, with done_reason and the figures."""
     body["done"] = True
     if gen.finished is not None:
-        body.update(final_fields(gen.finished, gen.load_wait))
+        body.update(final_fields(gen.finished, gen.load_wait_ns))
     return body
 
 
