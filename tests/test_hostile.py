@@ -225,6 +225,10 @@ UNCOMPILABLE = [
     {"type": "string", "pattern": "(("}, {"type": "string", "pattern": "(?=a)b"},
     {"type": "string", "pattern": "\\bword"}, {"type": "string", "pattern": "(a)\\1"},
     {"type": "string", "pattern": "\\p{L}+"},
+    # Valid for Python's re, refused by XGrammar (possessive, a bare brace, an empty branch).
+    {"type": "string", "pattern": "a++"}, {"type": "string", "pattern": "x{,3}"},
+    {"type": "string", "pattern": "[]a]"}, {"type": "string", "pattern": "(|a)b"},
+    {"type": "string", "pattern": "a||b"}, {"type": "string", "pattern": "\\N{DIGIT ONE}"},
     {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}},
     {"type": "array", "minItems": 3, "maxItems": 1},
     {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0,
@@ -268,6 +272,23 @@ def test_a_schema_the_worker_cannot_compile_is_a_400_and_harms_no_one(base_url: 
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": good}}})
     # NOTE: only that it is served: the tiny model may run to max_tokens inside the object.
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{")
+    assert _restarts(base_url) == before
+
+
+# Near forms of the refused ones that XGrammar compiles: served, not refused.
+COMPILABLE_PATTERNS = ["a+?", "a|b|", "(a|)b", "[^]a]", "[a*+{]", "\\{,3}", "a}", "(?:ab){2,}"]
+
+
+def test_patterns_that_compile_are_served_by_the_same_worker(base_url: str) -> None:
+    before = _restarts(base_url)
+    for pattern in COMPILABLE_PATTERNS:
+        schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}},
+                  "required": ["a"]}
+        r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "messages": [{"role": "user", "content": "JSON"}],
+            "max_tokens": 6, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        assert r.status_code == 200, (pattern, r.text)
     assert _restarts(base_url) == before
 
 
