@@ -229,6 +229,13 @@ UNCOMPILABLE = [
     {"type": "string", "pattern": "a++"}, {"type": "string", "pattern": "x{,3}"},
     {"type": "string", "pattern": "[]a]"}, {"type": "string", "pattern": "(|a)b"},
     {"type": "string", "pattern": "a||b"}, {"type": "string", "pattern": "\\N{DIGIT ONE}"},
+    # Objects and arrays no value fits, and `false` subschemas.
+    {"type": "object", "minProperties": 1},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+     "maxProperties": 0},
+    {"type": "array", "items": False, "minItems": 1},
+    {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}], "maxItems": 1},
+    {"type": "object", "properties": {"a": False}}, {"anyOf": [False, {"type": "integer"}]},
     {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}},
     {"type": "array", "minItems": 3, "maxItems": 1},
     {"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0,
@@ -276,19 +283,26 @@ def test_a_schema_the_worker_cannot_compile_is_a_400_and_harms_no_one(base_url: 
 
 
 # Near forms of the refused ones that XGrammar compiles: served, not refused.
-COMPILABLE_PATTERNS = ["a+?", "a|b|", "(a|)b", "[^]a]", "[a*+{]", "\\{,3}", "a}", "(?:ab){2,}"]
+COMPILABLE = [
+    *({"type": "string", "pattern": p} for p in
+      ["a+?", "a|b|", "(a|)b", "[^]a]", "[a*+{]", "\\{,3}", "a}", "(?:ab){2,}"]),
+    {"type": "object", "minProperties": 1, "additionalProperties": True},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+     "maxProperties": 1},
+    {"type": "array", "prefixItems": [{"type": "integer"}], "items": False, "minItems": 1},
+    {"type": "object", "$defs": {"x": False}, "properties": {"a": {"type": "integer"}}},
+]
 
 
-def test_patterns_that_compile_are_served_by_the_same_worker(base_url: str) -> None:
+def test_schemas_that_compile_are_served_by_the_same_worker(base_url: str) -> None:
     before = _restarts(base_url)
-    for pattern in COMPILABLE_PATTERNS:
-        schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}},
-                  "required": ["a"]}
+    for schema in COMPILABLE:
+        wrapped = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
         r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
             "model": "smollm2:135m", "messages": [{"role": "user", "content": "JSON"}],
             "max_tokens": 6, "response_format": {
-                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
-        assert r.status_code == 200, (pattern, r.text)
+                "type": "json_schema", "json_schema": {"name": "x", "schema": wrapped}}})
+        assert r.status_code == 200, (schema, r.text)
     assert _restarts(base_url) == before
 
 

@@ -4,8 +4,9 @@ OpenVINO GenAI compiles the schema (with XGrammar) inside the continuous-batchin
 schema it cannot compile throws there and leaves the pipeline unusable: every request on that
 worker fails and the worker restarts. Measured: not JSON, a root that is not an object, an
 unknown or mistyped `type`, an unresolved `$ref`, a pattern that is not a regex, `minimum`
-above `maximum` (or minItems above maxItems, or exclusive bounds that leave no number), and
-an empty `enum`/`anyOf` each did that. So
+above `maximum` (or minItems above maxItems, or exclusive bounds that leave no number), an
+empty `enum`/`anyOf`, an object or array whose counts no value fits, a `false` subschema, and
+regex constructs Python accepts but XGrammar does not each did that. So
 every schema (response formats and tool parameters alike, see gateway/api/request_path.py) is walked
 here once, in time linear in its size, and refused with a 400 naming what is wrong.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeAlias
 
@@ -126,6 +127,7 @@ def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
                     raise SchemaError(f"{spell((where, key))} must be a non-empty array of "
                                       "schemas")
                 at = (where, key)
+                _no_false(key, enumerate(subs), at)
                 queue([(s, (at, str(i))) for i, s in enumerate(subs)], depth + 1)
         for key in _SCHEMA_MAPS:
             if key in node:
@@ -137,8 +139,17 @@ def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
                 if key == "patternProperties":
                     for pattern in subs:
                         _regex(pattern, partial(spell, at))
+                _no_false(key, subs.items(), at)
                 queue([(s, (at, name)) for name, s in subs.items()], depth + 1)
     return met
+
+
+def _no_false(key: str, subs: Iterable[tuple[Any, Any]], at: Where) -> None:
+    if key in _NO_FALSE:
+        for name, sub in subs:
+            if sub is False:
+                raise SchemaError(f"{spell((at, str(name)))} is `false`, a schema no value "
+                                  "satisfies: leave it out")
 
 
 def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
@@ -167,6 +178,9 @@ def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
             raise fail(f": {low} {node[low]} is above {high} {node[high]}")
     if _no_number_between(node):
         raise fail(": no number lies within its minimum/maximum and exclusive bounds")
+    empty = _empty_container(node)
+    if empty:
+        raise fail(f": {empty}")
     if "pattern" in node:
         _regex(node["pattern"], lambda: spell((at, "pattern")))
     if "$ref" in node:
@@ -196,6 +210,36 @@ def _no_number_between(node: dict[str, Any]) -> bool:
         last = math.ceil(high) - 1 if high_open else math.floor(high)
         return bool(first > last)
     return bool(low > high or (low == high and (low_open or high_open)))
+
+
+def _empty_container(node: dict[str, Any]) -> str | None:
+    """Why no object or array can satisfy the node's counts, if none can.
+
+    NOTE: measured (2026-11-28): XGrammar fails the whole step on each of these, as on
+    empty number ranges; it treats an object without `additionalProperties` as closed.
+    """
+    required = node.get("required", [])
+    named = node.get("properties", {})
+    if "maxProperties" in node and node["maxProperties"] < len(required):
+        return f"maxProperties {node['maxProperties']} is below its {len(required)} required"
+    closed = node.get("additionalProperties", False) is False and "patternProperties" not in node
+    if closed and isinstance(named, dict) and node.get("minProperties", 0) > len(named):
+        return (f"minProperties {node['minProperties']} is above the {len(named)} properties "
+                "it allows")
+    prefix = node.get("prefixItems", [])
+    if isinstance(prefix, list):
+        if "maxItems" in node and node["maxItems"] < len(prefix):
+            return f"maxItems {node['maxItems']} is below its {len(prefix)} prefixItems"
+        if node.get("items") is False and node.get("minItems", 0) > len(prefix):
+            return (f"minItems {node['minItems']} is above the {len(prefix)} items "
+                    "it allows")
+    return None
+
+
+# Schemas holding `false` where XGrammar fails the step (measured; `items: false` and an
+# unused `$defs` entry compile).
+_NO_FALSE = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "properties",
+                       "patternProperties", "dependentSchemas"})
 
 
 # Escapes XGrammar's regex converter refuses (word boundaries, backreferences, Unicode
