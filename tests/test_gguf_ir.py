@@ -230,3 +230,75 @@ def test_8_bit_weights_stay_unsigned_where_signed_would_change_them() -> None:
     assert optimize(_q6k_like(varying, q6)).signed == 0
     wide = rng.integers(0, 256, (64, 4, 16), dtype=np.uint8)  # 255 - 32 does not fit in i8
     assert optimize(_q6k_like(np.full((64, 4, 1), 32, np.uint8), wide)).signed == 0
+
+
+def _q4k_like(rng: np.random.Generator, rows: int, groups: int) -> ov.Output:
+    """A [rows, groups * 32] matrix wired as OpenVINO GenAI loads a Q4_K GGUF tensor: u4
+    weights in groups of 32, a u4 zero point and an f16 scale per group."""
+    from openvino import opset13 as ops
+
+    def u4(shape: list[int]) -> ov.Node:
+        tensor = ov.Tensor(ov.Type.u4, ov.Shape(shape))
+        tensor.data[:] = rng.integers(0, 256, tensor.data.size, dtype=np.uint8)
+        return ov.op.Constant(tensor)
+
+    scale = rng.uniform(0.001, 0.01, (rows, groups, 1)).astype(np.float16)
+    decompressed = ops.multiply(
+        ops.subtract(ops.convert(u4([rows, groups, 32]), ov.Type.f16),
+                     ops.convert(u4([rows, groups, 1]), ov.Type.f16)),
+        ops.constant(scale))
+    return ops.convert(ops.reshape(decompressed, ops.constant(
+        np.array([rows, groups * 32], np.int64)), False), ov.Type.f32).output(0)
+
+
+def _biased_qkv(v_q6k: bool) -> ov.Model:
+    """Attention's q, k and v as in Qwen2.5: three products of one tensor, each plus a
+    constant f32 bias, then a Reshape into heads; v Q6_K-like (8-bit, groups of 16) or Q4_K."""
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(2)
+    x = ops.parameter([-1, -1, 4 * 32], ov.Type.f32, name="x")
+    outputs = []
+    for rows in (64, 32, 32):
+        if rows == 32 and v_q6k and len(outputs) == 2:
+            q6 = rng.integers(0, 64, (rows, 8, 16), dtype=np.uint8)
+            scale = rng.uniform(-0.01, 0.01, (rows, 8, 1)).astype(np.float16)
+            matrix = ops.convert(ops.reshape(ops.multiply(
+                ops.subtract(ops.convert(ops.constant(q6), ov.Type.f16),
+                             ops.convert(ops.constant(np.full((rows, 8, 1), 32, np.uint8)),
+                                         ov.Type.f16)),
+                ops.constant(scale)), ops.constant(np.array([rows, 128], np.int64)), False),
+                ov.Type.f32).output(0)
+        else:
+            matrix = _q4k_like(rng, rows, 4)
+        bias = ops.convert(ops.constant(rng.standard_normal(rows).astype(np.float32)),
+                           ov.Type.f32)
+        biased = ops.add(ops.matmul(x, matrix, False, True), bias)
+        outputs.append(ops.reshape(biased, ops.constant(np.array([0, 0, -1, 16], np.int64)),
+                                   True))
+    return ov.Model(outputs, [x])
+
+
+def _all_outputs(model: ov.Model, x: np.ndarray,
+                 properties: dict[str, object]) -> list[np.ndarray]:
+    request = ov.Core().compile_model(model, "CPU", properties).create_infer_request()
+    request.infer({"x": x})
+    return [np.asarray(request.get_output_tensor(i).data).copy() for i in range(3)]
+
+
+def test_biased_q_k_v_of_one_kind_become_one_product_with_the_same_numbers() -> None:
+    from npu_proxy.workers.ir_fusion import optimize
+
+    x = np.random.default_rng(3).standard_normal((2, 5, 128)).astype(np.float32)
+    # Qwen2.5-Coder Q4_K_M: q, k and v all Q4_K in half the layers, v Q6_K in the others.
+    for v_q6k, products in ((False, 1), (True, 2)):
+        model = _biased_qkv(v_q6k)
+        assert optimize(model).merged == 1
+        ops_ = [op.get_type_name() for op in model.get_ordered_ops()]
+        assert (ops_.count("MatMul"), ops_.count("Add")) == (products, products)
+        for properties in ({"INFERENCE_PRECISION_HINT": "f32"}, default_properties("CPU"),
+                           {"INFERENCE_PRECISION_HINT": "bf16"}):
+            expected = _all_outputs(_biased_qkv(v_q6k), x, properties)
+            got = _all_outputs(model, x, properties)
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), (
+                v_q6k, properties)

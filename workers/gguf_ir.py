@@ -25,7 +25,7 @@ from npu_proxy.models.store import GGUF_IR
 log = logging.getLogger(__name__)
 
 # NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
-FORMAT = "fused-3"
+FORMAT = "fused-4"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:

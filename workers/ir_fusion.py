@@ -10,6 +10,9 @@ threads), so:
   merged into one product over the weights stacked by rows, then split: the same weights,
   groups, scales and zero points, so the same numbers row by row, in f32 and in bf16 (checked
   bit for bit in tests/test_gguf_ir.py) with 151 products per step instead of 211 for SmolLM2.
+  Products that feed layout ops through a constant bias Add (Qwen2.5's q, k and v) are merged
+  the same way with their biases concatenated into one Add, in groups of one kind of weights
+  (Qwen2.5's v is Q6_K in half the layers, so there q and k only).
   The MLP's gate and up stay apart: the CPU plugin computes the gate's Swish on the product's
   f32 accumulator, and merged it would run on bf16-rounded values (issue 28);
 - an 8-bit matrix whose zero point is one value everywhere (128: how a symmetric Q8_0 GGUF
@@ -118,9 +121,113 @@ def _layout_only_users(product: Any) -> bool:
                for t in product.output(0).get_target_inputs())
 
 
+_BIAS_TYPES = (ov.Type.f32, ov.Type.f16)
+
+
+class _Bias(NamedTuple):
+    """A bias Add after a product: the constant added (behind `converts`, from its side)."""
+
+    add: Any
+    side: int  # the Add's input that the product feeds
+    constant: Any
+    converts: tuple[Any, ...]
+
+
+def _bias_add(product: Any, rows: int) -> _Bias | None:
+    """The product's only consumer when it adds a constant along the last axis (Qwen2.5's
+    q, k and v biases) and itself feeds only layout ops, else None."""
+    users = list(product.output(0).get_target_inputs())
+    if len(users) != 1 or users[0].get_node().get_type_name() != "Add":
+        return None
+    add, index = users[0].get_node(), users[0].get_index()
+    if add.get_attributes().get("auto_broadcast") != "numpy" or not _layout_only_users(add):
+        return None
+    node, converts = _source(add, 1 - index), []
+    while node.get_type_name() == "Convert":
+        converts.append(node)
+        node = _source(node)
+    if node.get_type_name() != "Constant" or node.get_output_element_type(0) not in _BIAS_TYPES:
+        return None
+    shape = list(node.get_output_shape(0))
+    rank = product.get_output_partial_shape(0).rank
+    # NOTE: broadcast along the last axis only, and no wider than the product's output, so
+    # the sum has the product's shape and splits along its last axis as the product does.
+    if (not shape or any(d != 1 for d in shape[:-1]) or shape[-1] != rows
+            or rank.is_dynamic or len(shape) > rank.get_length()):
+        return None
+    return _Bias(add, index, node, tuple(converts))
+
+
+class _Sibling(NamedTuple):
+    product: Any
+    weight: Compressed
+    bias: _Bias | None
+
+    def key(self) -> tuple[Any, ...]:
+        """What must agree for products to be merged: the weights' kind, and whether (and in
+        which types, which rank) a bias is added."""
+        if self.bias is None:
+            return (self.weight.kind(), None)
+        b = self.bias
+        return (self.weight.kind(), b.constant.get_output_element_type(0),
+                len(b.constant.get_output_shape(0)),
+                tuple(c.get_output_element_type(0) for c in b.converts))
+
+
+def _sibling(product: Any) -> _Sibling | None:
+    weight = compressed_weight(product)
+    if weight is None or product.get_transpose_a() or not product.get_transpose_b():
+        return None
+    if weight.weights.get_output_element_type(0) in _PACKED and not _even(weight):
+        return None
+    if _layout_only_users(product):
+        return _Sibling(product, weight, None)
+    bias = _bias_add(product, weight.rows)
+    return None if bias is None else _Sibling(product, weight, bias)
+
+
+def _merge(out: Any, group: list[_Sibling]) -> None:
+    """One product over the group's weights stacked by rows (plus their biases concatenated),
+    split back into each product's (or bias Add's) output."""
+    found = [s.weight for s in group]
+    first = found[0]
+    decompressed = ops.multiply(
+        ops.subtract(
+            ops.convert(_stack([w.weights for w in found]),
+                        first.to_float.get_output_element_type(0)),
+            ops.convert(_stack([w.zero for w in found]),
+                        first.to_float.get_output_element_type(0))),
+        _stack([w.scale for w in found]))
+    rows = [w.rows for w in found]
+    node: Any = decompressed
+    for t in reversed(first.tail):
+        if t.get_type_name() == "Reshape":
+            cols = int(np.prod(t.get_output_shape(0)[1:]))
+            target = np.array([sum(rows), cols], dtype=np.int64)
+            node = ops.reshape(node, ops.constant(target), False)
+        else:
+            node = ops.convert(node, t.get_output_element_type(0))
+    merged: Any = ops.matmul(out, node, False, True)
+    olds = [s.product for s in group]
+    biases = [s.bias for s in group if s.bias is not None]
+    if biases:
+        bias: Any = ops.constant(np.concatenate([b.constant.get_data() for b in biases],
+                                                axis=-1))
+        for c in reversed(biases[0].converts):
+            bias = ops.convert(bias, c.get_output_element_type(0))
+        # NOTE: the same operand order as the Adds replaced (exact either way in IEEE).
+        merged = ops.add(*((merged, bias) if biases[0].side == 0 else (bias, merged)))
+        olds = [b.add for b in biases]
+    split = ops.variadic_split(merged, ops.constant(np.int64(-1)),
+                               ops.constant(np.array(rows, dtype=np.int64)))
+    for i, old in enumerate(olds):
+        old.output(0).replace(split.output(i))
+
+
 def _fuse_siblings(model: ov.Model) -> int:
     """Merge the compressed matrix products that read one tensor and whose outputs only feed
-    layout ops (attention's q, k and v; not the MLP's gate and up); how many groups."""
+    layout ops, directly or through a constant bias Add (attention's q, k and v; not the MLP's
+    gate and up), in groups of one kind of weights; how many groups."""
     groups = 0
     for op in list(model.get_ordered_ops()):
         for out in op.outputs():
@@ -128,37 +235,15 @@ def _fuse_siblings(model: ov.Model) -> int:
                         if t.get_node().get_type_name() == "MatMul" and t.get_index() == 0]
             if len(products) < 2:
                 continue
-            weights = [compressed_weight(p) for p in products]
-            found = [w for w in weights if w is not None]
-            if (len(found) != len(products) or len({w.kind() for w in found}) != 1
-                    or any(p.get_transpose_a() or not p.get_transpose_b() for p in products)
-                    or not all(_layout_only_users(p) for p in products)
-                    or (found[0].weights.get_output_element_type(0) in _PACKED
-                        and not all(_even(w) for w in found))):
-                continue
-            first = found[0]
-            decompressed = ops.multiply(
-                ops.subtract(
-                    ops.convert(_stack([w.weights for w in found]),
-                                first.to_float.get_output_element_type(0)),
-                    ops.convert(_stack([w.zero for w in found]),
-                                first.to_float.get_output_element_type(0))),
-                _stack([w.scale for w in found]))
-            rows = [w.rows for w in found]
-            node: Any = decompressed
-            for t in reversed(first.tail):
-                if t.get_type_name() == "Reshape":
-                    cols = int(np.prod(t.get_output_shape(0)[1:]))
-                    target = np.array([sum(rows), cols], dtype=np.int64)
-                    node = ops.reshape(node, ops.constant(target), False)
-                else:
-                    node = ops.convert(node, t.get_output_element_type(0))
-            product = ops.matmul(out, node, False, True)
-            split = ops.variadic_split(product, ops.constant(np.int64(-1)),
-                                       ops.constant(np.array(rows, dtype=np.int64)))
-            for i, old in enumerate(products):
-                old.output(0).replace(split.output(i))
-            groups += 1
+            by_key: dict[tuple[Any, ...], list[_Sibling]] = {}
+            for p in products:
+                s = _sibling(p)
+                if s is not None:
+                    by_key.setdefault(s.key(), []).append(s)
+            for group in by_key.values():
+                if len(group) >= 2:
+                    _merge(out, group)
+                    groups += 1
     return groups
 
 
