@@ -15,13 +15,20 @@ The RSS column is the process's resident memory after that configuration's warm-
 configuration adds its own, so it is cumulative in load order; run one lever with --only to
 read one configuration alone: base is always loaded too).
 
+With --long, every block reads bench/peers.py's ~1,000-token prompt (fresh words first, so
+no prefill is a prefix-cache hit; the same prompt for every configuration of a block): TTFT
+is that prompt's prefill, the decode rate is at that context, and the KV column is the
+pipeline's own cache-use metric per token. Ratios are per block, to --base (the worker's
+default is `f32`), then the median and the range over the blocks.
+
     python bench/levers.py [--runs 5] [--tokens 128] [--only NAME,NAME] [--device CPU]
-                           [--gguf PATH] [--cache DIR]
+                           [--gguf PATH] [--cache DIR] [--long] [--base NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -43,6 +50,9 @@ from npu_proxy.models.registry import package_file
 from npu_proxy.workers.gguf_ir import loadable
 
 CACHE = Path("/tmp/npu-proxy-levers")
+
+
+F32: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
 
 
 @dataclass
@@ -101,6 +111,33 @@ LEVERS = [
     Lever("kv-u8-g64", "KV u8, KEY/VALUE_CACHE_GROUP_SIZE=64",
           properties={"KV_CACHE_PRECISION": "u8", "KEY_CACHE_GROUP_SIZE": 64,
                       "VALUE_CACHE_GROUP_SIZE": 64}),
+    # At a long context (--long; the reference is --base f32, the worker's default): the
+    # KV cache's precision, its quantization groups and mode, the prefill's step size.
+    Lever("f32-kv-f16", "f32, KV_CACHE_PRECISION=f16",
+          properties={**F32, "KV_CACHE_PRECISION": "f16"}),
+    Lever("f32-kv-bf16", "f32, KV_CACHE_PRECISION=bf16",
+          properties={**F32, "KV_CACHE_PRECISION": "bf16"}),
+    Lever("f32-kv-f32", "f32, KV_CACHE_PRECISION=f32",
+          properties={**F32, "KV_CACHE_PRECISION": "f32"}),
+    Lever("f32-kv-u4", "f32, KV_CACHE_PRECISION=u4",
+          properties={**F32, "KV_CACHE_PRECISION": "u4"}),
+    Lever("f32-v-u4", "f32, KV u8 keys, VALUE_CACHE_PRECISION=u4",
+          properties={**F32, "VALUE_CACHE_PRECISION": "u4"}),
+    Lever("f32-kv-g32", "f32, KV u8, KEY/VALUE_CACHE_GROUP_SIZE=32",
+          properties={**F32, "KEY_CACHE_GROUP_SIZE": 32, "VALUE_CACHE_GROUP_SIZE": 32}),
+    Lever("f32-kv-g16", "f32, KV u8, KEY/VALUE_CACHE_GROUP_SIZE=16",
+          properties={**F32, "KEY_CACHE_GROUP_SIZE": 16, "VALUE_CACHE_GROUP_SIZE": 16}),
+    # NOTE: not in SUPPORTED_PROPERTIES, but the CPU plugin (2026.4) accepts it (its strings).
+    Lever("f32-k-chan", "f32, KEY_CACHE_QUANT_MODE=BY_CHANNEL",
+          properties={**F32, "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}),
+    Lever("f32-k-chan-u4", "f32, KV u4, KEY_CACHE_QUANT_MODE=BY_CHANNEL",
+          properties={**F32, "KV_CACHE_PRECISION": "u4", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}),
+    Lever("f32-step256", "f32, scheduler: max_num_batched_tokens=256 (prefill in steps)",
+          properties=F32, sched={"max_num_batched_tokens": 256}),
+    Lever("f32-step512", "f32, scheduler: max_num_batched_tokens=512 (prefill in steps)",
+          properties=F32, sched={"max_num_batched_tokens": 512}),
+    Lever("f32-step1024", "f32, scheduler: max_num_batched_tokens=1024",
+          properties=F32, sched={"max_num_batched_tokens": 1024}),
     Lever("threads1", "INFERENCE_NUM_THREADS=1", properties={"INFERENCE_NUM_THREADS": 1}),
     Lever("threads2", "INFERENCE_NUM_THREADS=2", properties={"INFERENCE_NUM_THREADS": 2}),
     Lever("dq-off", "DYNAMIC_QUANTIZATION_GROUP_SIZE=0 (no int8 activations)",
@@ -196,22 +233,45 @@ class Runner:
         self.tokenizer = self.pipe.get_tokenizer()
         self.stateful = lever.stateful
 
-    def run(self, tokens: int) -> tuple[float, float, str]:
+    def run(self, tokens: int, ids: np.ndarray[Any, Any] | None = None) -> tuple[float, float, str]:
         cfg = ov_genai.GenerationConfig()
         cfg.max_new_tokens = tokens
         cfg.ignore_eos = True
         cfg.do_sample = False
         stamps = Stamps()
+        prompt = ov.Tensor(self.ids if ids is None else ids)
         start = time.perf_counter()
         if self.stateful:
-            out = self.pipe.generate(ov.Tensor(self.ids), cfg, stamps)
+            out = self.pipe.generate(prompt, cfg, stamps)
             generated = list(out.tokens[0])
         else:
-            out = self.pipe.generate([ov.Tensor(self.ids)], [cfg], stamps)
+            out = self.pipe.generate([prompt], [cfg], stamps)
             generated = list(out[0].m_generation_ids[0])
         at = stamps.at
         rate = (len(at) - 1) / (at[-1] - at[0])
         return at[0] - start, rate, str(self.tokenizer.decode(generated))
+
+    def kv_kib_per_token(self, tokens: int) -> float:
+        """The KV cache's peak use (the pipeline's own metric: a share of its blocks for
+        cache_size GB) per token of the last request; 0 for the stateful pipeline."""
+        if self.stateful:
+            return 0.0
+        usage = float(self.pipe.get_metrics().max_cache_usage) / 100
+        return usage * server_sched().cache_size * 2**30 / tokens / 1024
+
+
+def long_prompt(tok: Any, block: int) -> np.ndarray[Any, Any]:
+    """bench/peers.py's ~1,000-token prompt, templated: fresh words first in every block, so
+    no block's prefill is a prefix-cache hit; every configuration reads the same one."""
+    import random
+
+    from peers import long_messages
+
+    # NOTE: Random(-n) is Random(n) (a seed's sign is dropped): the warm-up's seed is apart.
+    text = tok.apply_chat_template(long_messages(random.Random(block)),
+                                   add_generation_prompt=True)
+    return np.asarray(tok.encode(text, add_special_tokens=False).input_ids.data,
+                      dtype=np.int64).reshape(1, -1)
 
 
 def main() -> None:
@@ -219,7 +279,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--only", default="", help="comma-separated lever names (base always)")
+    parser.add_argument("--only", default="", help="comma-separated lever names (--base always)")
+    parser.add_argument("--base", default="base", help="the lever the others are compared with")
+    parser.add_argument("--long", action="store_true",
+                        help="bench/peers.py's ~1,000-token prompt, fresh in every block")
     parser.add_argument("--device", default="CPU")
     parser.add_argument("--gguf", default="", help="a GGUF file (default: the embedded SmolLM2)")
     parser.add_argument("--cache", default=str(CACHE),
@@ -230,59 +293,66 @@ def main() -> None:
     core = ov.Core()
     print(f"openvino {ov.get_version()}, genai {ov_genai.get_version()}, device {args.device}: "
           f"INFERENCE_PRECISION_HINT default "
-          f"{core.get_property(args.device, 'INFERENCE_PRECISION_HINT')}")
+          f"{core.get_property(args.device, 'INFERENCE_PRECISION_HINT')}, "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     ir = loadable(gguf, CACHE)
-    chosen = set(args.only.split(",")) | {"base"} if args.only else None
-    levers = [lv for lv in LEVERS if chosen is None or lv.name in chosen]
+    # NOTE: loaded (and run) in the order of --only, the base first: a lever that wins only
+    # when loaded later is the order's doing, not the lever's.
+    by_name = {lv.name: lv for lv in LEVERS}
+    names = [args.base] + [n for n in args.only.split(",") if n and n != args.base]
+    levers = [by_name[n] for n in names] if args.only else LEVERS
+    tok = ov_genai.Tokenizer(ir)
+    text = tok.apply_chat_template(PROMPT, add_generation_prompt=True)
+    ids = np.asarray(tok.encode(text, add_special_tokens=False).input_ids.data,
+                     dtype=np.int64).reshape(1, -1)
     runners: dict[str, Runner] = {}
     rss: dict[str, int] = {}
-    ids: np.ndarray[Any, Any] | None = None
     for lever in levers:
         path = weights_path(lever.weights, ir, gguf)
         if path is None:
             continue
         try:
-            if ids is None:
-                tok = ov_genai.Tokenizer(ir)
-                text = tok.apply_chat_template(PROMPT, add_generation_prompt=True)
-                ids = np.asarray(tok.encode(text, add_special_tokens=False).input_ids.data,
-                                 dtype=np.int64).reshape(1, -1)
             runner = Runner(lever, path, args.device, ids)
-            runner.run(8)  # warm-up: compilation, first allocations
+            runner.run(8, long_prompt(tok, 10**6) if args.long else None)  # warm-up
             runners[lever.name] = runner
             rss[lever.name] = rss_kib() // 1024
             print(f"  {lever.name} loaded, RSS {rss[lever.name]} MiB", flush=True)
         except Exception as exc:
             print(f"  ({lever.name} failed to load: {type(exc).__name__}: {exc})")
-    assert ids is not None
     results: dict[str, list[tuple[float, float, str]]] = {name: [] for name in runners}
     for block in range(args.runs):
+        prompt = long_prompt(tok, block) if args.long else ids
         order = list(runners) if block % 2 == 0 else list(reversed(runners))
         for name in order:
-            results[name].append(runners[name].run(args.tokens))
-        print(f"  block {block + 1}/{args.runs} done", flush=True)
-    print(f"prompt {ids.shape[1]} tokens, {args.tokens} new tokens (EOS ignored, greedy), "
-          f"{args.runs} alternating blocks, medians (min-max)")
+            results[name].append(runners[name].run(args.tokens, prompt))
+            ttft, rate, _ = results[name][-1]
+            print(f"    {name}: TTFT {ttft * 1000:.0f} ms, decode {rate:.1f} tok/s", flush=True)
+        print(f"  block {block + 1}/{args.runs} done, load average {os.getloadavg()[0]:.1f}",
+              flush=True)
+    print(f"prompt {prompt.shape[1]} tokens{' (fresh every block)' if args.long else ''}, "
+          f"{args.tokens} new tokens (EOS ignored, greedy), {args.runs} alternating blocks, "
+          f"medians (min-max), ratios to {args.base}; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     med: Callable[[list[float]], float] = statistics.median
-    base_rate = med([r for _, r, _ in results["base"]])
-    base_ttft = med([t for t, _, _ in results["base"]])
-    base_text = results["base"][0][2]
+    ref = results[args.base]
     what = {lv.name: lv.what for lv in LEVERS}
     for name, runs in results.items():
         ttfts = [t * 1000 for t, _, _ in runs]
         rates = [r for _, r, _ in runs]
-        same = all(text == base_text for _, _, text in runs)
-        ratios = [r / b for (_, r, _), (_, b, _) in zip(runs, results["base"], strict=True)]
-        print(f"{name:10s} TTFT {med(ttfts):6.1f} ms ({min(ttfts):.0f}-{max(ttfts):.0f})  "
+        same = sum(text == b for (_, _, text), (_, _, b) in zip(runs, ref, strict=True))
+        ratios = [r / b for (_, r, _), (_, b, _) in zip(runs, ref, strict=True)]
+        tratios = [t / b for (t, _, _), (b, _, _) in zip(runs, ref, strict=True)]
+        kv = runners[name].kv_kib_per_token(prompt.shape[1] + args.tokens)
+        print(f"{name:12s} TTFT {med(ttfts):6.1f} ms ({min(ttfts):.0f}-{max(ttfts):.0f})  "
               f"decode {med(rates):5.1f} tok/s ({min(rates):.1f}-{max(rates):.1f})  "
-              f"x{med(rates) / base_rate:.2f} decode "
-              f"(per block {min(ratios):.2f}-{max(ratios):.2f}), "
-              f"x{med(ttfts) / 1000 / base_ttft:.2f} TTFT"
-              f"  text {'same' if same else 'DIFFERS'}  RSS {rss[name]} MiB  | {what[name]}")
+              f"x{med(ratios):.2f} decode ({min(ratios):.2f}-{max(ratios):.2f}), "
+              f"x{med(tratios):.2f} TTFT ({min(tratios):.2f}-{max(tratios):.2f})  "
+              f"text same {same}/{len(runs)}  KV {kv:.1f} KiB/tok  RSS {rss[name]} MiB"
+              f"  | {what[name]}")
     for name, runs in results.items():
-        if runs[0][2] != base_text:
+        if runs[0][2] != ref[0][2]:
             print(f"--- {name} greedy text: {runs[0][2][:300]!r}")
-    print(f"--- base greedy text: {base_text[:300]!r}")
+    print(f"--- {args.base} greedy text: {ref[0][2][:300]!r}")
 
 
 if __name__ == "__main__":

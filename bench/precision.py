@@ -14,7 +14,7 @@ llama.cpp computes the same GGUF (Q4_1 weights) with its activations quantized t
 blocks of 32 (Q8_1) for every matrix product; OpenVINO's dynamic quantization with groups of 32
 is the same kind of approximation.
 
-    python bench/precision.py [--tokens 128]
+    python bench/precision.py [--tokens 128] [--only NAME,NAME] [--long N]
 """
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
      {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
     ("bf16-dq0", "bf16 inference, no dynamic quantization, u8 KV cache",
      {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
+    # The KV cache's levers at a long context (--long), all with the worker's f32 default.
+    ("f32-kvf16", "f32 inference (DQ 32), f16 KV cache",
+     {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f16"}),
+    ("f32-kvu4", "f32 inference (DQ 32), u4 KV cache",
+     {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u4"}),
+    ("f32-vu4", "f32 inference (DQ 32), u8 keys, u4 values",
+     {"INFERENCE_PRECISION_HINT": "f32", "VALUE_CACHE_PRECISION": "u4"}),
+    ("f32-kvg32", "f32 inference (DQ 32), u8 KV cache in groups of 32",
+     {"INFERENCE_PRECISION_HINT": "f32", "KEY_CACHE_GROUP_SIZE": 32,
+      "VALUE_CACHE_GROUP_SIZE": 32}),
+    ("f32-kchan", "f32 inference (DQ 32), u8 KV cache, keys quantized by channel",
+     {"INFERENCE_PRECISION_HINT": "f32", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}),
 ]
 
 
@@ -102,6 +114,9 @@ def log_softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--only", default="", help="comma-separated configuration names")
+    parser.add_argument("--long", type=int, default=0,
+                        help="N of bench/peers.py's ~1,000-token prompts instead of PROMPTS")
     args = parser.parse_args()
     import openvino_genai as ov_genai
 
@@ -111,17 +126,27 @@ def main() -> None:
     model = core.read_model(Path(ir) / "openvino_model.xml")
     reference = Model(core, model, REFERENCE)
     sequences: list[tuple[int, list[int]]] = []
-    for prompt in PROMPTS:
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                       add_generation_prompt=True)
+    chats = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+    if args.long:
+        import random
+
+        from peers import long_messages
+
+        chats = [long_messages(random.Random(seed)) for seed in range(args.long)]
+    for chat in chats:
+        text = tok.apply_chat_template(chat, add_generation_prompt=True)
         ids = [int(i) for i in tok.encode(text, add_special_tokens=False).input_ids.data[0]]
         sequences.append((len(ids), ids + reference.greedy(ids, args.tokens)))
     ref_logits = [reference.logits(seq, n) for n, seq in sequences]
-    print(f"{len(PROMPTS)} prompts, {args.tokens} tokens each generated greedily by the reference "
+    lengths = ", ".join(str(n) for n, _ in sequences)
+    print(f"{len(chats)} prompts ({lengths} tokens), {args.tokens} tokens each generated "
+          "greedily by the reference "
           f"({', '.join(f'{k}={v}' for k, v in REFERENCE.items())}), then read by each "
           "configuration (the prompt in one step, then a token per step); per position: "
           "argmax equal to the reference's, KL(reference || it)")
     for name, what, props in CONFIGS:
+        if args.only and name not in args.only.split(","):
+            continue
         m = Model(core, model, props)
         agree: list[float] = []
         kls: list[float] = []
