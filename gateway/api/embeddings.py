@@ -137,7 +137,8 @@ class EmbeddingRoutes(DialectRoutes):
                           param="dimensions")
         self._check_dimensions(model, dimensions, self._dims.get(model.name))
         self._check_limits(texts, param)
-        # NOTE: the vectors are read with numpy, imported after the gateway binds (preload.py).
+        # NOTE: the vectors are read with numpy, imported by the first request needing it
+        # (preload.py).
         await numpy_ready()
         msg = Embed(id=request_key(request), model=model.name, texts=texts,
                     deadline=self.router.deadline(), truncate=truncate,

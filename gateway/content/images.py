@@ -213,8 +213,8 @@ _pillow = False
 
 
 async def _pillow_ready() -> None:
-    """Pillow imported: by the gateway's preload thread after it binds (gateway/http/
-    preload.py), else here in a thread, never on the event loop."""
+    """Pillow imported: by the preload thread an embedding or speech request began
+    (gateway/http/preload.py), else here in a thread, never on the event loop."""
     global _pillow
     if not _pillow:
         # NOTE: not a sys.modules check: a module is listed there while another thread is
