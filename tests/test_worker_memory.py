@@ -20,19 +20,21 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc/PID/smaps; the release is Linux-only")
 
 
-def _resident_kib(pid: int | str, suffix: str) -> tuple[int, int]:
-    """(resident KiB, mapped KiB) of the process's mappings of files named *suffix."""
+def _resident_kib(pid: int | str, suffix: str, perms: str = "") -> tuple[int, int]:
+    """(resident KiB, mapped KiB) of the process's mappings of files named *suffix (and, given
+    `perms`, whose permissions start with it: "r-x" for code)."""
     resident = size = 0
-    name = ""
+    counted = False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split(maxsplit=5)
         if "-" in head[0] and not head[0].endswith(":"):
             name = head[5] if len(head) > 5 else ""
-        elif name.endswith(suffix) and head[0] in ("Rss:", "Size:"):
-            if head[0] == "Rss:":
-                resident += int(head[1])
-            else:
-                size += int(head[1])
+            counted = (name.endswith(suffix) and head[1].startswith(perms)
+                       and (not perms or name.startswith("/")))
+        elif counted and head[0] == "Rss:":
+            resident += int(head[1])
+        elif counted and head[0] == "Size:":
+            size += int(head[1])
     return resident, size
 
 
@@ -66,30 +68,13 @@ def test_llm_worker_does_not_keep_the_mapped_weights_resident(server: Server,
     assert resident < size * 0.5, f"{resident} KiB of {size} KiB of the weights resident"
 
 
-def _code_kib(pid: int | str, suffix: str = "") -> tuple[int, int]:
-    """(resident KiB, mapped KiB) of the process's executable mappings of files (named
-    *suffix)."""
-    resident = size = 0
-    code = False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if "-" in head[0] and not head[0].endswith(":"):
-            code = (head[1].startswith("r-x") and len(head) > 5 and head[5].startswith("/")
-                    and head[5].endswith(suffix))
-        elif code and head[0] == "Rss:":
-            resident += int(head[1])
-        elif code and head[0] == "Size:":
-            size += int(head[1])
-    return resident, size
-
-
 def test_code_pages_are_dropped_and_the_process_runs_on() -> None:
     import json
     import zlib
 
-    before, _ = _code_kib("self")
+    before, _ = _resident_kib("self", "", "r-x")
     released = release_code_pages()
-    after, _ = _code_kib("self")
+    after, _ = _resident_kib("self", "", "r-x")
     assert released > 0
     assert after < before
     # NOTE: code of Python, libc and an extension module run again: read back, unchanged.
