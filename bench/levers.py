@@ -268,8 +268,12 @@ def long_prompt(tok: Any, block: int) -> np.ndarray[Any, Any]:
     from peers import long_messages
 
     # NOTE: Random(-n) is Random(n) (a seed's sign is dropped): the warm-up's seed is apart.
-    text = tok.apply_chat_template(long_messages(random.Random(block)),
-                                   add_generation_prompt=True)
+    return chat_ids(tok, long_messages(random.Random(block)))
+
+
+def chat_ids(tok: Any, messages: Any) -> np.ndarray[Any, Any]:
+    """The messages templated for generation and tokenized, as one row of ids."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True)
     return np.asarray(tok.encode(text, add_special_tokens=False).input_ids.data,
                       dtype=np.int64).reshape(1, -1)
 
@@ -302,9 +306,7 @@ def main() -> None:
     names = [args.base] + [n for n in args.only.split(",") if n and n != args.base]
     levers = [by_name[n] for n in names] if args.only else LEVERS
     tok = ov_genai.Tokenizer(ir)
-    text = tok.apply_chat_template(PROMPT, add_generation_prompt=True)
-    ids = np.asarray(tok.encode(text, add_special_tokens=False).input_ids.data,
-                     dtype=np.int64).reshape(1, -1)
+    ids = chat_ids(tok, PROMPT)
     runners: dict[str, Runner] = {}
     rss: dict[str, int] = {}
     for lever in levers:
