@@ -299,3 +299,18 @@ class Server:
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         return left
+
+
+def worker_row(srv: Server, name: str) -> dict[str, Any]:
+    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
+    return next(row for row in rows if row["name"] == name)
+
+
+def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
+             timeout: float = 60.0) -> dict[str, Any]:
+    """The worker's /health/devices row once `check` holds (heartbeats bring the figures)."""
+    deadline = time.monotonic() + timeout
+    while not check(row := worker_row(srv, name)):
+        assert time.monotonic() < deadline, row
+        time.sleep(0.1)
+    return row

@@ -8,14 +8,14 @@ import ast
 import contextlib
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import zmq
-from serverctl import Server, free_port_block
+from serverctl import Server, free_port_block, wait_row, worker_row
 from zmq.utils.monitor import recv_monitor_message
 
 from npu_proxy.models.registry import package_file
@@ -49,21 +49,6 @@ def chat(url: str) -> httpx.Response:
     body = {"model": LLM, "messages": [{"role": "user", "content": "Say hi."}],
             "max_tokens": 4, "temperature": 0}
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
-
-
-def worker_row(srv: Server, name: str) -> dict[str, Any]:
-    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
-    return next(row for row in rows if row["name"] == name)
-
-
-def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
-             timeout: float = 60.0) -> dict[str, Any]:
-    """The worker's /health/devices row once `check` holds (heartbeats bring the figures)."""
-    deadline = time.monotonic() + timeout
-    while not check(row := worker_row(srv, name)):
-        assert time.monotonic() < deadline, row
-        time.sleep(0.1)
-    return row
 
 
 class Intruder:
