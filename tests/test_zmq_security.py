@@ -9,13 +9,15 @@ import contextlib
 import stat
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import zmq
-from serverctl import Server, free_port_block, wait_row, worker_row
+from serverctl import Server, free_port_block, wait_for, wait_row, worker_row
 from zmq.utils.monitor import recv_monitor_message
 
 from npu_proxy.models.registry import package_file
@@ -174,35 +176,86 @@ def test_a_second_instance_on_the_same_ports_refuses_to_start(
 
 def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> None:
     """Two hosts on loopback: B runs only a worker (`--worker-only`), A only a gateway whose
-    worker `far` is B's; keys exchanged as files, as docs/deployment.md tells."""
+    worker `far` is B's; keys exchanged as files, as docs/deployment.md tells. A request sent
+    as soon as A's port accepts waits for the first heartbeat A hears from `far` (held back
+    by a fault hook until the test releases it): answered, not a 503; A is not ready until
+    it has heard `far`."""
+    gate = tmp_path / "heartbeats-may-reach-gateways"
     gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
                           workers=[])
     a_keys = Path(gateway_host.config.keys_path())
     gateway_host.cli("keys")
     worker_port = free_port_block(4)
-    worker_host = Server(tmp_path / "b", workers=[{"name": "far", "role": "llm"}],
-                         transport="tcp", tcp_base_port=worker_port,
-                         client_key_files=[str(a_keys / "client.key")])
+    worker_host = Server(tmp_path / "b", workers=[{
+        "name": "far", "role": "llm",
+        "faults": {"hold_gateway_heartbeats_until": str(gate)}}],
+        transport="tcp", tcp_base_port=worker_port,
+        client_key_files=[str(a_keys / "client.key")])
     b_keys = Path(worker_host.config.keys_path())
     worker_host.cli("keys")
+    # NOTE: a wide bound, so that the wait below ends when the test releases the heartbeats.
     gateway_host.write_config(workers=[{
         "name": "far", "role": "llm", "address": f"127.0.0.1:{worker_port + 2}",
-        "public_key_file": str(b_keys / "server.key")}])
+        "public_key_file": str(b_keys / "server.key"), "heartbeat_timeout": 600.0}])
     try:
         worker_host.start(args=["--worker-only"])
         assert set(worker_host.children()) == {"far"}
-        gateway_host.start()
+        gateway_host.start()  # NOTE: returns once A's port accepts (/health)
         far_pid = worker_host.children()["far"]["pid"]
-        wait_row(gateway_host, "far", lambda row: row["state"] in ("ready", "busy"))
-        r = chat(gateway_host.url)
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                answer = pool.submit(chat, gateway_host.url)
+                wait_for(lambda: answer.done() or "requests wait for worker far: not heard "
+                         "yet" in gateway_host.worker_log("gateway"), 60)
+                assert not answer.done(), answer.result().text
+                ready = httpx.get(gateway_host.url + "/health/ready", timeout=10)
+                assert ready.status_code == 503, ready.text
+                assert "far has not reported yet" in ready.json()["reason"]
+                assert not worker_row(gateway_host, "far")["up"]
+            finally:
+                gate.touch()  # NOTE: also on a failure, or the pool waits out the bound
+            r = answer.result(timeout=300)
         assert r.status_code == 200, r.text
         assert r.headers["x-npu-proxy-worker"] == "far"
         assert worker_row(gateway_host, "far")["pid"] == far_pid
+        assert httpx.get(gateway_host.url + "/health/ready", timeout=10).status_code == 200
         request_id = r.headers["x-request-id"]
         assert f"finished request_id={request_id}" in worker_host.worker_log("far")
     finally:
+        gate.touch()
         gateway_host.stop()
         worker_host.stop()
+
+
+def test_a_remote_worker_never_heard_is_a_503_after_its_heartbeat_timeout(
+        tmp_path: Path) -> None:
+    """A gateway whose remote worker never answers (nothing listens at its address): a
+    request waits for its first heartbeat up to heartbeat_timeout, then gets a 503 with
+    Retry-After in the OpenAI error shape, saying so; not a hang."""
+    server = Server(tmp_path, transport="tcp", tcp_base_port=free_port_block(2), workers=[])
+    server.cli("keys")
+    server.write_config(workers=[{
+        "name": "far", "role": "llm", "address": f"127.0.0.1:{free_port_block(2)}",
+        "public_key_file": str(Path(server.config.keys_path()) / "server.key"),
+        "heartbeat_timeout": 15.0}])
+    try:
+        server.start()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                               timeout=120)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(
+                model=LLM, max_tokens=3, messages=[{"role": "user", "content": "Hello"}])
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"]
+        error = refused.value.response.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "unavailable"
+        assert "worker far sent this gateway no heartbeat within 15 s (heartbeat_timeout)" \
+            in error["message"]
+        assert "requests wait for worker far: not heard yet" in server.worker_log("gateway")
+        ready = httpx.get(server.url + "/health/ready", timeout=10)
+        assert ready.status_code == 503 and "far has not reported yet" in ready.json()["reason"]
+    finally:
+        server.stop()
 
 
 # --- in process: the keys folder and the size cap -----------------------------------------

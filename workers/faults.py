@@ -25,6 +25,12 @@ def _hold(gate: str) -> None:
         time.sleep(0.05)
 
 
+def gateway_heartbeats_held(spec: WorkerSpec) -> bool:
+    """Heartbeats go to no gateway until the hold_gateway_heartbeats_until file exists."""
+    gate = spec.faults.hold_gateway_heartbeats_until
+    return bool(gate) and not Path(gate).exists()
+
+
 class FaultInjector:
     """Test hooks, switched on explicitly per worker in the configuration."""
 

@@ -32,12 +32,14 @@ from npu_proxy.protocol.messages import (
 )
 from npu_proxy.protocol.replies import ReplyRoutes, user_id
 from npu_proxy.protocol.sockets import (
+    TOPIC_HEARTBEAT,
     bind,
     configure_pub,
     term,
     worker_endpoint,
 )
 from npu_proxy.protocol.states import ProcessState
+from npu_proxy.workers.faults import gateway_heartbeats_held
 
 if TYPE_CHECKING:
     # NOTE: for types only: the engine modules import OpenVINO (about 0.5 s here), which
@@ -71,9 +73,10 @@ class WorkerProcess:
     def publish(self, beat: Heartbeat) -> None:
         """A heartbeat, to every subscriber (subscriptions waiting are granted first)."""
         data = encode(beat)
+        held = gateway_heartbeats_held(self.spec)
         with self._pub_lock:
             self.routes.grant(self._pub)
-            for topic in self.routes.topics:
+            for topic in [TOPIC_HEARTBEAT] if held else self.routes.topics:
                 self._pub.send_multipart((topic, data))
 
     def emit(self, frame: RequestFrame) -> None:

@@ -25,6 +25,8 @@ def _describe(link: WorkerLink) -> str:
     beat = link.heartbeat
     if state == ProcessState.STARTING and beat is None:
         return f"{link.name} has not reported yet"
+    if state.serving and not link.serving:
+        return f"{link.name} is {state.label}, but this gateway has not heard it say so yet"
     if state == ProcessState.UNRESPONSIVE and beat is not None:
         age = link.heartbeat_age()
         if age >= link.silence_allowed():
@@ -96,7 +98,13 @@ class HealthRoutes:
     async def ready(self, request: Request) -> Response:
         """Can the server take a generation now: an LLM worker serves, is idle (not loaded,
         started by the request) or is loading for the first time (the request waits for
-        it, as for an idle one). 503 while none can: failed, restarting, none configured."""
+        it, as for an idle one). 503 while none can: failed, restarting, none configured.
+
+        NOTE: a worker serves once this gateway has heard it say so (WorkerLink.serving); one
+        its supervisor says serves, or another host's worker, not heard yet is not counted.
+        A request waits for that first heartbeat (up to heartbeat_timeout: Residency.unheard),
+        but it may never come (a wrong key, a host down), so a balancer is not told to send
+        requests here on that hope."""
         llm = [link for link in self.broker.links.values() if link.spec.role in LLM_ROLES]
         serving = [link.name for link in llm if link.serving]
         idle = [link.name for link in llm if link.idle]

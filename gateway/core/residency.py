@@ -7,7 +7,10 @@ model's workers serves and one is idle, the gateway asks the supervisor to start
 (control.Start) and waits until it serves, within its load deadline. Concurrent requests wait
 on that one start; a client that leaves stops waiting, the start goes on for the others. A
 start that fails (its new process exits, the worker ends failed or stopped, or the load
-deadline passes) is a 503 with Retry-After in the caller's API.
+deadline passes) is a 503 with Retry-After in the caller's API. The same wait serves a worker
+loading for the first time (within its load deadline) and one this gateway has not heard yet
+(within its heartbeat_timeout: `Residency.unheard`), such as another host's worker right after
+the gateway started.
 
 The idle stop is decided here, where every request is seen: a worker with a keep_alive
 (`WorkerSpec.idle_stop`) with no request in flight for that long is unloaded
@@ -158,20 +161,35 @@ class Residency:
                     restarts=child.restarts, last_error=child.last_error,
                     recovering=child.recovering))
 
+    def unheard(self, link: WorkerLink) -> bool:
+        """`link` serves as far as this gateway knows (its supervisor says so, or it is
+        another host's worker, which this gateway learns of only from it) but this gateway
+        has not heard its current process yet, for less than its heartbeat_timeout since it
+        connected to it or the supervisor named that process."""
+        beat = link.heartbeat
+        if beat is not None and beat.pid == link.pid:
+            return False
+        sup = link.supervised
+        # NOTE: not a worker restarting after a crash (its requests get the 503: see
+        # WorkerLink.first_load), nor one that is idle, failed or stopped.
+        known = sup.state.serving if sup is not None else not link.idle
+        return known and time.monotonic() - link.pid_since < link.spec.heartbeat_timeout
+
     def first_loading(self, workers: list[str]) -> str | None:
-        """The worker of `workers` to wait for when none serves and one is loading for the
-        first time (WorkerLink.first_load)."""
+        """The worker of `workers` to wait for when none serves: one loading for the first
+        time (WorkerLink.first_load), or one this gateway has not heard yet (`unheard`)."""
         links = [self.broker.links[w] for w in workers if w in self.broker.links]
         if any(self.usable(link) for link in links):
             return None
         # NOTE: not a worker being switched to another model (the Switcher waits for those):
         # until its new process reports, the table still lists it under its old model.
         return next((link.name for link in links
-                     if link.first_load and link.name not in self.pending), None)
+                     if (link.first_load or self.unheard(link))
+                     and link.name not in self.pending), None)
 
     async def ready(self, workers: list[str]) -> None:
         """Start one of `workers` if none serves and one is idle, or wait for one loading
-        for the first time; return once it serves."""
+        for the first time or not heard yet; return once it serves."""
         name = self.sleeper(workers)
         if name is None:
             loading = self.first_loading(workers)
@@ -209,20 +227,42 @@ class Residency:
                      time.monotonic() - began, extra={"worker": name})
 
     async def _wait_first_load(self, name: str) -> None:
-        """Wait for a worker loading for the first time to serve, within its load_timeout.
+        """Wait for a worker loading for the first time to serve, within its load_timeout,
+        or for the first heartbeat of one not heard yet, within its heartbeat_timeout.
 
         NOTE: one wait per worker, shared like a start; a crash meanwhile (backoff: the
         restart is not waited for, see WorkerLink.first_load) ends it with a 503."""
         task = self.loading.get(name)
         if task is None:
             link = self.broker.links[name]
-            log.info("requests wait for worker %s: %s for the first time", name,
-                     link.state.label, extra={"worker": name})
-            task = asyncio.ensure_future(self._wait_serving(
-                link, link.spec, 0, self.exited.get(name), given_up=_RESTARTING))
+            what = (f"{link.state.label} for the first time" if link.first_load else
+                    f"not heard yet (up to {link.spec.heartbeat_timeout:g} s, "
+                    "heartbeat_timeout)")
+            log.info("requests wait for worker %s: %s", name, what, extra={"worker": name})
+            task = asyncio.ensure_future(self._wait_first_news(link))
             self.loading[name] = task
             task.add_done_callback(functools.partial(self._loaded, name))
         await asyncio.shield(task)
+
+    async def _wait_first_news(self, link: WorkerLink) -> None:
+        before = self.exited.get(link.name)
+        while self.unheard(link):
+            await self._news_of(link.name)
+        if link.serving:
+            return
+        if link.first_load:
+            await self._wait_serving(link, link.spec, 0, before, given_up=_RESTARTING)
+            return
+        beat = link.heartbeat
+        silent = time.monotonic() - link.pid_since >= link.spec.heartbeat_timeout
+        if silent and (beat is None or beat.pid != link.pid):
+            # NOTE: the gateway hears a worker on its own reply topic: silence here with a
+            # worker its supervisor says serves is a network, key or subscription problem.
+            raise unavailable(f"worker {link.name} sent this gateway no heartbeat within "
+                              f"{link.spec.heartbeat_timeout:g} s (heartbeat_timeout); is it "
+                              "running, reachable and does it accept this gateway's key?",
+                              FAILED_START_RETRY)
+        # NOTE: heard and not serving, or known down meanwhile: the dispatch's 503 says so.
 
     def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
         if self.loading.get(name) is task:

@@ -47,3 +47,6 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Once this many tokens were generated, hold the GIL for good without using the CPU: a
     # deadlock inside a native call.
     freeze_after_tokens: int | None = None
+    # Send heartbeats to the supervisor only, to no gateway, until this file exists: the
+    # supervisor says the worker serves while a gateway has not heard it yet.
+    hold_gateway_heartbeats_until: str = ""
