@@ -14,6 +14,7 @@ import httpx
 import pytest
 from serverctl import Server, worker_row
 
+from npu_proxy.protocol.config import ConfigError, load_config
 from npu_proxy.workers.generation.weights import release_code_pages, release_mapped_weights
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -132,3 +133,10 @@ def test_prefill_in_steps_leaves_less_memory_after_a_long_prompt(
     # NOTE: a margin well above two workers' difference at rest (~10 MiB) and well below the
     # 154 MiB measured; a shared worker that already read a longer prompt only holds more.
     assert in_steps + 40 * 1024 < whole, f"in steps {in_steps} KiB, whole prompt {whole} KiB"
+
+
+def test_a_negative_max_batch_tokens_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[[workers]]\nname = "llm"\nrole = "llm"\nmax_batch_tokens = -1\n')
+    with pytest.raises(ConfigError, match="max_batch_tokens must be >= 0"):
+        load_config(config, env={})
