@@ -42,8 +42,6 @@ UNTESTED = {
     "responses_store_ttl": "expiry by wall time; the store's eviction is shown by "
                            "responses_store_max (test_settings_effects.py)",
     "responses_store_max_bytes": "same eviction path as responses_store_max",
-    "workers.max_batch_tokens": "OpenVINO scheduler sizing: changes memory and speed, "
-                                "not what a client sees",
     "workers.prompt_lookup_ngram": "speed only: output is unchanged (bench/lookup.py)",
     "workers.draft_confidence": "speed only: greedy output is unchanged (bench/decode.py)",
     "models.*.npu_ready": "picks NPU-ready weights; needs an NPU to matter",

@@ -99,12 +99,13 @@ def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
     # the whole prompt; deterministic mode makes every request compute its whole prompt.
     sched.enable_prefix_caching = not spec.deterministic
     sched.cache_size = max(1, int(spec.kv_cache_gb))
-    # NOTE: a whole prompt's prefill fits one step. step() holds the GIL, so no heartbeat
-    # leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU cores);
-    # heartbeats say `blocking` meanwhile (see BatchEngine.blocking). Steps of
-    # max_batch_tokens (split-fuse) measured no better: 6-10 s silences, 12-15 s instead of
-    # 8-14 s prefill.
-    sched.max_num_batched_tokens = max(spec.max_batch_tokens, context_length)
+    # NOTE: by default a whole prompt's prefill fits one step. step() holds the GIL, so no
+    # heartbeat leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU
+    # cores); heartbeats say `blocking` meanwhile (see BatchEngine.blocking). Steps of 2,048
+    # (split-fuse) measured no better there: 6-10 s silences, 12-15 s instead of 8-14 s
+    # prefill. spec.max_batch_tokens sets smaller steps: the plugin keeps the largest step's
+    # scratch, so they bound a long prompt's resident memory (docs/performance.md).
+    sched.max_num_batched_tokens = spec.max_batch_tokens or context_length
     sched.max_num_seqs = spec.max_running
     return sched
 

@@ -63,8 +63,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Stateful (npu) role limits, in tokens.
     max_prompt_len: int = 1024
     min_response_len: int = 128
-    # Continuous batching (llm role).
-    max_batch_tokens: int = 2048
+    # Continuous batching (llm role): the most tokens one pipeline step computes; 0 = the
+    # model's context (a whole prompt in one step). A prompt longer than N is computed in
+    # steps of N: the CPU plugin keeps a step's intermediate buffers for reuse, so N bounds
+    # what a long prompt leaves resident (Qwen2.5-Coder-1.5B, a 1,000-token prompt: about
+    # 170 MiB in one step; docs/performance.md, "Memory of the llm worker").
+    max_batch_tokens: int = 0
     # The KV cache's limit (whole GB): the pipeline allocates blocks as requests need them.
     kv_cache_gb: float = 1.0
     # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
@@ -122,6 +126,9 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
             self.stall_timeout = 300.0 if self.role == "npu" else 120.0
         if self.max_queue <= 0:
             self.max_queue = 4 if self.role == "npu" else 64
+        if self.max_batch_tokens < 0:
+            raise ValueError(f"worker {self.name}: max_batch_tokens must be >= 0 (0 = the "
+                             "model's context)")
         if self.prompt_lookup < 0 or self.prompt_lookup_ngram < 1:
             raise ValueError("prompt_lookup must be >= 0 and prompt_lookup_ngram >= 1")
         if self.prompt_lookup and self.role != "llm":
