@@ -94,6 +94,8 @@ def _prune(root: Path) -> None:
 
 def _converting(staging: Path) -> bool:
     """Whether the worker named in a staging folder's name (`<folder>.<pid>.partial`) runs."""
+    if os.name != "posix":
+        return True  # NOTE: os.kill(pid, 0) on Windows terminates the process; keep it
     try:
         os.kill(int(staging.stem.rsplit(".", 1)[-1]), 0)
     except ValueError:
