@@ -86,7 +86,9 @@ def test_converted_once_then_loaded_as_ir(converted: Converted,
     assert _greedy(first) == _greedy(str(gguf))
 
 
-def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(tmp_path: Path) -> None:
+def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="npu_proxy")
     gone = tmp_path / "gone.gguf"
     gone.write_bytes(b"GGUF")
     stale = ir_folder(tmp_path / "cache" / GGUF_IR, gone)
@@ -97,6 +99,9 @@ def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(tmp_path: P
     # A conversion that fails still costs only the speed-up: the GGUF itself is loaded.
     assert loadable(str(tmp_path / "model.gguf"), tmp_path / "cache") == str(
         tmp_path / "model.gguf")
+    # ...and says why: the conversion's child process failed, with its own last lines.
+    assert "could not keep model.gguf as IR" in caplog.text
+    assert "failed in child process" in caplog.text and "could not convert" in caplog.text
     assert not stale.exists() and list((tmp_path / "cache" / GGUF_IR).iterdir()) == []
 
 
