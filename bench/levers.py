@@ -162,14 +162,20 @@ LEVERS = [
 
 def genai_ir(gguf: str) -> str:
     """The IR as OpenVINO GenAI saves it, without workers/ir_fusion.py's rewrite."""
+    from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR
     from npu_proxy.workers import gguf_ir
 
+    folder = gguf_ir.ir_folder(CACHE / "genai" / GGUF_IR, Path(gguf))
+    if (folder / CONVERTED_FROM).is_file():
+        return str(folder)
+    # NOTE: in this process (loadable() converts in a child, which this patch would miss).
     rewrite = gguf_ir._rewrite
     gguf_ir._rewrite = lambda folder: None
     try:
-        return loadable(gguf, CACHE / "genai")
+        gguf_ir._convert(Path(gguf), folder)
     finally:
         gguf_ir._rewrite = rewrite
+    return str(folder)
 
 
 def weights_path(kind: str, ir: str, gguf: str) -> str | None:

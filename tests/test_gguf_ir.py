@@ -86,7 +86,9 @@ def test_converted_once_then_loaded_as_ir(converted: Converted,
     assert _greedy(first) == _greedy(str(gguf))
 
 
-def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(tmp_path: Path) -> None:
+def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="npu_proxy")
     gone = tmp_path / "gone.gguf"
     gone.write_bytes(b"GGUF")
     stale = ir_folder(tmp_path / "cache" / GGUF_IR, gone)
@@ -97,6 +99,9 @@ def test_the_ir_of_a_vanished_gguf_is_dropped_at_the_next_conversion(tmp_path: P
     # A conversion that fails still costs only the speed-up: the GGUF itself is loaded.
     assert loadable(str(tmp_path / "model.gguf"), tmp_path / "cache") == str(
         tmp_path / "model.gguf")
+    # ...and says why: the conversion's child process failed, with its own last lines.
+    assert "could not keep model.gguf as IR" in caplog.text
+    assert "failed in child process" in caplog.text and "could not convert" in caplog.text
     assert not stale.exists() and list((tmp_path / "cache" / GGUF_IR).iterdir()) == []
 
 
@@ -143,7 +148,10 @@ def test_the_rewritten_graph_computes_the_same_numbers_with_fewer_products(
     gguf = str(locate(Config(), "smollm2:135m").path)
     rewritten = str(converted.folder)
     monkeypatch.setattr(gguf_ir, "_rewrite", lambda folder: None)
-    as_genai_saves_it = loadable(gguf, tmp_path / "plain")
+    # NOTE: converted in this process (loadable() converts in a child, which has no patch).
+    plain = ir_folder(tmp_path / GGUF_IR, Path(gguf))
+    gguf_ir._convert(Path(gguf), plain)
+    as_genai_saves_it = str(plain)
     exact = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
     # NOTE: bf16 too (OpenVINO's default on CPUs with AMX; issue 28): merging gate and up
     # moved the gate's Swish off the product's f32 accumulator onto bf16-rounded values.
@@ -159,7 +167,8 @@ def test_a_rewrite_that_changes_the_numbers_is_not_kept(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = str(locate(Config(), "smollm2:135m").path)
     monkeypatch.setattr(gguf_ir, "agrees", lambda saved, rewritten, folder: False)
-    folder = Path(loadable(gguf, tmp_path))
+    folder = ir_folder(tmp_path / GGUF_IR, Path(gguf))
+    gguf_ir._convert(Path(gguf), folder)  # NOTE: in this process, as above
     model = ov.Core().read_model(folder / "openvino_model.xml")
     assert sum(op.get_type_name() == "MatMul" for op in model.get_ordered_ops()) == 212
     assert not (folder / "rewritten.xml").exists()

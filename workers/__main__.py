@@ -57,11 +57,12 @@ def _build_engine(proc: WorkerProcess) -> Engine:
         kind = SerialEngine
     elif spec.role == "vlm":
         kind = VlmEngine
-    engine = kind(spec, loadable(str(path), proc.config.model_cache_path()), context or 2048,
+    cache, hang = proc.config.model_cache_path(), spec.faults.hang_in_conversion
+    engine = kind(spec, loadable(str(path), cache, proc.stopping, hang), context or 2048,
                   proc.emit)
     if spec.draft_model and isinstance(engine, BatchEngine):
         draft = locate(proc.config, spec.draft_model).path
-        engine.draft_path = loadable(str(draft), proc.config.model_cache_path())
+        engine.draft_path = loadable(str(draft), cache, proc.stopping, hang)
     engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)
     engine.chat_template = configured_template(proc.config, spec.model_name)
     return engine

@@ -7,7 +7,8 @@ file's path, size and modification time, and every later load (restart, model sw
 another worker on the same model) reads that folder instead. The saved graph is first
 rewritten without changing its numbers (workers/ir_fusion.py: fewer, larger matrix products
 per decode step); FORMAT names that rewriting in the folder's key, so a folder made by an
-older version is made again (and the old one removed).
+older version is made again (and the old one removed). A worker converts in a child process
+(workers/generation/conversion.py), so it holds no more memory than one that loaded the IR.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +40,15 @@ def ir_folder(root: Path, gguf: Path) -> Path:
     return root / f"{real.stem}-{key}"
 
 
-def loadable(model_path: str, cache: Path) -> str:
+def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
+             hang: bool = False) -> str:
     """The path a pipeline should load for `model_path`: its converted IR folder in the model
-    cache when it is a GGUF file (converting it now if that was never done), else
-    `model_path` unchanged. The folder is complete once its COMPLETE file exists (written
-    last, naming the GGUF file), so an interrupted conversion is never loaded."""
+    cache when it is a GGUF file (converting it now in a child process if that was never
+    done), else `model_path` unchanged. The folder is complete once its COMPLETE file exists
+    (written last, naming the GGUF file), so an interrupted conversion is never loaded.
+    `stop` set ends a conversion (ConversionStopped); `hang` is a test fault hook."""
+    from npu_proxy.workers.generation.conversion import ConversionStopped, convert_in_child
+
     gguf = Path(model_path)
     if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
         return model_path
@@ -51,7 +58,9 @@ def loadable(model_path: str, cache: Path) -> str:
         return str(done)
     _prune(done.parent)
     try:
-        _convert(gguf, done)
+        convert_in_child(gguf, done, stop, hang)
+    except ConversionStopped:
+        raise
     except Exception:
         # NOTE: a conversion that fails (disk full, read-only cache) costs only the speed-up.
         log.exception("could not keep %s as IR; loading the GGUF file itself", gguf.name)
@@ -66,6 +75,10 @@ def _prune(root: Path) -> None:
     if not root.is_dir():
         return
     for folder in root.iterdir():
+        if folder.suffix == ".partial" and not _converting(folder):
+            log.info("removing %s: what a conversion that was killed left", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         try:
             source = Path((folder / COMPLETE).read_text().strip())
         except OSError:
@@ -77,6 +90,21 @@ def _prune(root: Path) -> None:
             log.info("removing %s: an older conversion of %s (or of its older version)",
                      folder, source)
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _converting(staging: Path) -> bool:
+    """Whether the worker named in a staging folder's name (`<folder>.<pid>.partial`) runs."""
+    if os.name != "posix":
+        return True  # NOTE: os.kill(pid, 0) on Windows terminates the process; keep it
+    try:
+        os.kill(int(staging.stem.rsplit(".", 1)[-1]), 0)
+    except ValueError:
+        return False
+    except PermissionError:
+        return True  # another user's process (a service's worker)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # The conversion's check that the rewritten graph answers as the saved one does (issue 28): a
@@ -171,10 +199,12 @@ def _rewrite(folder: Path) -> None:
             (folder / f"rewritten{suffix}").unlink()
 
 
-def _convert(gguf: Path, done: Path) -> None:
+def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = False) -> None:
+    """`gguf` converted into `done`, made in `staging` and renamed once complete. In-process:
+    what the conversion's child process runs (loadable() starts it)."""
     import openvino_genai as ov_genai
 
-    staging = done.with_name(f"{done.name}.{os.getpid()}.partial")
+    staging = staging or done.with_name(f"{done.name}.{os.getpid()}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
@@ -196,6 +226,10 @@ def _convert(gguf: Path, done: Path) -> None:
         if not (staging / "openvino_model.xml").is_file():
             raise RuntimeError("OpenVINO GenAI saved no openvino_model.xml")
         _rewrite(staging)
+        while hang:
+            # NOTE: the test fault hook hang_in_conversion: all saved but the COMPLETE file.
+            log.error("fault hook: conversion held before the folder is complete")
+            time.sleep(3600)
         (staging / COMPLETE).write_text(f"{gguf.resolve()}\n")
         try:
             staging.rename(done)

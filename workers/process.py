@@ -68,6 +68,12 @@ class WorkerProcess:
         self._stop = threading.Event()
         self._draining = threading.Event()
 
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the worker is to stop (after SIGTERM): a long wait inside a load (a GGUF
+        conversion's child process) ends on it."""
+        return self._stop
+
     # --- publishing ----------------------------------------------------------------------
 
     def publish(self, beat: Heartbeat) -> None:
@@ -235,6 +241,10 @@ class WorkerProcess:
             self.publish(self.heartbeat())
             engine.run(self._stop)
         except Exception as exc:
+            if self._draining.is_set() and self.engine is None:
+                # NOTE: told to stop while loading (a conversion was ended): not a failure.
+                log.info("stopped while loading: %s", exc)
+                return self._stopped(receiver)
             log.exception("worker failed")
             self.state = ProcessState.FAILED
             self.error = str(exc)
@@ -243,6 +253,9 @@ class WorkerProcess:
             self._stop.set()
             receiver.join(1.0)
             return 1
+        return self._stopped(receiver)
+
+    def _stopped(self, receiver: threading.Thread) -> int:
         self.state = ProcessState.STOPPED
         self.publish(self.heartbeat())
         receiver.join(1.0)

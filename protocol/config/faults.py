@@ -16,6 +16,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     """Test-only fault injection; inert unless set explicitly for one worker."""
 
     hang_in_load: bool = False
+    # Hold a GGUF conversion's child process for good once it saved the IR, before the
+    # folder is marked complete (workers/generation/conversion.py).
+    hang_in_conversion: bool = False
     crash_in_load: bool = False
     exit_after_tokens: int | None = None
     abort_after_tokens: int | None = None
