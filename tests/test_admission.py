@@ -58,8 +58,10 @@ BURST_TOKENS = 8
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("admission"), workers=[
+        # NOTE: a whole prompt per step (not the default steps of 512), so a long prompt is
+        # one long silent step: test_a_long_prefill_does_not_get_the_worker_killed.
         {"name": "llm", "role": "llm", "device": "CPU", "max_running": RUNNING,
-         "max_queue": QUEUED},
+         "max_queue": QUEUED, "max_batch_tokens": 0},
     ], inference_timeout=600.0).start()
     yield server
     server.stop()
@@ -302,8 +304,9 @@ def test_a_huge_prompt_is_refused_unread_and_the_worker_lives(srv: Server) -> No
 
 
 def test_a_long_prefill_does_not_get_the_worker_killed(srv: Server) -> None:
-    """A prompt just under the context: its prefill is one pipeline step of 5-14 s on 2 CPU
-    cores, during which the worker cannot heartbeat; the supervisor used to kill it at 10 s."""
+    """A prompt just under the context, read in one pipeline step (max_batch_tokens = 0):
+    5-14 s on 2 CPU cores, during which the worker cannot heartbeat; the supervisor used to
+    kill it at 10 s."""
     before = wait_row(srv, lambda r: r["state"] == "ready")
     long = "The quick brown fox jumps over the lazy dog. " * 790  # about 7,900 tokens
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=600, json={

@@ -63,8 +63,8 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     except Unavailable as exc:
         pytest.skip(str(exc))
     # NOTE: bf16 (AMX/AVX512-BF16 where the CPU has them) reads long prompts faster than the
-    # llm worker's f32 default, which is tuned for decode. A prompt is one pipeline step
-    # (minutes here), hence the stall and inference timeouts; 2 GB of KV cache hold the
+    # llm worker's f32 default, which is tuned for decode. A prompt takes minutes here,
+    # hence the stall and inference timeouts; 2 GB of KV cache hold the
     # 32,768-token context with room for the prefix cache that makes later turns cheap.
     srv = Server(tmp_path_factory.mktemp("qwen"), workers=[{
         "name": "llm", "role": "llm", "model": QWEN, "kv_cache_gb": 2.0,

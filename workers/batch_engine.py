@@ -92,19 +92,20 @@ def without_useless_cache(device: str, properties: dict[str, Any]) -> dict[str, 
 
 
 def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
-    """The worker's continuous-batching scheduler: prefix caching on, a whole prompt per step;
+    """The worker's continuous-batching scheduler: prefix caching on, prompts read in steps;
     deterministic: one sequence per step (spec.max_running is 1), no prefix caching."""
     sched = ov_genai.SchedulerConfig()
     # NOTE: a prefix-cache hit computes only the prompt's uncached tail, in other shapes than
     # the whole prompt; deterministic mode makes every request compute its whole prompt.
     sched.enable_prefix_caching = not spec.deterministic
     sched.cache_size = max(1, int(spec.kv_cache_gb))
-    # NOTE: by default a whole prompt's prefill fits one step. step() holds the GIL, so no
-    # heartbeat leaves during it (a 7,900-token prompt: one 8-14 s step on 2 loaded CPU
-    # cores); heartbeats say `blocking` meanwhile (see BatchEngine.blocking). Steps of 2,048
-    # (split-fuse) measured no better there: 6-10 s silences, 12-15 s instead of 8-14 s
-    # prefill. spec.max_batch_tokens sets smaller steps: the plugin keeps the largest step's
-    # scratch, so they bound a long prompt's resident memory (docs/performance.md).
+    # NOTE: a prompt is read in steps of spec.max_batch_tokens (512 by default; 0 = a whole
+    # prompt per step). The plugin keeps its largest step's scratch for reuse, so the step
+    # bounds what a long prompt leaves resident (Qwen2.5-Coder-1.5B after a 1,000-token
+    # prompt: -100 MiB against one step), and step() holds the GIL, so heartbeats (which say
+    # `blocking` meanwhile: BatchEngine.blocking), other streams' tokens and aborts wait at
+    # most a step. Measured in fresh processes (docs/performance.md): same greedy ids; TTFT
+    # x1.01 for SmolLM2 at 7,900 tokens, x1.09 for Qwen at 1,000 and x1.07 at 4,000.
     sched.max_num_batched_tokens = spec.max_batch_tokens or context_length
     sched.max_num_seqs = spec.max_running
     return sched

@@ -67,8 +67,10 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # model's context (a whole prompt in one step). A prompt longer than N is computed in
     # steps of N: the CPU plugin keeps a step's intermediate buffers for reuse, so N bounds
     # what a long prompt leaves resident (Qwen2.5-Coder-1.5B, a 1,000-token prompt: about
-    # 170 MiB in one step; docs/performance.md, "Memory of the llm worker").
-    max_batch_tokens: int = 0
+    # 170 MiB in one step, 100 less in steps of 512; docs/performance.md, "Memory of the llm
+    # worker"), and other streams decode between the steps. 512 is llama.cpp's own physical
+    # batch (n_ubatch).
+    max_batch_tokens: int = 512
     # The KV cache's limit (whole GB): the pipeline allocates blocks as requests need them.
     kv_cache_gb: float = 1.0
     # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
