@@ -107,13 +107,15 @@ LONG_SENTENCES = 22
 CONTROL = 3  # GGUF token_type of control tokens
 
 
-def long_messages(rng: random.Random) -> list[dict[str, str]]:
+def long_messages(rng: random.Random, sentences: int = LONG_SENTENCES) -> list[dict[str, str]]:
+    """A logbook of `sentences` entries to summarise, with fresh words first (no prefix-cache
+    hit): about 45 tokens per entry."""
     fresh = " ".join(rng.choice(WORDS) for _ in range(8))
     body = " ".join(
         f"Entry {i}: the keeper of the lighthouse on the northern cape wrote that the wind "
         f"turned {WORDS[i % len(WORDS)]} at dusk, that ship number {i * 7 + 3} passed the "
         "reef safely, and that the lamp needed oil before midnight."
-        for i in range(LONG_SENTENCES))
+        for i in range(sentences))
     return [{"role": "system", "content": f"Log {fresh}. You summarise logbooks."},
             {"role": "user", "content": body + "\n\nSummarise this logbook."}]
 

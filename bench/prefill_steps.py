@@ -41,18 +41,10 @@ MODELS = Path(os.environ.get("NPX_BENCH_MODELS", "/root/.cache/npu-proxy-test/mo
 
 def messages(rng: random.Random, tokens: int) -> list[dict[str, str]]:
     """~`tokens` templated tokens of logbook (bench/peers.py's long prompt, scaled)."""
-    from peers import WORDS
+    from peers import WORDS, long_messages
 
     if tokens >= 1000:
-        sentences = round(22 * tokens / 1000)
-        fresh = " ".join(rng.choice(WORDS) for _ in range(8))
-        body = " ".join(
-            f"Entry {i}: the keeper of the lighthouse on the northern cape wrote that the wind "
-            f"turned {WORDS[i % len(WORDS)]} at dusk, that ship number {i * 7 + 3} passed the "
-            "reef safely, and that the lamp needed oil before midnight."
-            for i in range(sentences))
-        return [{"role": "system", "content": f"Log {fresh}. You summarise logbooks."},
-                {"role": "user", "content": body + "\n\nSummarise this logbook."}]
+        return long_messages(rng, round(22 * tokens / 1000))
     fresh = " ".join(rng.choice(WORDS) for _ in range(4))
     return [{"role": "user", "content": f"{fresh}: write a short poem about the sea."}]
 
