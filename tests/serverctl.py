@@ -311,6 +311,6 @@ def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
     """The worker's /health/devices row once `check` holds (heartbeats bring the figures)."""
     deadline = time.monotonic() + timeout
     while not check(row := worker_row(srv, name)):
-        assert time.monotonic() < deadline, row
+        assert time.monotonic() < deadline, f"worker never got there: {row}\n{srv.logs()}"
         time.sleep(0.1)
     return row

@@ -24,7 +24,7 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from serverctl import Server
+from serverctl import Server, wait_row, worker_row
 
 from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import (
@@ -65,25 +65,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     ], inference_timeout=600.0).start()
     yield server
     server.stop()
-
-
-def worker_row(srv: Server) -> dict[str, Any]:
-    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
-    row: dict[str, Any] = next(w for w in rows if w["name"] == "llm")
-    return row
-
-
-def wait_row(srv: Server, check: Callable[[dict[str, Any]], bool],
-             timeout: float = 120.0) -> dict[str, Any]:
-    """Until the worker's row in /health/devices (its heartbeat) passes `check`."""
-    deadline = time.monotonic() + timeout
-    row = worker_row(srv)
-    while not check(row):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"worker never got there: {row}\n{srv.logs()}")
-        time.sleep(0.1)
-        row = worker_row(srv)
-    return row
 
 
 @dataclass
@@ -150,7 +131,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.rows.append(worker_row(self.srv))
+            self.rows.append(worker_row(self.srv, "llm"))
             self._stop.wait(0.05)
 
     def stop(self) -> list[dict[str, Any]]:
@@ -174,7 +155,7 @@ def within_bounds(row: dict[str, Any]) -> bool:
 
 
 def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) -> None:
-    before = wait_row(srv, lambda r: r["state"] == "ready")
+    before = wait_row(srv, "llm", lambda r: r["state"] == "ready", timeout=120)
     # 1. Fill the worker with requests that generate until cut: two running, two waiting.
     cut = threading.Event()
     held_pool = concurrent.futures.ThreadPoolExecutor(RUNNING + QUEUED)
@@ -185,7 +166,8 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
         # NOTE: one at a time, so which are running and which wait is decided by arrival.
         assert started.wait(120), "a held request was not accepted"
     try:
-        wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (RUNNING, QUEUED))
+        wait_row(srv, "llm", lambda r: (r["in_flight"], r["queue"]) == (RUNNING, QUEUED),
+                 timeout=120)
         # 2. While it is full, every further request is refused at once, in each API's shape.
         sampler = Sampler(srv)
         refused = burst(srv.url, BURST, BURST_TOKENS)
@@ -209,7 +191,7 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
     assert all(out.status == 200 for out in held_outcomes)
     # 3. Cut, they free their slots; a burst on the idle worker: whatever is admitted completes,
     # the rest is refused, and at least a full worker's worth (the first arrivals) is admitted.
-    wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    wait_row(srv, "llm", lambda r: (r["in_flight"], r["queue"]) == (0, 0), timeout=120)
     sampler = Sampler(srv)
     outcomes = burst(srv.url, BURST, BURST_TOKENS)
     rows = sampler.stop()
@@ -222,7 +204,7 @@ def test_a_full_worker_refuses_at_once_and_the_admitted_complete(srv: Server) ->
     assert len(complete) >= RUNNING + QUEUED
     assert all(within_bounds(row) for row in rows), rows
     # 4. Every slot is free again, and the worker was never restarted.
-    after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    after = wait_row(srv, "llm", lambda r: (r["in_flight"], r["queue"]) == (0, 0), timeout=120)
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
     assert after["state"] == "ready"
 
@@ -277,7 +259,7 @@ HUGE = "日本語のテキスト" * 2**20
 
 
 def test_a_huge_prompt_is_refused_unread_and_the_worker_lives(srv: Server) -> None:
-    before = wait_row(srv, lambda r: r["state"] == "ready")
+    before = wait_row(srv, "llm", lambda r: r["state"] == "ready", timeout=120)
     wire = WorkerWire(srv)
     try:
         failed = wire.ask(Generate(
@@ -292,14 +274,14 @@ def test_a_huge_prompt_is_refused_unread_and_the_worker_lives(srv: Server) -> No
         assert "characters" in failed.message
     finally:
         wire.close()
-    after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    after = wait_row(srv, "llm", lambda r: (r["in_flight"], r["queue"]) == (0, 0), timeout=120)
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
     # Through the gateway, in the API's shape (unless its own request limits answer first).
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
         "model": LLM, "max_tokens": 4, "messages": [{"role": "user", "content": HUGE}]})
     assert r.status_code in (400, 413), r.text[:300]
     assert r.json()["error"]["message"]
-    after = worker_row(srv)
+    after = worker_row(srv, "llm")
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])
 
 
@@ -307,11 +289,11 @@ def test_a_long_prefill_does_not_get_the_worker_killed(srv: Server) -> None:
     """A prompt just under the context, read in one pipeline step (max_batch_tokens = 0):
     5-14 s on 2 CPU cores, during which the worker cannot heartbeat; the supervisor used to
     kill it at 10 s."""
-    before = wait_row(srv, lambda r: r["state"] == "ready")
+    before = wait_row(srv, "llm", lambda r: r["state"] == "ready", timeout=120)
     long = "The quick brown fox jumps over the lazy dog. " * 790  # about 7,900 tokens
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=600, json={
         "model": LLM, "max_tokens": 2, "messages": [{"role": "user", "content": long}]})
     assert r.status_code == 200, r.text[:300]
     assert 7000 < r.json()["usage"]["prompt_tokens"] < 8191
-    after = wait_row(srv, lambda r: (r["in_flight"], r["queue"]) == (0, 0))
+    after = wait_row(srv, "llm", lambda r: (r["in_flight"], r["queue"]) == (0, 0), timeout=120)
     assert (after["pid"], after["restarts"]) == (before["pid"], before["restarts"])

@@ -21,7 +21,7 @@ import openai
 import pytest
 from fakehub import FakeHub
 from PIL import Image
-from serverctl import Server, wait_for
+from serverctl import Server, wait_for, worker_row
 from test_images import checkerboard
 
 from npu_proxy.models.registry import package_file
@@ -201,11 +201,6 @@ def test_capabilities_say_vision(srv: Server) -> None:
     assert "vision" not in plain["capabilities"]
 
 
-def _worker_row(srv: Server) -> dict[str, Any]:
-    rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
-    return dict(next(w for w in rows if w["name"] == "vlm"))
-
-
 def test_a_client_that_leaves_stops_its_generation(srv: Server) -> None:
     """Closing the stream aborts the request in the worker (its tokens stop being made)."""
     aborted = srv.worker_log("vlm").count("reason=abort")
@@ -219,7 +214,7 @@ def test_a_client_that_leaves_stops_its_generation(srv: Server) -> None:
                 break
     wait_for(lambda: srv.worker_log("vlm").count("reason=abort") > aborted, timeout=120,
              what="the abandoned request was not aborted")
-    wait_for(lambda: not _worker_row(srv)["gateway_requests"], timeout=60)
+    wait_for(lambda: not worker_row(srv, "vlm")["gateway_requests"], timeout=60)
 
 
 def test_killed_vlm_worker_fails_only_its_stream_and_comes_back(srv: Server,
@@ -237,7 +232,7 @@ def test_killed_vlm_worker_fails_only_its_stream_and_comes_back(srv: Server,
                     os.kill(old_pid, signal.SIGKILL)
     errors = [e for e in events if "error" in e]
     assert errors and "vlm" in errors[0]["error"]["message"], events[-3:]
-    wait_for(lambda: _worker_row(srv)["state"] == "ready" and
+    wait_for(lambda: worker_row(srv, "vlm")["state"] == "ready" and
              int(srv.children()["vlm"]["pid"]) != old_pid, timeout=180,
              what="the vlm worker did not come back ready")
     again = answer(client, with_image(png("red"))).choices[0].message.content
