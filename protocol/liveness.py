@@ -39,6 +39,10 @@ class Heartbeat(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # Embedding pipeline calls so far by their size class (EMBED_BATCH_CLASSES): how many
     # requests' texts the worker batched together.
     embed_batches: list[int] | None = None
+    # The process replaces one that crashed (its supervisor's WorkerStatus.recovering, passed
+    # as `--recovering`): what tells another host's gateway a first load, which its requests
+    # wait for, from a crash's restart, which they get a 503 for (WorkerLink.first_load).
+    recovering: bool = False
 
 
 # Upper bounds of the size classes (texts per pipeline call) of Heartbeat.embed_batches.

@@ -76,8 +76,11 @@ class Child:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
     def spawn(self) -> None:
+        # NOTE: the worker says so in its heartbeats, for gateways this supervisor does not
+        # tell (another host's: gateway/core/broker.py WorkerLink.first_load).
+        recovering = ["--recovering"] if self.recovering and self.kind != "gateway" else []
         self.proc = subprocess.Popen(
-            self.argv,
+            self.argv + recovering,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -96,6 +96,9 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+_GIVEN: set[int] = set()
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -117,7 +120,11 @@ def free_port_block(n: int) -> int:
     for _ in range(200):
         a, b = rng.choice(spans)
         base = rng.randrange(a, b)
-        if all(_bindable(port) for port in range(base, base + n)):
+        block = range(base, base + n)
+        # NOTE: never a port handed out before in this session: two servers set up before
+        # either starts (a gateway host and a worker host) got overlapping blocks once.
+        if _GIVEN.isdisjoint(block) and all(_bindable(port) for port in block):
+            _GIVEN.update(block)
             return base
     raise RuntimeError("no block of free ports")
 

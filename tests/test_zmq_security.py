@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
+import signal
 import stat
 import time
 from collections.abc import Iterator
@@ -174,6 +176,27 @@ def test_a_second_instance_on_the_same_ports_refuses_to_start(
     assert chat(srv.url).status_code == 200
 
 
+def _two_hosts(tmp_path: Path, faults: dict[str, Any],
+               heartbeat_timeout: float = 10.0) -> tuple[Server, Server]:
+    """A (a gateway only) and B (a worker `far` only, with these fault hooks), on loopback
+    TCP with keys exchanged as files, as docs/deployment.md tells; neither started."""
+    gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
+                          workers=[])
+    a_keys = Path(gateway_host.config.keys_path())
+    gateway_host.cli("keys")
+    worker_port = free_port_block(4)
+    worker_host = Server(tmp_path / "b", workers=[{"name": "far", "role": "llm",
+                                                   "faults": faults}],
+                         transport="tcp", tcp_base_port=worker_port,
+                         client_key_files=[str(a_keys / "client.key")])
+    b_keys = Path(worker_host.config.keys_path())
+    worker_host.cli("keys")
+    gateway_host.write_config(workers=[{
+        "name": "far", "role": "llm", "address": f"127.0.0.1:{worker_port + 2}",
+        "public_key_file": str(b_keys / "server.key"), "heartbeat_timeout": heartbeat_timeout}])
+    return gateway_host, worker_host
+
+
 def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> None:
     """Two hosts on loopback: B runs only a worker (`--worker-only`), A only a gateway whose
     worker `far` is B's; keys exchanged as files, as docs/deployment.md tells. A request sent
@@ -181,22 +204,9 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
     by a fault hook until the test releases it): answered, not a 503; A is not ready until
     it has heard `far`."""
     gate = tmp_path / "heartbeats-may-reach-gateways"
-    gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
-                          workers=[])
-    a_keys = Path(gateway_host.config.keys_path())
-    gateway_host.cli("keys")
-    worker_port = free_port_block(4)
-    worker_host = Server(tmp_path / "b", workers=[{
-        "name": "far", "role": "llm",
-        "faults": {"hold_gateway_heartbeats_until": str(gate)}}],
-        transport="tcp", tcp_base_port=worker_port,
-        client_key_files=[str(a_keys / "client.key")])
-    b_keys = Path(worker_host.config.keys_path())
-    worker_host.cli("keys")
     # NOTE: a wide bound, so that the wait below ends when the test releases the heartbeats.
-    gateway_host.write_config(workers=[{
-        "name": "far", "role": "llm", "address": f"127.0.0.1:{worker_port + 2}",
-        "public_key_file": str(b_keys / "server.key"), "heartbeat_timeout": 600.0}])
+    gateway_host, worker_host = _two_hosts(
+        tmp_path, {"hold_gateway_heartbeats_until": str(gate)}, heartbeat_timeout=600.0)
     try:
         worker_host.start(args=["--worker-only"])
         assert set(worker_host.children()) == {"far"}
@@ -221,6 +231,45 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
         assert httpx.get(gateway_host.url + "/health/ready", timeout=10).status_code == 200
         request_id = r.headers["x-request-id"]
         assert f"finished request_id={request_id}" in worker_host.worker_log("far")
+    finally:
+        gate.touch()
+        gateway_host.stop()
+        worker_host.stop()
+
+
+def test_a_remote_worker_loading_for_the_first_time_is_waited_for_not_its_crash_restart(
+        tmp_path: Path) -> None:
+    """Another host's worker heard loading: a request waits for its first load (as for a
+    local worker) and is answered; once it crashed and its supervisor restarts it, a request
+    gets a 503 with Retry-After at once (its heartbeat says it recovers), not a wait for a
+    whole reload."""
+    gate = tmp_path / "load-may-go-on"
+    gateway_host, worker_host = _two_hosts(tmp_path, {"hold_load_until": str(gate)})
+    try:
+        worker_host.start(wait=False, args=["--worker-only"])
+        gateway_host.start()
+        wait_row(gateway_host, "far", lambda row: row["state"] == "loading")
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                answer = pool.submit(chat, gateway_host.url)
+                wait_for(lambda: answer.done() or "requests wait for worker far: loading for "
+                         "the first time" in gateway_host.worker_log("gateway"), 60)
+                assert not answer.done(), answer.result().text
+            finally:
+                gate.touch()  # NOTE: also on a failure, or the pool waits out load_timeout
+            r = answer.result(timeout=300)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-npu-proxy-worker"] == "far"
+        # The crash: B restarts the worker, whose load is held again.
+        gate.unlink()
+        crashed = worker_row(gateway_host, "far")["pid"]
+        os.kill(crashed, signal.SIGKILL)
+        wait_row(gateway_host, "far", lambda row: row["pid"] not in (None, crashed)
+                 and row["state"] == "loading")
+        refused = chat(gateway_host.url)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "unavailable"
     finally:
         gate.touch()
         gateway_host.stop()

@@ -72,12 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m npu_proxy.workers")
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--recovering", action="store_true",
+                        help="this process replaces one that crashed (the supervisor's flag)")
     args = parser.parse_args(argv)
     config = read_config_file(args.config)
     spec = config.worker(args.worker)
     setup_logging(f"worker:{spec.name}", config.log_level, config.log_format,
                   fields={"worker": spec.name, "device": spec.device})
-    return WorkerProcess(config, spec).run(_build_engine)
+    return WorkerProcess(config, spec, args.recovering).run(_build_engine)
 
 
 if __name__ == "__main__":

@@ -53,9 +53,10 @@ HEARTBEAT_INTERVAL = 0.5
 
 
 class WorkerProcess:
-    def __init__(self, config: Config, spec: WorkerSpec) -> None:
+    def __init__(self, config: Config, spec: WorkerSpec, recovering: bool = False) -> None:
         self.config = config
         self.spec = spec
+        self.recovering = recovering
         self.state = ProcessState.STARTING
         self.error = ""
         self.load_seconds = 0.0
@@ -117,6 +118,7 @@ class WorkerProcess:
                          if engine is not None and engine.in_flight else 0.0),
             blocking=engine.blocking if engine is not None else False,
             embed_batches=list(getattr(engine, "batches", [])) or None,
+            recovering=self.recovering,
         )
 
     def _announce(self) -> None:
