@@ -1,5 +1,9 @@
-"""sha256 digests of model files, kept in a small JSON cache keyed by size and mtime, so a
-model's files are hashed once per change, not once per start.
+"""sha256 digests of model files, kept in a small JSON cache keyed by each file's stat (path,
+size, mtime, inode, ctime), so a model's files are hashed once per change, not once per start.
+
+The model cache's record (`<model cache>/digests.json`) serves both /api/show's digests
+(models/facts.py) and the key of a GGUF's converted IR (workers/gguf_ir.py): one hash of a
+file for both. Entries whose file is gone or changed are dropped whenever it is written.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ class _CacheEntry(msgspec.Struct):
     size: int
     mtime_ns: int
     sha256: str
+    # NOTE: 0 in records written before these were kept: such an entry is hashed again once.
+    inode: int = 0
+    ctime_ns: int = 0
 
 
 class _CacheFile(msgspec.Struct):
@@ -26,8 +33,28 @@ class _CacheFile(msgspec.Struct):
     entries: dict[str, _CacheEntry] = msgspec.field(default_factory=dict)
 
 
-StatKey = tuple[str, int, int]
+# (resolved path, size, mtime_ns, inode, ctime_ns): a file rewritten in place keeps its path
+# and may keep its size and (set back) mtime, but never its ctime; a copy has another inode.
+StatKey = tuple[str, int, int, int, int]
 _HASH_CHUNK = 4 * 1024 * 1024
+
+
+def stat_key(path: Path) -> StatKey:
+    """`path`'s StatKey (`path` resolved by the caller)."""
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
+def _entry_key(path: str, entry: _CacheEntry) -> StatKey:
+    return (path, entry.size, entry.mtime_ns, entry.inode, entry.ctime_ns)
+
+
+def _unchanged(key: StatKey) -> bool:
+    """Whether the file of a recorded StatKey is still there, as it was."""
+    try:
+        return stat_key(Path(key[0])) == key
+    except OSError:
+        return False
 
 
 def sha256_file(path: Path) -> str:
@@ -41,8 +68,8 @@ def sha256_file(path: Path) -> str:
 
 
 class DigestCache:
-    """sha256 of files keyed by (absolute path, size, mtime_ns), in memory and, when given a
-    `cache_dir`, in `<cache_dir>/digests.json` so a restart does not re-hash. Thread-safe."""
+    """sha256 of files keyed by their StatKey, in memory and, when given a `cache_dir`, in
+    `<cache_dir>/digests.json` so a restart does not re-hash. Thread-safe."""
 
     FILE_NAME = "digests.json"
 
@@ -52,17 +79,15 @@ class DigestCache:
         self._lock = threading.Lock()
 
     def file_sha256(self, path: Path) -> str:
-        """Hex sha256 of `path`'s content, hashed at most once per (path, size, mtime)."""
-        path = path.resolve()
-        st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns)
+        """Hex sha256 of `path`'s content, hashed at most once per StatKey (a change, a copy)."""
+        key = stat_key(path.resolve())
         with self._lock:
             if (hit := self._memory.get(key)) is not None:
                 return hit
             if (hit := self._from_disk(key)) is not None:
                 self._memory[key] = hit
                 return hit
-        hex_digest = sha256_file(path)
+        hex_digest = sha256_file(Path(key[0]))
         logger.debug("hashed model file", extra={"path": key[0], "size": key[1]})
         with self._lock:
             self._memory[key] = hex_digest
@@ -84,16 +109,28 @@ class DigestCache:
 
     def _from_disk(self, key: StatKey) -> str | None:
         entry = self._load().entries.get(key[0])
-        if entry is not None and (entry.size, entry.mtime_ns) == key[1:]:
+        if entry is not None and _entry_key(key[0], entry) == key:
             return entry.sha256
         return None
+
+    def recorded(self) -> dict[str, str]:
+        """The record on disk: digest by resolved path, whether or not the file still is."""
+        return {path: entry.sha256 for path, entry in self._load().entries.items()}
+
+    def live(self) -> dict[str, str]:
+        """The record's entries whose file is still there as it was hashed (a stat each)."""
+        return {path: entry.sha256 for path, entry in self._load().entries.items()
+                if _unchanged(_entry_key(path, entry))}
 
     def _to_disk(self, key: StatKey, hex_digest: str) -> None:
         if self.cache_file is None:
             return
         # NOTE: re-read before writing so entries added by another process are kept.
         data = self._load()
-        data.entries[key[0]] = _CacheEntry(key[1], key[2], hex_digest)
+        # NOTE: bounded: an entry whose file is gone or changed can never be hit again.
+        data.entries = {path: entry for path, entry in data.entries.items()
+                        if path != key[0] and _unchanged(_entry_key(path, entry))}
+        data.entries[key[0]] = _CacheEntry(key[1], key[2], hex_digest, key[3], key[4])
         tmp = self.cache_file.with_name(
             f"{self.FILE_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from npu_proxy.models.digests import DigestCache, StatKey
+from npu_proxy.models.digests import DigestCache, StatKey, stat_key
 from npu_proxy.models.gguf import (
     GGML_TENSOR_TYPES,
     GGUF_FILE_TYPES,
@@ -311,11 +311,6 @@ def _folder_files(folder: Path) -> list[Path]:
     )
 
 
-def _stat_key(path: Path) -> StatKey:
-    st = path.stat()
-    return (str(path), st.st_size, st.st_mtime_ns)
-
-
 def describe_model(path: Path, cache_dir: Path | None = None) -> ModelDetails:
     """Describe a `.gguf` file or an OpenVINO IR folder. Nothing is written beside the model;
     digests are cached in memory and, if `cache_dir` is given, in a small JSON file there."""
@@ -324,12 +319,12 @@ def describe_model(path: Path, cache_dir: Path | None = None) -> ModelDetails:
         if not (path / IR_XML).is_file() and not (path / VLM_XML).is_file():
             raise ModelInfoError(f"{path}: no {IR_XML} (nor {VLM_XML})")
         files = _folder_files(path)
-        stat_keys = tuple(_stat_key(f) for f in files)
+        stat_keys = tuple(stat_key(f) for f in files)
     elif path.is_file():
-        files, stat_keys = [path], (_stat_key(path),)
+        files, stat_keys = [path], (stat_key(path),)
     else:
         raise ModelInfoError(f"{path}: no such file or folder")
-    # NOTE: keyed by every file's (path, size, mtime_ns): a changed model is described afresh.
+    # NOTE: keyed by every file's StatKey: a changed model is described afresh.
     if (hit := _details.get(stat_keys)) is not None:
         return hit
     cache = _cache_for(cache_dir)

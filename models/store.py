@@ -30,6 +30,7 @@ import msgspec
 
 from npu_proxy.models.blobs import parse_digest
 from npu_proxy.models.created import CreatedModel
+from npu_proxy.models.digests import DigestCache
 from npu_proxy.models.portable import path_problem
 from npu_proxy.models.registry import ModelNameError, canonical
 
@@ -38,8 +39,9 @@ log = logging.getLogger(__name__)
 MANIFEST = ".npu-proxy-manifest.json"
 STAGING = ".staging"
 ALIASES = "aliases.json"
-# GGUF models converted to OpenVINO IR once, so that restarts skip the conversion; each
-# folder's CONVERTED_FROM file names the GGUF it came from (see workers/gguf_ir.py).
+# GGUF models converted to OpenVINO IR once, so that restarts skip the conversion; a folder
+# per GGUF content, whose CONVERTED_FROM file names the GGUF it was converted from and that
+# file's sha256 (see workers/gguf_ir.py).
 GGUF_IR = ".gguf-ir"
 CONVERTED_FROM = "converted-from.txt"
 CREATED = "created"
@@ -101,6 +103,16 @@ def inside(root: Path, path: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def converted_from(ir: Path) -> tuple[Path, str] | None:
+    """The GGUF a converted folder was made from and its sha256 ("" for a folder made before
+    the folders were keyed by content); None while the folder is not complete."""
+    try:
+        lines = (ir / CONVERTED_FROM).read_text().splitlines()
+    except OSError:
+        return None
+    return (Path(lines[0]), lines[1] if len(lines) > 1 else "") if lines else None
 
 
 def _mtime(path: str) -> int:
@@ -273,13 +285,18 @@ class ModelStore:
         return True
 
     def _remove_converted(self, folder: Path) -> None:
-        """Drop the IR converted from any GGUF file that was in `folder`."""
+        """Drop the IR converted from any GGUF file that was in `folder`, unless another GGUF
+        file of the same content is still there (the model cache's digest record lists it)."""
+        record = DigestCache(self.root)
+        folder = folder.resolve()
+        gone = {d for path, d in record.recorded().items() if inside(folder, Path(path))}
+        live = set(record.live().values())
         with contextlib.suppress(OSError):
             for ir in (self.root / GGUF_IR).iterdir():
-                with contextlib.suppress(OSError):
-                    source = Path((ir / CONVERTED_FROM).read_text().strip())
-                    if inside(folder.resolve(), source):
-                        _remove(ir)
+                made = converted_from(ir)
+                if made is not None and made[1] not in live and (
+                        inside(folder, made[0]) or made[1] in gone):
+                    _remove(ir)
 
     def add_alias(self, alias: str, target: str) -> None:
         folder_name(alias)  # validates

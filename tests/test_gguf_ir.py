@@ -5,6 +5,7 @@ rewritten with fewer matrix products that compute the same numbers."""
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +14,7 @@ import openvino as ov
 import openvino_genai as ov_genai
 import pytest
 
+from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.locate import locate
 from npu_proxy.models.store import GGUF_IR, Manifest, ManifestFile, ModelStore
 from npu_proxy.protocol.config import Config
@@ -112,22 +114,37 @@ def test_an_ir_folder_is_loaded_as_it_is(tmp_path: Path) -> None:
 
 def test_deleting_a_pulled_gguf_drops_its_ir(tmp_path: Path) -> None:
     store = ModelStore(tmp_path)
-    staging = store.staging_dir("tiny:1b")
-    staging.mkdir(parents=True)
-    (staging / "model.gguf").write_bytes(b"GGUF")
-    store.install(staging, Manifest(name="tiny:1b", kind="llm", format="gguf", source="test",
-                                    files=[ManifestFile(path="model.gguf", size=4)],
-                                    entry="model.gguf"))
-    gguf = store.model_dir("tiny:1b") / "model.gguf"
+    for name, data in (("tiny:1b", b"GGUF one"), ("tiny:2b", b"GGUF two")):
+        staging = store.staging_dir(name)
+        staging.mkdir(parents=True)
+        (staging / "model.gguf").write_bytes(data)
+        store.install(staging, Manifest(name=name, kind="llm", format="gguf", source="test",
+                                        files=[ManifestFile(path="model.gguf", size=8)],
+                                        entry="model.gguf"))
+    gguf, shared = (store.model_dir(name) / "model.gguf" for name in ("tiny:1b", "tiny:2b"))
     other = tmp_path / "elsewhere.gguf"
-    other.write_bytes(b"GGUF")
-    for source in (gguf, other):  # what a conversion leaves (its files do not matter here)
+    other.write_bytes(b"GGUF 3")
+    copy = tmp_path / "copy.gguf"  # the same bytes as tiny:2b's file
+    copy.write_bytes(b"GGUF two")
+    for source in (gguf, other, shared):  # what a conversion leaves (its files do not matter)
         ir = ir_folder(tmp_path / GGUF_IR, source)
         ir.mkdir(parents=True)
-        (ir / "converted-from.txt").write_text(f"{source.resolve()}\n")
-    assert store.remove("tiny:1b")
-    assert [p.name for p in (tmp_path / GGUF_IR).iterdir()] == [
-        ir_folder(tmp_path / GGUF_IR, other).name]
+        (ir / "converted-from.txt").write_text(f"{source.resolve()}\n{sha256_file(source)}\n")
+    assert ir_folder(tmp_path / GGUF_IR, copy) == ir_folder(tmp_path / GGUF_IR, shared)
+    assert store.remove("tiny:1b") and store.remove("tiny:2b")
+    # tiny:2b's conversion stays: the copy of its bytes still maps to it.
+    assert sorted(p.name for p in (tmp_path / GGUF_IR).iterdir()) == sorted(
+        ir_folder(tmp_path / GGUF_IR, source).name for source in (other, copy))
+
+
+def test_a_copy_of_a_converted_gguf_loads_its_ir(converted: Converted, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    copy = tmp_path / "elsewhere" / "copied.gguf"  # a new inode, path and modification time
+    copy.parent.mkdir()
+    shutil.copyfile(locate(Config(), "smollm2:135m").path, copy)
+    caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
+    assert loadable(str(copy), converted.cache) == str(converted.folder)
+    assert "converting" not in caplog.text and "loading the converted IR" in caplog.text
 
 
 def _logits(folder: str, properties: dict[str, object]) -> tuple[int, np.ndarray]:

@@ -2,18 +2,21 @@
 
 OpenVINO GenAI builds an OpenVINO model from a GGUF file on every load (about 3.3 s for the
 embedded SmolLM2 on this machine's CPU), and a worker's restart is the product's answer to
-every fault. So the first load of a GGUF saves the model and its tokenizers as IR, keyed by the
-file's path, size and modification time, and every later load (restart, model switch back,
-another worker on the same model) reads that folder instead. The saved graph is first
-rewritten without changing its numbers (workers/ir_fusion.py: fewer, larger matrix products
-per decode step); FORMAT names that rewriting in the folder's key, so a folder made by an
-older version is made again (and the old one removed). A worker converts in a child process
-(workers/generation/conversion.py), so it holds no more memory than one that loaded the IR.
+every fault. So the first load of a GGUF saves the model and its tokenizers as IR, and every
+later load (restart, model switch back, another worker on the same model) reads that folder
+instead. The folder is keyed by the file's content, its sha256, not by where it lies: the
+embedded GGUF of a new virtual environment, a moved or copied file, share the conversion
+already made. The digest comes from the model cache's digest record (models/digests.py,
+which the worker's describe_model fills first anyway), so a warm lookup reads no byte of the
+GGUF. The saved graph is first rewritten without changing its numbers (workers/ir_fusion.py:
+fewer, larger matrix products per decode step); FORMAT names that rewriting in the folder's
+name, so a folder made by an older version is made again (and the old one removed). A worker
+converts in a child process (workers/generation/conversion.py), so it holds no more memory
+than one that loaded the IR.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -22,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from npu_proxy.models.digests import DigestCache
 from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
-from npu_proxy.models.store import GGUF_IR
+from npu_proxy.models.store import GGUF_IR, converted_from
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +36,19 @@ FORMAT = "fused-4"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:
-    """Where the IR of this GGUF file (as it is now on disk) lives under `root`."""
-    real = gguf.resolve()
-    st = real.stat()
-    key = hashlib.sha256(
-        f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{FORMAT}".encode()).hexdigest()[:16]
-    return root / f"{real.stem}-{key}"
+    """Where the IR of this GGUF file's content (as it is now on disk) lives under `root`
+    (`<model cache>/.gguf-ir`): named by its sha256, remembered in the model cache's digest
+    record, and FORMAT."""
+    return root / _name(_digest(root, gguf))
+
+
+def _digest(root: Path, gguf: Path) -> str:
+    return DigestCache(root.parent).file_sha256(gguf)
+
+
+def _name(digest: str) -> str:
+    # NOTE: 64 bits of the whole file's sha256; no part of the path, so any copy shares it.
+    return f"{digest[:16]}-{FORMAT}"
 
 
 def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
@@ -69,27 +80,37 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
 
 
 def _prune(root: Path) -> None:
-    """Drop converted folders whose GGUF file is gone (a removed virtual environment, a model
-    deleted by hand) or that are not the current conversion of it (an older FORMAT, the file
-    changed since): nothing would ever load them again."""
+    """Drop converted folders that no GGUF file maps to any more: every file the model
+    cache's digest record lists as still there unchanged keeps the folder of its content (a
+    copy or an older virtual environment's file keeps it too), and so does the file a folder
+    names when its content still maps there. What is dropped: the folder of a GGUF that is
+    gone (a removed virtual environment, a model deleted by hand) or changed, of an older
+    FORMAT or of the key before content (`<stem>-<hash of path, size, mtime>`), and a
+    conversion's staging folder whose worker is dead: nothing would ever load them again."""
     if not root.is_dir():
         return
+    wanted = {_name(digest) for digest in DigestCache(root.parent).live().values()}
     for folder in root.iterdir():
         if folder.suffix == ".partial" and not _converting(folder):
             log.info("removing %s: what a conversion that was killed left", folder)
             shutil.rmtree(folder, ignore_errors=True)
             continue
+        made = converted_from(folder)
+        if made is None or folder.name in wanted:
+            continue  # another worker's conversion in progress, not ours, or in use
+        source = made[0]
         try:
-            source = Path((folder / COMPLETE).read_text().strip())
+            # NOTE: a source the record lost (a write another process won) is hashed again:
+            # a second per GiB, only before a conversion, which takes far longer.
+            if ir_folder(root, source) == folder:
+                continue
         except OSError:
-            continue  # another worker's conversion in progress, or not ours
-        if not source.exists():
-            log.info("removing %s: its GGUF %s is gone", folder, source)
-            shutil.rmtree(folder, ignore_errors=True)
-        elif ir_folder(root, source) != folder:
-            log.info("removing %s: an older conversion of %s (or of its older version)",
-                     folder, source)
-            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removing %s: no GGUF converted to it is left (%s is gone)", folder,
+                     source)
+        else:
+            log.info("removing %s: an older conversion of %s (an older FORMAT or key, or "
+                     "the file changed since)", folder, source)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _converting(staging: Path) -> bool:
@@ -205,6 +226,7 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
     import openvino_genai as ov_genai
 
     staging = staging or done.with_name(f"{done.name}.{os.getpid()}.partial")
+    digest = _digest(done.parent, gguf)  # NOTE: the record's, as ir_folder() named `done`
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
@@ -230,7 +252,7 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
             # NOTE: the test fault hook hang_in_conversion: all saved but the COMPLETE file.
             log.error("fault hook: conversion held before the folder is complete")
             time.sleep(3600)
-        (staging / COMPLETE).write_text(f"{gguf.resolve()}\n")
+        (staging / COMPLETE).write_text(f"{gguf.resolve()}\n{digest}\n")
         try:
             staging.rename(done)
         except OSError:
