@@ -133,16 +133,13 @@ class WorkerLink:
     def first_load(self) -> bool:
         """Loading a process the supervisor started, not one replacing a crashed process
         (`WorkerStatus.recovering`): at start, a lazy one on demand (also after an earlier
-        crash, once it had stopped), an operator's start or restart. For another host's
-        worker, which no supervisor of this gateway tells of, its own heartbeat says it."""
+        crash, once it had stopped), an operator's start or restart. Another host's worker,
+        which no supervisor of this gateway tells of, says so in its heartbeats."""
         # NOTE: a request waits for a first load (as Ollama's first request waits for the
         # model); during a crash's restart it gets a 503 with Retry-After, so a balancer fails
         # over to an instance that serves instead of holding the request for a whole reload.
-        sup = self.supervised
-        if sup is not None:
-            return not sup.recovering and self.state.loading
-        beat = self.heartbeat
-        return beat is not None and not beat.recovering and self.state.loading
+        told = self.supervised or self.heartbeat
+        return told is not None and not told.recovering and self.state.loading
 
     @property
     def serving(self) -> bool:
