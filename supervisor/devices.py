@@ -84,11 +84,16 @@ def _openvino_install() -> str:
 
     NOTE: not importlib.metadata's version: importing it is 0.03 s of CPU on the supervisor's
     serial path to the gateway's spawn (bench/start.py); find_spec does not import OpenVINO."""
-    with contextlib.suppress(ImportError, ValueError, OSError):
+    with contextlib.suppress(ImportError, ValueError):
         spec = importlib.util.find_spec("openvino")
-        if spec is not None and spec.origin:
-            st = os.stat(spec.origin)
-            return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"
+        if spec is None:
+            return "none"
+        # NOTE: a frozen program's modules are in its archive (no file at the origin): an
+        # upgrade there replaces the executable itself.
+        for place in (spec.origin, sys.executable):
+            with contextlib.suppress(OSError, TypeError):
+                st = os.stat(place or "")
+                return f"{place} {st.st_size} {st.st_mtime_ns}"
     return "none"
 
 
