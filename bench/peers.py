@@ -59,7 +59,9 @@ RSS: lower is). With --llama-server, last, issue 29's figures as this server / l
 best setting per workload: lone short request end-to-end and decode tok/s, long prompt
 end-to-end, N streams aggregate (against -np N), peak RSS of the whole tree serving the short
 workload (against -np 1) and the first concurrent one (against -np N), the llm worker's peak
-RSS against llama-server's at the same concurrency, and start to ready.
+RSS against llama-server's at the same concurrency, start to ready (this server:
+/health/ready, which does not wait for the model; llama-server: its /health, which does) and
+start to the model loaded (this server's llm worker warmed up: a request is served at once).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ from _proc import rss_kib
 from serverctl import Server, descendants
 
 from npu_proxy.models.registry import package_file
+from npu_proxy.protocol import control
 from npu_proxy.protocol.config import default_workers
 
 MODEL = "smollm2:135m"
@@ -465,7 +468,7 @@ def report_footer(targets: list[Target], sampler: Sampler) -> None:
 
 def report_summary(me: Target, workloads: list[Workload], fleet: Fleet,
                    results: dict[tuple[str, str], list[list[Result]]], sampler: Sampler,
-                   me_ready: float, llm_part: str | None) -> None:
+                   me_ready: float, me_loaded: float, llm_part: str | None) -> None:
     """Issue 29's figures: this server / llama-server's best setting per workload (tok/s:
     the highest of the settings that ran it; RSS: the setting the issue names, -np 1 for a
     lone request, -np N for N streams; start to ready: the quickest setting's median)."""
@@ -506,7 +509,10 @@ def report_summary(me: Target, workloads: list[Workload], fleet: Fleet,
             rss(w, llm_part, "peak RSS, llm worker (vs llama-server's)")
     starts = [(statistics.median(v), name) for name, v in fleet.ready.items() if v]
     quickest = min(starts) if starts else (float("nan"), "-")
-    rows.append(("start to ready s", me_ready, quickest[0], quickest[1]))
+    rows.append(("start to ready s (/health/ready; ours before the load)", me_ready,
+                 quickest[0], quickest[1]))
+    rows.append(("start to model loaded s (llama-server: its /health)", me_loaded,
+                 quickest[0], quickest[1]))
     print("\nthis server / llama-server, its best setting per workload (medians; tok/s "
           "higher and RSS, seconds lower are better for this server)")
     print(f"{'figure':<58} {'this server':>12} {'llama-server':>13} {'setting':<11} ratio")
@@ -678,10 +684,15 @@ def setting(text: str) -> tuple[str, Any]:
 
 
 def start_private(tmp: Path, model: str, gguf: Path | None,
-                  llm: dict[str, Any]) -> tuple[Server, float]:
+                  llm: dict[str, Any]) -> tuple[Server, float, float]:
     """This server as a user starts it on a CPU-only machine (the default workers: llm
     resident, the others lazy), its llm worker on `model` (a GGUF given by path through a
-    `[models."name"]` entry, as the tests do); returns it and exec to /health/ready 200."""
+    `[models."name"]` entry, as the tests do); returns it, exec to /health/ready 200 and exec
+    to the llm worker's model loaded (its state ready: warmed up, a request served at once).
+
+    NOTE: /health/ready is 200 while the llm worker loads for the first time (a request then
+    waits for the load: gateway/core/health.py), llama-server's /health only once its model is
+    loaded; the second figure is the one to set against llama-server's start."""
     workers: list[dict[str, Any]] = [{"name": w.name, "role": w.role, "device": "CPU"}
                                      for w in default_workers(["CPU"])]
     llm_spec = next(w for w in workers if w["role"] == "llm")
@@ -706,11 +717,26 @@ def start_private(tmp: Path, model: str, gguf: Path | None,
                     raise SystemExit(f"this server not ready after 1800 s:\n{server.logs()}")
                 time.sleep(0.02)
         ready = time.perf_counter() - started
+        while llm_state(server) not in ("ready", "busy"):
+            server._check_alive()
+            if time.perf_counter() > deadline:
+                raise SystemExit(f"this server's model not loaded after 1800 s:\n"
+                                 f"{server.logs()}")
+            time.sleep(0.02)
+        loaded = time.perf_counter() - started
         server.wait_ready()
     except BaseException:
         server.stop()
         raise
-    return server, ready
+    return server, ready, loaded
+
+
+def llm_state(server: Server) -> str | None:
+    """The llm worker's state as its supervisor reports it (None: not known yet)."""
+    with contextlib.suppress(TimeoutError, control.ControlError):
+        return next((c.state.label for c in server.status(timeout=2.0).children
+                     if c.name == "llm"), None)
+    return None
 
 
 def llm_worker_pid(server: Server) -> int | None:
@@ -807,7 +833,7 @@ def main() -> int:
                    args.llama_lone_slots, args.llama_arg, workloads)
              if args.llama_server is not None else None)
     sampler = Sampler()
-    me_ready = float("nan")
+    me_ready = me_loaded = float("nan")
     llm_part: str | None = None
     with contextlib.ExitStack() as stack:
         if args.url:
@@ -815,9 +841,8 @@ def main() -> int:
             me.root = resolve_pid(args.pid, me.url)
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="npx-bench-peers-"))
-            server, me_ready = start_private(Path(tmp), model,
-                                             gguf if args.model_gguf else None,
-                                             dict(args.llm_setting))
+            server, me_ready, me_loaded = start_private(
+                Path(tmp), model, gguf if args.model_gguf else None, dict(args.llm_setting))
             stack.callback(server.stop)
             assert server.proc is not None
             me = Target(args.name, server.url, model, root=server.proc.pid)
@@ -842,14 +867,16 @@ def main() -> int:
                    "none": "nothing (stops at EOS)"}[t.eos]
             proc = f"pid {t.root} ({_cmdline(t.root)[:70]})" if t.root else "no pid: RSS n/a"
             print(f"  {t.name}: {t.url} model {t.model!r}; EOS ignored by {how}; {proc}"
-                  + (f"; ready in {me_ready:.2f} s" if t is me and me_ready == me_ready
+                  + (f"; ready in {me_ready:.2f} s, model loaded in {me_loaded:.2f} s"
+                     if t is me and me_ready == me_ready
                      else ""))
         with sampler:
             problems, results = asyncio.run(
                 bench(static, fleet, workloads, args.runs, sampler, args.timeout))
         report_footer(static, sampler)
         if fleet is not None:
-            report_summary(me, workloads, fleet, results, sampler, me_ready, llm_part)
+            report_summary(me, workloads, fleet, results, sampler, me_ready, me_loaded,
+                           llm_part)
         return problems
 
 

@@ -3,6 +3,7 @@ embedded SmolLM2 on the CPU resident, embed and rerank lazy), timed from exec to
 /health/ready answering 200 and to the first streamed chat token, with where the time goes.
 
     python bench/start.py [--starts 4] [--against main] [--no-against]
+                          [--model-gguf PATH [--model NAME]]
 
 Each variant is started once first (a warm-up start: the GGUF converted to IR, OpenVINO's
 compile cache filled), then the starts alternate between this working tree and the git
@@ -18,8 +19,12 @@ The breakdown comes from the processes' own JSON log lines (time.time() stamps, 
 clock as the exec time): the supervisor's device discovery (a child process that imports
 OpenVINO), the spawns, the gateway's imports and bind, the worker's imports, OpenVINO
 import, pipeline construction, warm-up, and how long the gateway takes to see the worker
-ready. A phase a revision does not log is shown as "-". Then the import time of each
-process's entry module and the device discovery, measured alone in fresh interpreters.
+ready. A phase a revision does not log is shown as "-". With --model-gguf the llm worker
+serves that GGUF through a `[models."--model"]` path entry, as bench/peers.py does (its first
+start converts it to IR in the shared model cache: minutes). The CPU seconds each process
+had used when the first token came (/proc/PID/stat) are printed as well. Then the import
+time of each process's entry module and the device discovery, measured alone in fresh
+interpreters.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -42,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 
 import ns_tree
 from serverctl import Server
+
+from npu_proxy.protocol.config import default_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +60,7 @@ MARKS: list[tuple[str, str, str]] = [
     ("gateway spawned", "supervisor", "started gateway pid"),
     ("gateway imported, config read", "gateway", "gateway accepting HTTP"),
     ("gateway bound", "gateway", "Running on http"),
-    ("worker imported, model located", "worker:llm", "loading smollm2"),
+    ("worker imported, model located", "worker:llm", "loading {model}"),
     ("worker: OpenVINO imported", "worker:llm", "OpenVINO properties in effect"),
     ("worker: pipeline built", "worker:llm", "pipeline built"),
     ("worker: warmed up, ready", "worker:llm", "ready in"),
@@ -75,9 +83,19 @@ def compile_tree(root: Path) -> None:
         compileall.compile_dir(str(root / name), quiet=1)
 
 
-def first_token_s(url: str, t0: float) -> float:
-    with httpx.stream("POST", url + "/v1/chat/completions", timeout=120, json={
-            "model": "smollm2:135m", "stream": True, "max_tokens": 4, "temperature": 0,
+MODEL = "smollm2:135m"
+GGUF_MODEL = "start-gguf:latest"
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def first_token_s(url: str, t0: float, model: str) -> float:
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=600, json={
+            "model": model, "stream": True, "max_tokens": 4, "temperature": 0,
             "messages": [{"role": "user", "content": "Hello"}]}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -87,8 +105,18 @@ def first_token_s(url: str, t0: float) -> float:
     raise RuntimeError("no token")
 
 
-def one_start(tmp: Path, pythonpath: str | None, runtime: Path) -> dict[str, float]:
-    server = Server(tmp, log_format="json", log_level="info", runtime_dir=str(runtime))
+def one_start(tmp: Path, pythonpath: str | None, runtime: Path,
+              gguf: Path | None, model: str) -> dict[str, float]:
+    extra: dict[str, Any] = {}
+    if gguf is not None:
+        workers: list[dict[str, Any]] = [{"name": w.name, "role": w.role, "device": "CPU"}
+                                         for w in default_workers(["CPU"])]
+        llm = next(w for w in workers if w["role"] == "llm")
+        # NOTE: a first start converts the GGUF (minutes on two cores).
+        llm.update(model=model, load_timeout=3600)
+        extra = {"workers": workers, "models": {model: {"path": str(gguf)}}}
+    server = Server(tmp, log_format="json", log_level="info", runtime_dir=str(runtime),
+                    **extra)
     env_before = os.environ.get("PYTHONPATH")
     if pythonpath:
         os.environ["PYTHONPATH"] = pythonpath
@@ -111,13 +139,18 @@ def one_start(tmp: Path, pythonpath: str | None, runtime: Path) -> dict[str, flo
                     pass
                 time.sleep(0.02)
         ready = time.time() - t0
-        token = first_token_s(server.url, t0)
+        token = first_token_s(server.url, t0, model)
+        assert server.proc is not None
+        cpu = {"cpu: supervisor": cpu_s(server.proc.pid)}
+        cpu.update({f"cpu: {c.name}": cpu_s(c.pid) for c in server.status().children
+                    if c.pid})
     finally:
         server.stop()
-    row = {"ready": ready, "token": token}
+    row = {"ready": ready, "token": token, **cpu}
     lines = [json.loads(x) for x in server.log_path.read_text().splitlines()
              if x.startswith("{")]
     for label, process, piece in MARKS:
+        piece = piece.format(model=model.split(":")[0])
         hit = next((x["ts"] for x in lines if x.get("process") == process
                     and piece in x.get("msg", "")), None)
         if hit is not None:
@@ -158,7 +191,12 @@ def main() -> int:
     parser.add_argument("--no-against", action="store_true", help="this tree only")
     parser.add_argument("--no-bytecode", action="store_true",
                         help="do not compile the variants' modules first")
+    parser.add_argument("--model-gguf", metavar="PATH", type=Path,
+                        help="the GGUF the llm worker serves (default: the embedded SmolLM2)")
+    parser.add_argument("--model", default=None,
+                        help=f"its name in the configuration (default {GGUF_MODEL})")
     args = parser.parse_args()
+    model = args.model or (GGUF_MODEL if args.model_gguf else MODEL)
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp_name:
         tmp = Path(tmp_name)
         variants: dict[str, str | None] = {"this tree": None}
@@ -178,7 +216,8 @@ def main() -> int:
             # NOTE: one runtime folder per variant, kept from start to start as a user's is
             # (what a start may keep there, such as the devices found, is then found).
             runtime = tmp / f"rt{list(variants).index(name)}"
-            return one_start(tmp / f"run{runs}", variants[name], runtime)
+            return one_start(tmp / f"run{runs}", variants[name], runtime, args.model_gguf,
+                             model)
 
         for name in variants:
             warm = start(name)
@@ -195,6 +234,7 @@ def main() -> int:
         print(f"{'':52s}" + "".join(f"{n[:10]:>11s}" for n in names)
               + ("      ratio" if len(names) == 2 else ""))
         keys = [label for label, _, _ in MARKS] + ["ready", "token"]
+        keys += sorted({k for n in names for r in rows[n] for k in r if k.startswith("cpu:")})
         labels = {"ready": "/health/ready 200 (client)", "token": "first chat token (client)"}
         for key in keys:
             values = [median(rows[n], key) for n in names]

@@ -11,7 +11,7 @@ makes the next start ask too.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -76,11 +76,25 @@ def boot_key() -> str:
         # NOTE: no boot id (Windows, macOS): the boot's wall time, from the monotonic clock
         # (time since boot on Windows); a clock change only costs one more discovery.
         boot = str(round(time.time() - time.monotonic(), -1))
-    try:
-        openvino = importlib.metadata.version("openvino")
-    except importlib.metadata.PackageNotFoundError:
-        openvino = "none"
-    return f"{boot} {sys.executable} openvino {openvino}"
+    return f"{boot} {sys.executable} openvino {_openvino_install()}"
+
+
+def _openvino_install() -> str:
+    """Where OpenVINO is installed and when: a new version (or a reinstall) is a new key.
+
+    NOTE: not importlib.metadata's version: importing it is 0.03 s of CPU on the supervisor's
+    serial path to the gateway's spawn (bench/start.py); find_spec does not import OpenVINO."""
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("openvino")
+        if spec is None:
+            return "none"
+        # NOTE: a frozen program's modules are in its archive (no file at the origin): an
+        # upgrade there replaces the executable itself.
+        for place in (spec.origin, sys.executable):
+            with contextlib.suppress(OSError, TypeError):
+                st = os.stat(place or "")
+                return f"{place} {st.st_size} {st.st_mtime_ns}"
+    return "none"
 
 
 def discover_cached(folder: Path, timeout: float = 60.0) -> tuple[dict[str, str], bool]:

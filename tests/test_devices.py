@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -34,6 +36,22 @@ def test_the_devices_found_are_kept_for_this_boot(tmp_path: Path) -> None:
     for stale in ('{"key": "another boot", "devices": {"CPU": "kept CPU"}}', '{"broken'):
         (tmp_path / CACHE_FILE).write_text(stale)
         assert discover_cached(tmp_path) == (found, False)
+
+
+def test_another_openvino_install_asks_again(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept answer's key names OpenVINO by its package file (not importlib.metadata,
+    which cost the start path 0.03 s of CPU): an upgrade rewrites it, and the key changes."""
+    init = tmp_path / "__init__.py"
+    init.write_text("# openvino 1\n")
+    spec = importlib.machinery.ModuleSpec("openvino", None, origin=str(init))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: spec if name == "openvino" else None)
+    before = boot_key()
+    init.write_text("# openvino 2, another size\n")
+    assert boot_key() != before
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert boot_key().endswith("openvino none")
 
 
 def test_default_workers_follow_the_devices() -> None:
