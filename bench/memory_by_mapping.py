@@ -8,11 +8,15 @@ each step the peak (VmHWM) is reset (`/proc/self/clear_refs`); after it a row of
 /proc/self/smaps: rss, hwm; heap ([heap], the main arena); big (anonymous mappings >= 64 MiB:
 the KV cache's region, the plugin's big buffers); arenas (anonymous 1-64 MiB: the threads'
 malloc arenas); model.bin (resident pages of the mapped weights); code (r-x file mappings).
-Configurations (--steps: 0 = a whole prompt per step, the default; N = workers.max_batch_tokens)
-alternate per pair (A B, B A, ...); the generated ids of each are compared with the first's.
+Configurations (--steps: 0 = a whole prompt per step; N = workers.max_batch_tokens; or
+--configs, `;`-separated, each of space-separated `steps:N`, `env:KEY=VALUE` (the process's
+environment, e.g. glibc's MALLOC_ARENA_MAX) and `prop:KEY=VALUE` (an OpenVINO property), `-`
+for none) alternate per pair (A B, B A, ...); the generated ids of each are compared with the
+first's.
 
     python bench/memory_by_mapping.py --steps 0,512 --pairs 3
         --gguf ~/.cache/npu-proxy-test/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+    python bench/memory_by_mapping.py --configs "-;env:MALLOC_ARENA_MAX=2" --plan 8 --gguf ...
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def child(args: argparse.Namespace) -> None:
     path = loadable(args.gguf, MODELS)
     spec = WorkerSpec(name="llm", max_batch_tokens=args.step, kv_cache_gb=args.kv_gb)
     engine = BatchEngine(spec, path, args.context, lambda frame: None)
-    engine.load({})
+    engine.load(json.loads(args.props))
     engine.warm_up()
     assert engine.prompting is not None
     rows: list[dict[str, Any]] = [{"step": "idle", **by_mapping()}]
@@ -107,6 +111,23 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"rows": rows, "ids": ids, "load": os.getloadavg()[0]}))
 
 
+def parse_config(config: str, default_step: str) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """(steps, environment, properties) of one --configs item."""
+    step, env, props = int(default_step), {}, {}
+    for item in config.split():
+        kind, _, rest = item.partition(":")
+        key, _, value = rest.partition("=")
+        if kind == "steps":
+            step = int(rest)
+        elif kind == "env":
+            env[key] = value
+        elif kind == "prop":
+            props[key] = int(value) if value.lstrip("-").isdigit() else value
+        elif item != "-":
+            raise SystemExit(f"unknown configuration item {item!r}")
+    return step, env, props
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gguf", required=True)
@@ -116,26 +137,32 @@ def main() -> None:
     parser.add_argument("--kv-gb", type=float, default=1.0)
     parser.add_argument("--context", type=int, default=32768,
                         help="the model's context (the step limit when --steps has 0)")
+    parser.add_argument("--configs", default="",
+                        help="`;`-separated configurations (steps:N env:K=V prop:K=V, - none)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--props", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    steps = [int(s) for s in args.steps.split(",")]
+    configs = (args.configs.split(";") if args.configs
+               else [f"steps:{s}" for s in args.steps.split(",")])
     first: dict[str, Any] | None = None
     print("MiB; " + " ".join(KEYS))
     for pair in range(args.pairs):
-        for step in steps if pair % 2 == 0 else steps[::-1]:
+        for config in configs if pair % 2 == 0 else configs[::-1]:
+            step, env, props = parse_config(config, args.steps.split(",")[-1])
             out = subprocess.run(
                 [sys.executable, __file__, "--child", "--gguf", args.gguf, "--step", str(step),
                  "--plan", args.plan, "--kv-gb", str(args.kv_gb), "--context",
-                 str(args.context)], check=True, capture_output=True, text=True,
-                env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout
+                 str(args.context), "--props", json.dumps(props)], check=True,
+                capture_output=True, text=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore", **env}).stdout
             result = json.loads(out.strip().splitlines()[-1])
             first = first or result
             same = result["ids"] == first["ids"]
-            print(f"pair {pair + 1}, steps {step or 'whole prompt'}, load "
+            print(f"pair {pair + 1}, {config} (steps {step or 'whole prompt'}), load "
                   f"{result['load']:.1f}, ids same as the first process: {same}")
             for row in result["rows"]:
                 speed = (f"  TTFT {row['ttft'] * 1000:.0f} ms, {row['tok_s']:.1f} tok/s, KV "

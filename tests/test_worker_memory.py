@@ -6,8 +6,10 @@ chat-only gateway holds no numpy (gateway/http/preload.py)."""
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,11 @@ import pytest
 from serverctl import Server, worker_row
 
 from npu_proxy.protocol.config import ConfigError, load_config
-from npu_proxy.workers.generation.weights import release_code_pages, release_mapped_weights
+from npu_proxy.workers.generation.weights import (
+    read_back_by_page,
+    release_code_pages,
+    release_mapped_weights,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc/PID/smaps; the release is Linux-only")
@@ -52,6 +58,40 @@ def test_pages_of_a_read_only_mapping_are_dropped_and_read_back(tmp_path: Path) 
         assert released >= before * 0.9
         assert after < before * 0.1
         assert mapped[:] == data  # read back from the file, unchanged
+
+
+def _filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path` (/proc/self/mounts, the longest mount point)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point, fstype = line.split()[1:3]
+        if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def test_a_released_weight_page_comes_back_alone(tmp_path: Path) -> None:
+    """What inference reads again of a released weight file (the rows of a token embedding
+    read in place) comes back a page at a time, not as the whole page-cache folio or the
+    fault-around window around it (Qwen2.5-Coder-1.5B: 109 MiB of the file after one short
+    stream instead of 6; docs/performance.md, "Page-cache folios")."""
+    if _filesystem_type(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip("a memory filesystem's pages cannot leave the page cache")
+    data = bytes(range(1, 256)) * (8 * 4096)
+    path = tmp_path / "openvino_model.bin"
+    with path.open("wb") as f:
+        f.write(data)  # NOTE: one large write, cached in large folios where the kernel can
+        f.flush()
+        os.fsync(f.fileno())  # NOTE: a dirty page cannot leave the page cache yet
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(data), 4096)) > 0  # compiling read it all
+        release_mapped_weights(str(tmp_path))
+        assert mapped[123] == data[123]  # the first request reads a row in place
+        read_back_by_page(str(tmp_path))
+        middle = len(data) // 2 + 123
+        assert mapped[middle] == data[middle]  # and a later one another
+        resident, _ = _resident_kib("self", "/openvino_model.bin")
+        assert resident <= 2 * mmap.PAGESIZE // 1024, f"{resident} KiB back for one byte"
 
 
 def test_llm_worker_does_not_keep_the_mapped_weights_resident(server: Server,
@@ -92,6 +132,21 @@ def test_llm_worker_lets_go_of_the_code_its_compilation_ran(server: Server) -> N
                                         server.worker_log("llm"))]
     assert found, "the llm worker's log says nothing of its code pages"
     assert min(found) > 0
+
+
+def test_llm_worker_reads_its_in_place_weights_by_page_after_a_request(server: Server,
+                                                                       base_url: str) -> None:
+    """Once a request has run and the worker is idle, the ranges of the weight file it read in
+    place (the token embedding's rows) are set to come back a page at a time (weights.py
+    read_back_by_page); the worker says so in its log, once."""
+    httpx.post(base_url + "/v1/completions", timeout=120, json={
+        "model": "smollm2:135m", "prompt": "Hello", "max_tokens": 4}).raise_for_status()
+    deadline = time.monotonic() + 60
+    said: list[str] = []
+    while not said and time.monotonic() < deadline:
+        said = re.findall(r"weight ranges read in place: \d+ MiB dropped", server.worker_log("llm"))
+        time.sleep(0.2)  # NOTE: polling for the log line, bounded by the deadline
+    assert len(said) == 1, said
 
 
 def test_a_gateway_without_embeddings_or_audio_holds_no_numpy(timeout_server: Server) -> None:

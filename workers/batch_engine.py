@@ -28,7 +28,7 @@ from npu_proxy.workers.generation.active import TokenizedRequest
 from npu_proxy.workers.generation.engine_base import EngineBase
 from npu_proxy.workers.generation.prompting import Prompting
 from npu_proxy.workers.generation.sampling import generation_config
-from npu_proxy.workers.generation.weights import release_after_warm_up
+from npu_proxy.workers.generation.weights import read_back_by_page, release_after_warm_up
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ class BatchEngine(EngineBase):
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         super().__init__(spec, model_path, context_length, emit)
         self._next_handle_id = 0
+        # A request has run since the warm-up, and what it read in place is not yet set to
+        # come back by page (generation/weights.py read_back_by_page): done once, when idle.
+        self._read_by_page_due = False
         # The draft model's files when the worker decodes speculatively (spec.draft_model).
         self.draft_path = ""
 
@@ -184,6 +187,9 @@ class BatchEngine(EngineBase):
         self._drain_inbox()
         self._start_waiting()
         if not self._active:
+            if self._read_by_page_due:
+                self._read_by_page_due = False
+                read_back_by_page(self.model_path, self.draft_path)
             return False
         self.pipe.step()
         self._collect()
@@ -236,7 +242,10 @@ class BatchEngine(EngineBase):
 
     def _add_request(self, ready: TokenizedRequest) -> Any:
         """Put one request into the pipeline; its GenerationHandle."""
-        return self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
+        handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ready.ids), ready.config)
+        # NOTE: handle 1 is the warm-up's, whose reads the release after it dropped.
+        self._read_by_page_due = self._read_by_page_due or self._next_handle_id == 2
+        return handle
 
     def _collect(self) -> None:
         now = time.time()
