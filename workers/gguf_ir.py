@@ -220,6 +220,17 @@ def _rewrite(folder: Path) -> None:
             (folder / f"rewritten{suffix}").unlink()
 
 
+def _flush(folder: Path) -> None:
+    """The folder's files written through to the disk, before the COMPLETE file says it is
+    whole: a crash or a power cut then never leaves a complete-looking folder with a file cut
+    short, and the page cache holds clean pages, which weights.py read_back_by_page can take
+    out of it (a dirty page stays until writeback)."""
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb+") as f:
+                os.fsync(f.fileno())
+
+
 def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = False) -> None:
     """`gguf` converted into `done`, made in `staging` and renamed once complete. In-process:
     what the conversion's child process runs (loadable() starts it)."""
@@ -252,6 +263,7 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
             # NOTE: the test fault hook hang_in_conversion: all saved but the COMPLETE file.
             log.error("fault hook: conversion held before the folder is complete")
             time.sleep(3600)
+        _flush(staging)
         (staging / COMPLETE).write_text(f"{gguf.resolve()}\n{digest}\n")
         try:
             staging.rename(done)
