@@ -11,7 +11,7 @@ import signal
 import stat
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,22 @@ def test_a_second_instance_on_the_same_ports_refuses_to_start(
     assert chat(srv.url).status_code == 200
 
 
+@contextlib.contextmanager
+def _waiting_chat(gateway_host: Server, why: str, gate: Path) -> Iterator[Future[httpx.Response]]:
+    """A chat sent to A, seen waiting for worker `far` (A's log says `why`) and not answered:
+    the body runs while it waits; `gate` is made on the way out, also on a failure (or the
+    wait would run to its bound), which lets the worker go on."""
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            answer = pool.submit(chat, gateway_host.url)
+            wait_for(lambda: answer.done() or f"requests wait for worker far: {why}"
+                     in gateway_host.worker_log("gateway"), 60)
+            assert not answer.done(), answer.result().text
+            yield answer
+        finally:
+            gate.touch()
+
+
 def _two_hosts(tmp_path: Path, faults: dict[str, Any],
                heartbeat_timeout: float = 10.0) -> tuple[Server, Server]:
     """A (a gateway only) and B (a worker `far` only, with these fault hooks), on loopback
@@ -212,19 +228,12 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
         assert set(worker_host.children()) == {"far"}
         gateway_host.start()  # NOTE: returns once A's port accepts (/health)
         far_pid = worker_host.children()["far"]["pid"]
-        with ThreadPoolExecutor(1) as pool:
-            try:
-                answer = pool.submit(chat, gateway_host.url)
-                wait_for(lambda: answer.done() or "requests wait for worker far: not heard "
-                         "yet" in gateway_host.worker_log("gateway"), 60)
-                assert not answer.done(), answer.result().text
-                ready = httpx.get(gateway_host.url + "/health/ready", timeout=10)
-                assert ready.status_code == 503, ready.text
-                assert "far has not reported yet" in ready.json()["reason"]
-                assert not worker_row(gateway_host, "far")["up"]
-            finally:
-                gate.touch()  # NOTE: also on a failure, or the pool waits out the bound
-            r = answer.result(timeout=300)
+        with _waiting_chat(gateway_host, "not heard yet", gate) as answer:
+            ready = httpx.get(gateway_host.url + "/health/ready", timeout=10)
+            assert ready.status_code == 503, ready.text
+            assert "far has not reported yet" in ready.json()["reason"]
+            assert not worker_row(gateway_host, "far")["up"]
+        r = answer.result(timeout=300)
         assert r.status_code == 200, r.text
         assert r.headers["x-npu-proxy-worker"] == "far"
         assert worker_row(gateway_host, "far")["pid"] == far_pid
@@ -249,15 +258,9 @@ def test_a_remote_worker_loading_for_the_first_time_is_waited_for_not_its_crash_
         worker_host.start(wait=False, args=["--worker-only"])
         gateway_host.start()
         wait_row(gateway_host, "far", lambda row: row["state"] == "loading")
-        with ThreadPoolExecutor(1) as pool:
-            try:
-                answer = pool.submit(chat, gateway_host.url)
-                wait_for(lambda: answer.done() or "requests wait for worker far: loading for "
-                         "the first time" in gateway_host.worker_log("gateway"), 60)
-                assert not answer.done(), answer.result().text
-            finally:
-                gate.touch()  # NOTE: also on a failure, or the pool waits out load_timeout
-            r = answer.result(timeout=300)
+        with _waiting_chat(gateway_host, "loading for the first time", gate) as answer:
+            pass
+        r = answer.result(timeout=300)
         assert r.status_code == 200, r.text
         assert r.headers["x-npu-proxy-worker"] == "far"
         # The crash: B restarts the worker, whose load is held again.
