@@ -4,7 +4,8 @@ pruned (`prune_blobs`).
 
 The layout is models/store.py's. A pull's staging folder (`.staging/<folder>/`) is kept at
 start, since the next pull of that model resumes from it; an upload's `.partial` file cannot
-be resumed, and the trash of a delete or a replaced install (`deleted-*`, `old-*`) is what an
+be resumed (once nothing has written to it for an hour: another instance sharing the cache may
+be receiving it), and the trash of a delete or a replaced install (`deleted-*`, `old-*`) is what an
 interrupted removal left behind.
 """
 
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 # NOTE: Ollama's clients upload a blob and then call /api/create; a blob younger than this is
 # an upload whose create may still come, so it is not pruned yet.
 BLOB_GRACE = 3600.0
+# NOTE: an upload's partial file written to within this many seconds may be another instance's
+# upload in progress (instances behind a balancer share a model cache): not a leftover yet.
+UPLOAD_GRACE = 3600.0
 
 
 # NOTE: what the workers derive and can rebuild (OpenVINO's compile cache, GGUFs converted to
@@ -77,15 +81,20 @@ def check_room(root: Path, quota: int, need: int, what: str, skip: Path | None =
             "left (max_cache_bytes); delete models or raise the quota")
 
 
-def clean_leftovers(root: Path) -> list[str]:
-    """Remove upload `.partial` files and the trash of interrupted removals; returns their
-    names. Pull staging folders stay (a pull resumes from them)."""
+def clean_leftovers(root: Path, grace: float = UPLOAD_GRACE) -> list[str]:
+    """Remove upload `.partial` files not written to for `grace` seconds and the trash of
+    interrupted removals; returns their names. Pull staging folders stay (a pull resumes from
+    them)."""
     removed = []
+    cutoff = time.time() - grace
     with contextlib.suppress(OSError):
         for entry in (root / STAGING).iterdir():
             name = entry.name
-            if (name.startswith("upload-") and name.endswith(".partial")) or \
-                    name.startswith(("deleted-", "old-")):
+            upload = name.startswith("upload-") and name.endswith(".partial")
+            with contextlib.suppress(OSError):
+                if upload and entry.stat().st_mtime >= cutoff:
+                    continue
+            if upload or name.startswith(("deleted-", "old-")):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:

@@ -66,7 +66,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (staging / "deleted-0a1b2c3d").mkdir(parents=True)
     (staging / "deleted-0a1b2c3d" / "model.gguf").write_bytes(b"x" * 1000)
     (staging / "old-4e5f6a7b").mkdir()
-    (staging / "upload-0123456789abcdef-a1b2c3.partial").write_bytes(b"x" * 1000)
+    stale = staging / "upload-0123456789abcdef-a1b2c3.partial"
+    stale.write_bytes(b"x" * 1000)
+    os.utime(stale, (time.time() - 2 * 3600,) * 2)  # NOTE: an upload that ended hours ago
+    # NOTE: another instance sharing the cache uploading right now: not a leftover.
+    (staging / "upload-fedcba9876543210-d4e5f6.partial").write_bytes(b"x" * 1000)
     (staging / "test+smol-b@q4_1").mkdir()
     (staging / "test+smol-b@q4_1" / f"{GGUF}.incomplete").write_bytes(b"x" * 1000)
     _blob(cache, "a", OLD)
@@ -94,7 +98,8 @@ def srv(cache: Path, hub: FakeHub) -> Iterator[Server]:
 def test_leftovers_are_cleaned_at_start(srv: Server, cache: Path) -> None:
     staging = sorted(p.name for p in (cache / ".staging").iterdir())
     # A pull's staging folder stays: the next pull of that model resumes from it.
-    assert [n for n in staging if not n.endswith(".lock")] == ["test+smol-b@q4_1"]
+    assert [n for n in staging if not n.endswith(".lock")] == [
+        "test+smol-b@q4_1", "upload-fedcba9876543210-d4e5f6.partial"]
     assert sorted(p.name for p in (cache / "blobs").iterdir()) == [f"sha256-{'b' * 64}"]
 
 
