@@ -125,24 +125,33 @@ class DigestCache:
     def _to_disk(self, key: StatKey, hex_digest: str) -> None:
         if self.cache_file is None:
             return
-        # NOTE: re-read before writing so entries added by another process are kept.
+        import filelock
+
+        # NOTE: re-read before writing, under a lock shared by every process of this cache, so
+        # entries other processes add meanwhile are kept: a lost entry makes the IR prune
+        # (workers/gguf_ir.py) judge a folder in use by the file its COMPLETE names alone.
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(f"{self.cache_file}.lock", timeout=30):
+                self._write(self.cache_file, key, hex_digest)
+        except (filelock.Timeout, OSError) as exc:
+            logger.warning(
+                "cannot write digest cache", extra={"path": str(self.cache_file), "error": str(exc)}
+            )
+
+    def _write(self, cache_file: Path, key: StatKey, hex_digest: str) -> None:
         data = self._load()
         # NOTE: bounded: an entry whose file is gone or changed can never be hit again.
         data.entries = {path: entry for path, entry in data.entries.items()
                         if path != key[0] and _unchanged(_entry_key(path, entry))}
         data.entries[key[0]] = _CacheEntry(key[1], key[2], hex_digest, key[3], key[4])
-        tmp = self.cache_file.with_name(
-            f"{self.FILE_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
-        )
+        tmp = cache_file.with_name(f"{self.FILE_NAME}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(msgspec.json.encode(data))
-            os.replace(tmp, self.cache_file)
-        except OSError as exc:
-            logger.warning(
-                "cannot write digest cache", extra={"path": str(self.cache_file), "error": str(exc)}
-            )
+            os.replace(tmp, cache_file)
+        except OSError:
             tmp.unlink(missing_ok=True)
+            raise
 
     def folder_sha256(self, folder: Path, files: list[Path]) -> str:
         """Hex sha256 of a manifest: one `<relative path>\\t<size>\\t<sha256>` line per file."""

@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,30 @@ def test_prune_drops_the_old_key_s_folders_and_dead_staging(tmp_path: Path) -> N
     running.mkdir()
     gguf_ir._prune(root)
     assert sorted(p.name for p in root.iterdir()) == sorted([current.name, running.name])
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from npu_proxy.models.digests import DigestCache
+cache, files = Path(sys.argv[1]), sys.argv[2:]
+for name in files:
+    DigestCache(cache).file_sha256(Path(name))
+"""
+
+
+def test_processes_recording_digests_at_once_lose_none(tmp_path: Path) -> None:
+    """Workers of one model cache record their files' digests at the same time: every entry
+    is kept (a lost one makes the IR folder's prune fall back to the file its COMPLETE names,
+    which may be gone, and remove a folder in use)."""
+    cache = tmp_path / "cache"
+    writers = []
+    for w in range(6):
+        files = []
+        for i in range(15):
+            path = tmp_path / f"w{w}-{i}.gguf"
+            path.write_bytes(f"{w}-{i}".encode())
+            files.append(str(path))
+        writers.append(subprocess.Popen([sys.executable, "-c", _WRITER, str(cache), *files]))
+    assert [p.wait(timeout=120) for p in writers] == [0] * 6
+    assert len(digests.DigestCache(cache).recorded()) == 6 * 15
