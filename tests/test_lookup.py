@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openvino as ov
 import pytest
 from serverctl import Server
 
 from npu_proxy.protocol.config import ConfigError, load_config
-from npu_proxy.workers.batch_engine import SPECULATIVE_DEFAULTS
+from npu_proxy.workers import batch_engine
+from npu_proxy.workers.batch_engine import amx_usable, default_properties
 
 # An input-grounded task: the answer repeats much of the prompt, which is what lookup uses.
 TEXT = ("OpenVINO is a toolkit for optimizing and deploying deep learning models. It supports "
@@ -49,7 +51,8 @@ WORKERS = {
     "draft": {"name": "llm", "role": "llm", "draft_model": "smollm2:135m", "draft_tokens": 4},
     # NOTE: without speculative decoding, but computing as a speculative worker does (on
     # CPU, without dynamic quantization): the text one-token steps make, which both must make.
-    "plain": {"name": "llm", "role": "llm", "properties": SPECULATIVE_DEFAULTS["CPU"]},
+    "plain": {"name": "llm", "role": "llm",
+              "properties": default_properties("CPU", speculative=True)},
 }
 
 
@@ -128,14 +131,60 @@ def test_greedy_text_is_unchanged_by_prompt_lookup(lookup: Server, plain: Server
     assert _known(lookup, CODE_EDIT) == _known(plain, CODE_EDIT)
 
 
-def test_a_plain_cpu_worker_infers_in_f32_with_dynamic_quantization(server: Server) -> None:
-    """The llm role's CPU default reaches the pipeline (docs/performance.md: single-stream)."""
-    line = next(x for x in server.worker_log("llm").splitlines()
-                if "OpenVINO properties in effect: {" in x)
-    assert "'INFERENCE_PRECISION_HINT': 'f32'" in line
+def test_a_plain_cpu_worker_gets_the_precision_that_decodes_fastest_on_its_cpu(
+        server: Server) -> None:
+    """The llm role's CPU default reaches the pipeline: f32 (with OpenVINO's dynamic
+    quantization) where AMX is usable, OpenVINO's own default elsewhere (bf16 on AVX512-BF16,
+    which decoded faster there; docs/performance.md: single-stream)."""
+    log = server.worker_log("llm")
+    line = next(x for x in log.splitlines() if "OpenVINO properties in effect: {" in x)
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in line
+    if amx_usable():
+        assert "'INFERENCE_PRECISION_HINT': 'f32'" in line
+    else:
+        assert "INFERENCE_PRECISION_HINT" not in line
+        default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+        assert f"inference precision: {default}, OpenVINO's default on this CPU" in log
     # Not on the CPU: its plugin cannot import a PagedAttention blob (workers/batch_engine.py).
     assert "CACHE_DIR" not in line
+
+
+def _cpuinfo(tmp_path: Path, flags: str) -> Path:
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nvendor_id\t: Test\nflags\t\t: fpu sse2 {flags}\n\n")
+    return path
+
+
+@pytest.mark.parametrize(("flags", "cap", "usable"), [
+    ("avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", None, True),
+    ("avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "AVX512_CORE_BF16", False),
+    ("avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "avx10_1_512_amx", True),
+    ("avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", "ALL", True),
+    ("avx512f avx512_bf16 avx512_vnni", None, False),
+    ("avx2 avx_vnni", None, False),
+])
+def test_amx_is_usable_only_when_the_cpu_has_it_and_onednn_is_not_held_below_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str, cap: str | None,
+        usable: bool) -> None:
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert amx_usable(_cpuinfo(tmp_path, flags)) is usable
+    assert amx_usable(tmp_path / "absent") is False
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_cpu_default_is_f32_with_amx_and_openvino_s_own_without(
+        monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
+    monkeypatch.setattr(batch_engine, "amx_usable", lambda: amx)
+    expected = {"INFERENCE_PRECISION_HINT": "f32"} if amx else {}
+    assert default_properties("CPU") == expected
+    assert default_properties("CPU.0") == expected
+    assert default_properties("GPU") == {}
+    # A speculative worker computes exactly on any CPU.
+    assert default_properties("CPU", speculative=True) == {
+        "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
 def test_streaming_sampling_and_schema_work_with_prompt_lookup(lookup: Server) -> None:

@@ -13,8 +13,10 @@ a bounded amount of memory and the ones admitted finish instead of all timing ou
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,30 +54,51 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
 
 
 # The llm role's OpenVINO properties per device, under the worker's own `properties` (which
-# win): the fastest lone-stream decode measured by bench/levers.py, with its accuracy cost
-# measured by bench/precision.py (docs/performance.md, "Single-stream decode").
-# NOTE: CPU: f32 inference, which turns on OpenVINO's dynamic quantization of activations to
-# 8 bits in groups of 32 for the compressed-weight matrix products (llama.cpp does the same
-# for a Q4_1 GGUF: Q8_1 activations): x1.5 decode of the embedded SmolLM2 against OpenVINO's
-# default on CPUs with AMX/AVX512-BF16 (bf16 inference, which brings no dynamic quantization),
-# at 97.9 % top-1 agreement with exact f32 arithmetic (bf16: 99.2 %). Properties
-# `INFERENCE_PRECISION_HINT = "bf16"` restore the old default; adding
-# `DYNAMIC_QUANTIZATION_GROUP_SIZE = 0` gives the most exact (x1.1). GPU: not measured here.
-DEVICE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "CPU": {"INFERENCE_PRECISION_HINT": "f32"},
-}
+# win): the fastest decode measured by bench/levers.py and bench/batch_step.py, with its
+# accuracy cost measured by bench/precision.py (docs/performance.md, "Single-stream decode").
+# NOTE: CPU: the precision that wins depends on the CPU. With AMX (Intel Xeon 4th gen and
+# later), f32 inference, which turns on OpenVINO's dynamic quantization of activations to 8
+# bits in groups of 32 for the compressed-weight products (llama.cpp does the same for a Q4_1
+# GGUF: Q8_1 activations), decoded x1.4-1.5 faster than OpenVINO's bf16 default (SmolLM2 and
+# Qwen2.5-Coder-1.5B). Without AMX but with AVX512-BF16 (AMD Zen 4), OpenVINO's bf16 default
+# won: Qwen decode x1.0-1.17 alone, x1.37 at 8 streams, x1.34 at 32, a 1,000-token prompt read
+# x1.23 faster; SmolLM2 x1.0-1.06. Elsewhere OpenVINO's default is f32 already. So f32 is
+# asked for only where AMX is usable. `INFERENCE_PRECISION_HINT` in a worker's properties
+# overrides it; adding `DYNAMIC_QUANTIZATION_GROUP_SIZE = 0` to f32 gives the most exact.
+# GPU: not measured here.
+def _cpu_defaults() -> dict[str, Any]:
+    return {"INFERENCE_PRECISION_HINT": "f32"} if amx_usable() else {}
+
+
+def amx_usable(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether OpenVINO's CPU kernels may use AMX here: the CPU has it (Linux's flags; False
+    where they cannot be read) and ONEDNN_MAX_CPU_ISA, when set, does not hold oneDNN below
+    it (the narrow-ISA tests set it)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap not in ("", "ALL", "DEFAULT") and "AMX" not in cap:
+        return False
+    try:
+        with cpuinfo.open(encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_int8" in flags.split()
+
+
+DEVICE_DEFAULTS: dict[str, Callable[[], dict[str, Any]]] = {"CPU": _cpu_defaults}
 # A worker that decodes speculatively (prompt lookup, a draft model) verifies several tokens
 # in one pass, and its greedy text must be the text one-token steps would make. Dynamic
 # quantization gives a pass of several tokens other numbers than one-token steps (measured:
 # bench/lookup.py's code edit, 0 of 5 identical), so such a worker does without it on CPU.
-SPECULATIVE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "CPU": {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+SPECULATIVE_DEFAULTS: dict[str, Callable[[], dict[str, Any]]] = {
+    "CPU": lambda: {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
 }
 
 
 def default_properties(device: str, speculative: bool = False) -> dict[str, Any]:
     table = SPECULATIVE_DEFAULTS if speculative else DEVICE_DEFAULTS
-    return dict(table.get(device.split(".")[0].upper(), {}))
+    defaults = table.get(device.split(".")[0].upper())
+    return defaults() if defaults is not None else {}
 
 
 def without_useless_cache(device: str, properties: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +153,11 @@ class BatchEngine(EngineBase):
             self.spec.device, {**default_properties(self.spec.device, speculative), **properties})
         # NOTE: what the pipeline really gets (the worker logged its own properties only).
         log.info("OpenVINO properties in effect: %s", properties)
+        if self.spec.device.upper().startswith("CPU") and (
+                "INFERENCE_PRECISION_HINT" not in properties):
+            log.info("inference precision: %s, OpenVINO's default on this CPU (f32 is the "
+                     "default only where AMX is usable)",
+                     ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
         if self.spec.deterministic:
             log.info("deterministic: one sequence per step, no prefix caching")
         if self.spec.prompt_lookup:
