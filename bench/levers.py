@@ -53,6 +53,7 @@ CACHE = Path("/tmp/npu-proxy-levers")
 
 
 F32: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+BF16: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "bf16"}
 
 
 @dataclass
@@ -138,6 +139,13 @@ LEVERS = [
           properties=F32, sched={"max_num_batched_tokens": 512}),
     Lever("f32-step1024", "f32, scheduler: max_num_batched_tokens=1024",
           properties=F32, sched={"max_num_batched_tokens": 1024}),
+    # The same with bf16 (the worker's default on a CPU with AVX512-BF16 and no AMX).
+    Lever("bf16-step512", "bf16, scheduler: max_num_batched_tokens=512 (the worker's steps)",
+          properties=BF16, sched={"max_num_batched_tokens": 512}),
+    Lever("bf16-step1024", "bf16, scheduler: max_num_batched_tokens=1024",
+          properties=BF16, sched={"max_num_batched_tokens": 1024}),
+    Lever("bf16-step256", "bf16, scheduler: max_num_batched_tokens=256",
+          properties=BF16, sched={"max_num_batched_tokens": 256}),
     Lever("threads1", "INFERENCE_NUM_THREADS=1", properties={"INFERENCE_NUM_THREADS": 1}),
     Lever("threads2", "INFERENCE_NUM_THREADS=2", properties={"INFERENCE_NUM_THREADS": 2}),
     Lever("dq-off", "DYNAMIC_QUANTIZATION_GROUP_SIZE=0 (no int8 activations)",
