@@ -147,6 +147,33 @@ def test_prune_drops_the_old_key_s_folders_and_dead_staging(tmp_path: Path) -> N
     assert sorted(p.name for p in root.iterdir()) == sorted([current.name, running.name])
 
 
+def test_prune_keeps_a_folder_a_running_process_maps(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """An older npu-proxy sharing the cache (the key before content) may run on a folder this
+    version would drop: its worker maps the model file, so the folder stays while it runs."""
+    caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
+    root = tmp_path / "cache" / GGUF_IR
+    model = _gguf(tmp_path / "model.gguf", 1)
+    old = root / "model-0123456789abcdef"
+    old.mkdir(parents=True)
+    (old / CONVERTED_FROM).write_text(f"{model.resolve()}\n")
+    weights = old / "openvino_model.bin"
+    weights.write_bytes(b"\0" * 8192)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+         "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); print('mapped', flush=True); "
+         "sys.stdin.read()", str(weights)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "mapped\n"
+        gguf_ir._prune(root)
+        assert old.is_dir() and "a running process has its files mapped" in caplog.text
+    finally:
+        holder.communicate("")
+    gguf_ir._prune(root)
+    assert not old.exists()
+
+
 _WRITER = """
 import sys
 from pathlib import Path

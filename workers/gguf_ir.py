@@ -98,6 +98,10 @@ def _prune(root: Path) -> None:
         made = converted_from(folder)
         if made is None or folder.name in wanted:
             continue  # another worker's conversion in progress, not ours, or in use
+        if _mapped(folder):
+            # NOTE: e.g. an older npu-proxy sharing this cache (another key) runs on it.
+            log.info("keeping %s: a running process has its files mapped", folder)
+            continue
         source = made[0]
         try:
             # NOTE: a source the record lost (a write another process won) is hashed again:
@@ -111,6 +115,26 @@ def _prune(root: Path) -> None:
             log.info("removing %s: an older conversion of %s (an older FORMAT or key, or "
                      "the file changed since)", folder, source)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _mapped(folder: Path) -> bool:
+    """Whether a running process of this host maps a file of `folder` (Linux's
+    /proc/<pid>/maps; False where there is none). Read only before a conversion."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    needle = f"{folder.resolve()}/"
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "maps"), encoding="utf-8",
+                      errors="replace") as f:
+                if needle in f.read():
+                    return True
+        except OSError:
+            continue  # gone, or another user's process
+    return False
 
 
 def _converting(staging: Path) -> bool:
