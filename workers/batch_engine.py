@@ -62,9 +62,10 @@ def _model_generation_config(model_path: str, pipe: Any) -> Any:
 # GGUF: Q8_1 activations), decoded x1.4-1.5 faster than OpenVINO's bf16 default (SmolLM2 and
 # Qwen2.5-Coder-1.5B). Without AMX but with AVX512-BF16 (AMD Zen 4), OpenVINO's bf16 default
 # won: Qwen decode x1.0-1.17 alone, x1.37 at 8 streams, x1.34 at 32, a 1,000-token prompt read
-# x1.23 faster; SmolLM2 x1.0-1.06. Elsewhere OpenVINO's default is f32 already. So f32 is
-# asked for only where AMX is usable. `INFERENCE_PRECISION_HINT` in a worker's properties
-# overrides it; adding `DYNAMIC_QUANTIZATION_GROUP_SIZE = 0` to f32 gives the most exact.
+# x1.23 faster; SmolLM2 x1.0-1.06. Without either, OpenVINO's default is f32 on the x86 CPUs
+# measured. So f32 is asked for only where AMX is usable. `INFERENCE_PRECISION_HINT` in a
+# worker's properties overrides it; adding `DYNAMIC_QUANTIZATION_GROUP_SIZE = 0` to f32 gives
+# the most exact.
 # GPU: not measured here.
 def _cpu_defaults() -> dict[str, Any]:
     return {"INFERENCE_PRECISION_HINT": "f32"} if amx_usable() else {}

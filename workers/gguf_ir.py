@@ -98,22 +98,21 @@ def _prune(root: Path) -> None:
         made = converted_from(folder)
         if made is None or folder.name in wanted:
             continue  # another worker's conversion in progress, not ours, or in use
-        if _mapped(folder):
-            # NOTE: e.g. an older npu-proxy sharing this cache (another key) runs on it.
-            log.info("keeping %s: a running process has its files mapped", folder)
-            continue
         source = made[0]
         try:
             # NOTE: a source the record lost (a write another process won) is hashed again:
             # a second per GiB, only before a conversion, which takes far longer.
             if ir_folder(root, source) == folder:
                 continue
+            why = (f"an older conversion of {source} (an older FORMAT or key, or the file "
+                   "changed since)")
         except OSError:
-            log.info("removing %s: no GGUF converted to it is left (%s is gone)", folder,
-                     source)
-        else:
-            log.info("removing %s: an older conversion of %s (an older FORMAT or key, or "
-                     "the file changed since)", folder, source)
+            why = f"no GGUF converted to it is left ({source} is gone)"
+        if _mapped(folder):
+            # NOTE: e.g. an older npu-proxy sharing this cache (another key) runs on it.
+            log.info("keeping %s, %s: a running process has its files mapped", folder, why)
+            continue
+        log.info("removing %s: %s", folder, why)
         shutil.rmtree(folder, ignore_errors=True)
 
 
