@@ -86,6 +86,14 @@ def amx_usable(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return "amx_int8" in flags.split()
 
 
+def _cpu_precision() -> str:
+    """The CPU plugin's default inference precision, for the log (never fails a load)."""
+    try:
+        return str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
+    except RuntimeError:
+        return "not known"
+
+
 DEVICE_DEFAULTS: dict[str, Callable[[], dict[str, Any]]] = {"CPU": _cpu_defaults}
 # A worker that decodes speculatively (prompt lookup, a draft model) verifies several tokens
 # in one pass, and its greedy text must be the text one-token steps would make. Dynamic
@@ -157,8 +165,7 @@ class BatchEngine(EngineBase):
         if self.spec.device.upper().startswith("CPU") and (
                 "INFERENCE_PRECISION_HINT" not in properties):
             log.info("inference precision: %s, OpenVINO's default on this CPU (f32 is the "
-                     "default only where AMX is usable)",
-                     ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
+                     "default only where AMX is usable)", _cpu_precision())
         if self.spec.deterministic:
             log.info("deterministic: one sequence per step, no prefix caching")
         if self.spec.prompt_lookup:
