@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -153,46 +151,6 @@ def test_llm_worker_reads_its_in_place_weights_by_page_after_a_request(server: S
         said = re.findall(r"weight ranges read in place: \d+ MiB dropped", current)
         time.sleep(0.2)  # NOTE: polling for the log line, bounded by the deadline
     assert len(said) == 1, said
-
-
-_ARENAS = """
-import ctypes, sys, threading
-from npu_proxy.workers.generation.weights import one_malloc_arena
-print(one_malloc_arena() if sys.argv[1] == "one" else "-", flush=True)
-def work() -> None:
-    kept = [bytes(65536) for _ in range(8)]  # NOTE: above pymalloc's sizes: malloc's arenas
-    del kept
-threads = [threading.Thread(target=work) for _ in range(4)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-ctypes.CDLL(None).malloc_stats()  # NOTE: to stderr, one "Arena N:" block per arena
-"""
-
-
-def _arenas(mode: str, env: dict[str, str]) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", _ARENAS, mode], capture_output=True,
-                         text=True, timeout=60, check=True, env=env)
-    return out.stdout.strip(), len(re.findall(r"^Arena \d+:", out.stderr, re.M))
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
-def test_a_worker_process_s_threads_share_one_malloc_arena() -> None:
-    """Each thread that allocates would get an arena of its own (the CPU plugin's, ZeroMQ's):
-    one arena measured 14-18 MiB less RSS per llm worker; an operator's MALLOC_ARENA_MAX
-    wins."""
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    assert _arenas("default", env)[1] > 1, "threads share one arena untold: nothing to test"
-    assert _arenas("one", env) == ("True", 1)
-    assert _arenas("one", {**env, "MALLOC_ARENA_MAX": "4"})[0] == "False"
-
-
-def test_the_llm_worker_runs_with_one_malloc_arena(server: Server) -> None:
-    server.wait_state("llm", ("ready", "busy"))
-    expected = ("the C library's arenas" if "MALLOC_ARENA_MAX" in os.environ
-                else "one arena for all threads")
-    assert f"malloc: {expected}" in server.worker_log("llm")
 
 
 def test_a_gateway_without_embeddings_or_audio_holds_no_numpy(timeout_server: Server) -> None:

@@ -12,7 +12,6 @@ from npu_proxy.models.locate import Origin, configured_template, locate
 from npu_proxy.models.registry import sampling_defaults
 from npu_proxy.protocol.config import read_config_file
 from npu_proxy.protocol.logs import setup_logging
-from npu_proxy.workers.generation.weights import one_malloc_arena
 from npu_proxy.workers.process import WorkerProcess
 
 if TYPE_CHECKING:
@@ -76,14 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovering", action="store_true",
                         help="this process replaces one that crashed (the supervisor's flag)")
     args = parser.parse_args(argv)
-    # NOTE: before any thread of ZeroMQ's or OpenVINO's starts allocating.
-    one_arena = one_malloc_arena()
     config = read_config_file(args.config)
     spec = config.worker(args.worker)
     setup_logging(f"worker:{spec.name}", config.log_level, config.log_format,
                   fields={"worker": spec.name, "device": spec.device})
-    log.info("malloc: %s", "one arena for all threads" if one_arena
-             else "the C library's arenas (MALLOC_ARENA_MAX set, or not glibc)")
     return WorkerProcess(config, spec, args.recovering).run(_build_engine)
 
 

@@ -179,28 +179,6 @@ def trim_heap() -> bool:
     return bool(trim(0))
 
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter
-
-
-def one_malloc_arena() -> bool:
-    """glibc's malloc with one arena for all of this process's threads, set before they
-    start; False where MALLOC_ARENA_MAX is in the environment (the operator's choice wins) or
-    the C library is not glibc.
-
-    NOTE: each thread that allocates otherwise gets an arena of its own (up to 8 per core):
-    the CPU plugin's threads, ZeroMQ's, the worker's. One arena measured 14-15 MiB less RSS for
-    SmolLM2's llm worker and 18 MiB less for Qwen2.5-Coder-1.5B's, with the same decode steps
-    at 1 and 8 sequences (docs/performance.md, "One malloc arena")."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_ARENA_MAX, 1))
-
-
 def release_after_warm_up(*places: str) -> None:
     """After the first inference: the weight files' pages, the code that compiling ran and
     the heap that compiling freed, let go."""
