@@ -87,11 +87,13 @@ def amx_usable(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 def _cpu_precision() -> str:
-    """The CPU plugin's default inference precision, for the log (never fails a load)."""
+    """The CPU plugin's default inference precision ("bf16", "f32"), for the log (never fails
+    a load)."""
     try:
-        return str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
+        value = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
     except RuntimeError:
         return "not known"
+    return str(value.get_type_name()) if isinstance(value, ov.Type) else str(value)
 
 
 DEVICE_DEFAULTS: dict[str, Callable[[], dict[str, Any]]] = {"CPU": _cpu_defaults}
