@@ -18,6 +18,10 @@ ZeroMQ's I/O thread), read before and after each fixed piece of work:
   `--embed-requests` requests of one short text, a new text every request (so no vector cache
   answers); the ratio is the gateway's CPU per request. `GET /health` the same way: what a
   request costs the gateway with no work behind it (hypercorn, the middleware, routing).
+- The floor: a bare ASGI app on hypercorn + uvloop (`bench/_bare_asgi.py`: no Starlette, no
+  middleware, no worker; one fixed answer the size of an embedding's), in a process of its
+  own, read by the same embedding clients. What any app on hypercorn pays per request on
+  this machine; the embeddings' ratios to it are printed last.
 
 One untimed round of each runs first (worker warm, connections open). The idle gateway's CPU
 (heartbeats, status) over a quiet second is printed too; it is included in the ratios, not
@@ -32,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from load import TICKS, _cli_status, _cpu_ticks
-from serverctl import Server
+from serverctl import Server, free_port
 
 MODEL = "smollm2:135m"
 EMBED_MODEL = "all-minilm"
@@ -159,6 +164,29 @@ def idle_rate(gateway: int, seconds: float = 2.0) -> float:
     return (_cpu_ticks(gateway) - cpu0) / TICKS / seconds * 1000
 
 
+def bare_floor(args: argparse.Namespace) -> float:
+    """The CPU ms per request of a bare ASGI app on hypercorn, for the same clients."""
+    port = free_port()
+    bare = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_bare_asgi.py")),
+                             str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/", timeout=5.0)
+                break
+            except httpx.TransportError:
+                if bare.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the bare hypercorn app did not start") from None
+                time.sleep(0.1)
+        return measure(bare.pid, url, "bare ASGI + hypercorn", openai_embed,
+                       args.embed_clients, args.embed_requests, 0, "request")
+    finally:
+        bare.terminate()
+        bare.wait(timeout=30)
+
+
 def run(url: str, gateway: int, args: argparse.Namespace) -> None:
     print(f"gateway pid {gateway}; idle: {idle_rate(gateway):.1f} ms of CPU per second",
           flush=True)
@@ -167,10 +195,13 @@ def run(url: str, gateway: int, args: argparse.Namespace) -> None:
                           ("Ollama /api/chat stream", ollama_stream)):
             measure(gateway, url, name, one, args.streams, args.rounds, args.tokens, "token")
     if args.only in (None, "embed"):
-        for name, one in (("/v1/embeddings", openai_embed), ("/api/embed", ollama_embed),
-                          ("GET /health", health)):
-            measure(gateway, url, name, one, args.embed_clients, args.embed_requests, 0,
-                    "request")
+        per = {name: measure(gateway, url, name, one, args.embed_clients,
+                             args.embed_requests, 0, "request")
+               for name, one in (("/v1/embeddings", openai_embed),
+                                 ("/api/embed", ollama_embed), ("GET /health", health))}
+        floor = bare_floor(args)
+        print("ratios to the bare hypercorn app: " + ", ".join(
+            f"{name} x{cost / floor:.2f}" for name, cost in per.items()), flush=True)
 
 
 def _gateway_pid(status: Any) -> int:
