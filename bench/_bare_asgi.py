@@ -39,6 +39,7 @@ async def main(port: int) -> None:
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
+    config.loglevel = "WARNING"
     config.keep_alive_timeout = 75.0
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

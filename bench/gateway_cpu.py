@@ -144,15 +144,16 @@ async def work(url: str, one: One, clients: int, rounds: int, tokens: int) -> Se
 
 
 def measure(gateway: int, url: str, name: str, one: One, clients: int, rounds: int,
-            tokens: int, unit: str) -> float:
-    """One untimed round, then the work; prints and returns the gateway's CPU ms per unit."""
+            tokens: int, unit: str, who: str = "gateway") -> float:
+    """One untimed round, then the work; prints and returns the CPU ms per unit of the
+    process `gateway` (the gateway, or `who` names another)."""
     asyncio.run(work(url, one, clients, 1, tokens))
     cpu0 = _cpu_ticks(gateway)
     served = asyncio.run(work(url, one, clients, rounds, tokens))
     cpu = (_cpu_ticks(gateway) - cpu0) / TICKS
     per = cpu / max(served.units, 1) * 1000
     print(f"{name:<22} {clients:3d} clients x {rounds} : {served.units:7d} {unit}s, "
-          f"gateway CPU {cpu:6.2f} s = {per:.3f} ms per {unit}"
+          f"{who} CPU {cpu:6.2f} s = {per:.3f} ms per {unit}"
           + (f"  ({served.chunks / max(served.units, 1):.2f} HTTP chunks read per {unit})"
              if unit == "token" else ""), flush=True)
     return per
@@ -181,7 +182,7 @@ def bare_floor(args: argparse.Namespace) -> float:
                     raise SystemExit("the bare hypercorn app did not start") from None
                 time.sleep(0.1)
         return measure(bare.pid, url, "bare ASGI + hypercorn", openai_embed,
-                       args.embed_clients, args.embed_requests, 0, "request")
+                       args.embed_clients, args.embed_requests, 0, "request", who="its")
     finally:
         bare.terminate()
         bare.wait(timeout=30)
@@ -200,8 +201,11 @@ def run(url: str, gateway: int, args: argparse.Namespace) -> None:
                for name, one in (("/v1/embeddings", openai_embed),
                                  ("/api/embed", ollama_embed), ("GET /health", health))}
         floor = bare_floor(args)
-        print("ratios to the bare hypercorn app: " + ", ".join(
-            f"{name} x{cost / floor:.2f}" for name, cost in per.items()), flush=True)
+        # NOTE: CPU time is read in clock ticks (10 ms): a short run can read none.
+        print("ratios to the bare hypercorn app: " + (", ".join(
+            f"{name} x{cost / floor:.2f}" for name, cost in per.items()) if floor else
+            "none (the bare app's CPU time read 0 ticks: give more --embed-requests)"),
+            flush=True)
 
 
 def _gateway_pid(status: Any) -> int:
