@@ -59,14 +59,12 @@ def _history(turns: int) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def long_chat(base_url: str) -> tuple[list[dict[str, str]], int]:
-    """A chat longer than the context, and a count it must exceed: half of it alone.
-
-    NOTE: the converted tokenizer stops at the context (8192 ids), so a count past it comes
-    from counting in pieces (Prompting.count_past_cap); /tokenize of the whole is capped."""
+    """A chat longer than the context, and its exact prompt tokens (/tokenize counts a text
+    longer than the tokenizer's 8,192 whole: tokenizer_cap.py)."""
     chat = _history(50)
-    half = _count(base_url, _history(25))
-    assert half > CONTEXT // 2 + 100  # so 50 turns are > CONTEXT
-    return chat, CONTEXT + 2 * (half - CONTEXT // 2) - 200
+    tokens = _count(base_url, chat)
+    assert tokens > CONTEXT
+    return chat, tokens
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +208,7 @@ def test_ollama_chat_without_truncate_is_400(base_url: str,
     assert r.status_code == 400
     assert set(r.json()) == {"error"}
     found = re.search(r"prompt is (\d+) tokens", r.json()["error"])
-    assert found is not None and int(found[1]) > tokens, r.json()
+    assert found is not None and int(found[1]) == tokens, r.json()
 
 
 def test_openai_chat_is_context_length_exceeded(
@@ -226,7 +224,7 @@ def test_openai_chat_is_context_length_exceeded(
     found = re.match(
         f"This model's maximum context length is {CONTEXT} tokens. However, your messages "
         r"resulted in (\d+) tokens", body["message"])
-    assert found is not None and int(found[1]) > tokens, body
+    assert found is not None and int(found[1]) == tokens, body
 
 
 def test_openai_completions_is_context_length_exceeded(base_url: str) -> None:
@@ -245,7 +243,7 @@ def test_responses_overflow_is_context_length_exceeded(base_url: str,
         oai.responses.create(model=LLM, input=chat, max_output_tokens=16)  # type: ignore[arg-type]
     assert err.value.code == "context_length_exceeded" and err.value.param == "input"
     found = re.search(r"resulted in (\d+) tokens", err.value.message)
-    assert found is not None and int(found[1]) > tokens, err.value.message
+    assert found is not None and int(found[1]) == tokens, err.value.message
     with pytest.raises(openai.BadRequestError):
         oai.responses.create(model=LLM, input=chat, max_output_tokens=16,  # type: ignore[arg-type]
                              truncation="disabled")
@@ -276,7 +274,7 @@ def test_anthropic_is_prompt_too_long(base_url: str,
     found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum",
                          body["error"]["message"])
     assert found is not None, body
-    assert int(found[1]) > tokens and int(found[2]) == CONTEXT - 1
+    assert int(found[1]) == tokens and int(found[2]) == CONTEXT - 1
 
 
 # --- num_ctx ----------------------------------------------------------------------------------

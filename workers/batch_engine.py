@@ -177,8 +177,8 @@ class BatchEngine(EngineBase):
         self.pipe = ov_genai.ContinuousBatchingPipeline(
             self.model_path, sched, self.spec.device, properties
         )
-        self.prompting = Prompting(self.pipe.get_tokenizer(), self.context_length,
-                                   self.chat_template)
+        self.prompting = Prompting.of_model(self.model_path, self.pipe.get_tokenizer(),
+                                            self.context_length, self.chat_template)
         self.base_config = self.pipe.get_config()
         if self.base_config.eos_token_id < 0:
             # NOTE: a prompt-lookup pipeline reports a blank config (no EOS, no stop ids).

