@@ -31,7 +31,7 @@ from serverctl import Server
 
 from npu_proxy.models.locate import locate
 from npu_proxy.protocol.config import DEFAULT_TTS_MODEL, Config, WorkerSpec
-from npu_proxy.protocol.messages import Speech, SpeechChunk, Synthesize
+from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize
 from npu_proxy.workers.speech.tts_engine import TtsEngine
 
 SENTENCE = "The weather is fine today, and the capital of France is Paris. "

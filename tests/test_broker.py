@@ -14,8 +14,9 @@ from fakeworker import LOCAL, until_heard, worker_sockets
 from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
-from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, Timings, encode
+from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, encode
 from npu_proxy.protocol.states import ProcessState
+from npu_proxy.protocol.timings import Timings
 
 
 def _config(tmp_path: Path) -> Config:

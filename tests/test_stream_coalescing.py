@@ -32,16 +32,9 @@ from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.wire import OLLAMA, OPENAI, Dialect
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
-from npu_proxy.protocol.messages import (
-    Accepted,
-    Delta,
-    Finished,
-    Generate,
-    SamplingParams,
-    Timings,
-    encode,
-)
+from npu_proxy.protocol.messages import Accepted, Delta, Finished, Generate, SamplingParams, encode
 from npu_proxy.protocol.states import ProcessState
+from npu_proxy.protocol.timings import Timings
 
 TOKENS = 50
 WORDS = [f"w{i} " for i in range(TOKENS)]

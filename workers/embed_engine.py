@@ -20,7 +20,8 @@ import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import EMBED_BATCH_CLASSES, embed_batch_class
-from npu_proxy.protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed, Timings
+from npu_proxy.protocol.messages import Abort, Embed, Embeddings, ErrorCode, Failed
+from npu_proxy.protocol.timings import Timings
 from npu_proxy.workers.embed_model import (
     MAX_SEQ_LENGTH,
     count_tokens,

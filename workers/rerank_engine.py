@@ -21,7 +21,8 @@ from typing import Any
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
-from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked, Timings
+from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Rerank, Reranked
+from npu_proxy.protocol.timings import Timings
 from npu_proxy.workers.engine import Emit, InboxEngine
 from npu_proxy.workers.rerank_model import (
     MAX_PAIR_LENGTH,

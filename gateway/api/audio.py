@@ -34,7 +34,8 @@ from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import Delta, RequestFrame, Transcribe, Transcription
+from npu_proxy.protocol.messages import Delta, RequestFrame
+from npu_proxy.protocol.speech import Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 

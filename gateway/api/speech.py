@@ -37,7 +37,8 @@ from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import RequestFrame, Speech, SpeechChunk, Synthesize
+from npu_proxy.protocol.messages import RequestFrame
+from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize
 
 PATH = "/v1/audio/speech"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npu_proxy.protocol.messages import Segment, Transcription
+from npu_proxy.protocol.speech import Segment, Transcription
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # The formats that need the segments' times from the worker.

@@ -45,11 +45,10 @@ from npu_proxy.protocol.messages import (
     RequestFrame,
     Rerank,
     Reranked,
-    Synthesize,
     TokenCount,
     Tokenize,
-    Transcribe,
 )
+from npu_proxy.protocol.speech import Synthesize, Transcribe
 
 log = logging.getLogger(__name__)
 

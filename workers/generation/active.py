@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from npu_proxy.protocol.messages import Finished, Generate, Timings, TokenLogprob
+from npu_proxy.protocol.messages import Finished, Generate, TokenLogprob
+from npu_proxy.protocol.timings import Timings
 from npu_proxy.workers.generation.detok import ByteDetokenizer, Detokenizer, TokenBytes
 
 log = logging.getLogger(__name__)

@@ -27,16 +27,9 @@ import numpy as np
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import Config, WorkerSpec
-from npu_proxy.protocol.messages import (
-    MAX_WORDS,
-    Delta,
-    ErrorCode,
-    Segment,
-    Timings,
-    Transcribe,
-    Transcription,
-    Word,
-)
+from npu_proxy.protocol.messages import Delta, ErrorCode
+from npu_proxy.protocol.speech import MAX_WORDS, Segment, Transcribe, Transcription, Word
+from npu_proxy.protocol.timings import Timings
 from npu_proxy.workers.engine import Emit
 from npu_proxy.workers.speech.serial_base import Cancelled, SerialSpeechEngine
 from npu_proxy.workers.speech.whisper_ir import ensure_whisper_ir

@@ -15,7 +15,8 @@ import time
 from typing import Any, TypeVar
 
 from npu_proxy.protocol.config import WorkerSpec
-from npu_proxy.protocol.messages import Abort, ErrorCode, Failed, Synthesize, Transcribe
+from npu_proxy.protocol.messages import Abort, ErrorCode, Failed
+from npu_proxy.protocol.speech import Synthesize, Transcribe
 from npu_proxy.workers.engine import Emit, InboxEngine
 from npu_proxy.workers.faults import FaultInjector
 

@@ -25,13 +25,9 @@ import numpy as np
 import openvino as ov
 
 from npu_proxy.protocol.config import WorkerSpec
-from npu_proxy.protocol.messages import (
-    ErrorCode,
-    Speech,
-    SpeechChunk,
-    Synthesize,
-    Timings,
-)
+from npu_proxy.protocol.messages import ErrorCode
+from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize
+from npu_proxy.protocol.timings import Timings
 from npu_proxy.workers.engine import Emit
 from npu_proxy.workers.speech.phonemes import Phonemizer, phoneme_ids
 from npu_proxy.workers.speech.serial_base import Cancelled, SerialSpeechEngine
