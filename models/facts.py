@@ -248,11 +248,16 @@ def _ir_chat_template(folder: Path) -> str:
     return html.unescape(m.group(1)) if m else ""
 
 
-def _ir_context(cfg: dict[str, object]) -> int:
-    """The context length; a vision-language model's is its language model's (text_config)."""
+def _ir_context(folder: Path, cfg: dict[str, object]) -> int:
+    """The context length; a vision-language model's is its language model's (text_config);
+    a sentence-transformers model's the length it embeds (sentence_bert_config.json's
+    max_seq_length: 256 for all-MiniLM-L6-v2, whose position embeddings take 512), which is
+    the length the embed worker serves and so the one it reports."""
     text = cfg.get("text_config")
     inner = text.get("max_position_embeddings") if isinstance(text, dict) else None
-    return _int(cfg.get("max_position_embeddings") or inner)
+    positions = _int(cfg.get("max_position_embeddings") or inner)
+    embeds = _int(_read_json(folder / "sentence_bert_config.json").get("max_seq_length"))
+    return min(embeds, positions) if embeds and positions else embeds or positions
 
 
 def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDetails:
@@ -266,6 +271,9 @@ def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDe
         value = cfg.get(hf_key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             model_info[f"{arch}.{suffix}"] = value
+    context = _ir_context(folder, cfg)
+    if context:  # NOTE: what is served, where it is less than the positions (_ir_context)
+        model_info[f"{arch}.context_length"] = context
     stats = [f.stat() for f in files]
     return ModelDetails(
         format="openvino",
@@ -274,7 +282,7 @@ def _describe_ir(folder: Path, files: list[Path], cache: DigestCache) -> ModelDe
         parameter_size=format_parameter_count(params) if params else "",
         quantization_level=_ir_quantization(folder),
         architecture=arch,
-        context_length=_ir_context(cfg),
+        context_length=context,
         embedding_length=_int(cfg.get("hidden_size")),
         size=sum(s.st_size for s in stats),
         digest="sha256:" + cache.folder_sha256(folder, files),
@@ -338,7 +346,7 @@ def context_length(path: Path) -> int:
     do not say), from the GGUF header or the IR folder's config.json alone: nothing is hashed."""
     path = path.resolve()
     if path.is_dir():
-        return _ir_context(_read_json(path / "config.json"))
+        return _ir_context(path, _read_json(path / "config.json"))
     if path.is_file():
         return _gguf_context(read_gguf_header(path).metadata)
     raise ModelInfoError(f"{path}: no such file or folder")

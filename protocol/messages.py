@@ -255,8 +255,10 @@ class Embeddings(msgspec.Struct, tag=True, array_like=True):
     data: bytes
     rows: int
     dims: int
-    prompt_tokens: list[int]
+    prompt_tokens: list[int]  # each input's tokens embedded (after any truncation)
     timings: Timings
+    # How many inputs were cut to the model's length (Embed.truncate), so the gateway says so.
+    truncated: int = 0
 
 
 class TokenCount(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

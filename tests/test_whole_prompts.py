@@ -149,3 +149,33 @@ def test_the_cap_is_found_in_a_converted_gguf_tokenizer_and_lifted() -> None:
     lifted, more = uncapped(xml, weights, caps)
     assert more[:len(weights)] == weights
     assert [c.value for c in find_caps(lifted, more)] == [2**31 - 1]
+
+
+# --- embeddings: the length reported is the length served, a cut is said ---------------------
+
+EMBED = "all-minilm:l6-v2"
+EMBEDDED = 256  # sentence-transformers' max_seq_length for all-MiniLM-L6-v2
+LONG = "The river runs past the old mill. " * 60  # ~480 tokens
+
+
+def test_embedding_model_reports_the_length_it_embeds(base_url: str) -> None:
+    listed = {m["id"]: m for m in httpx.get(base_url + "/v1/models", timeout=60).json()["data"]}
+    assert listed[EMBED]["max_model_len"] == EMBEDDED
+    shown = httpx.post(base_url + "/api/show", json={"model": EMBED}, timeout=120).json()
+    assert shown["model_info"]["bert.context_length"] == EMBEDDED
+
+
+def test_embedding_inputs_cut_to_the_model_length_are_said(base_url: str) -> None:
+    oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    raw = oai.embeddings.with_raw_response.create(model=EMBED, input=[LONG, "short"])
+    assert raw.headers["x-npu-proxy-truncated-inputs"] == "1"
+    assert raw.parse().usage.prompt_tokens > EMBEDDED
+    whole = httpx.post(base_url + "/api/embed", timeout=120,
+                       json={"model": EMBED, "input": "short"})
+    assert "x-npu-proxy-truncated-inputs" not in whole.headers
+    made = httpx.post(base_url + "/api/embed", timeout=120, json={"model": EMBED, "input": LONG})
+    assert made.json()["prompt_eval_count"] == EMBEDDED
+    assert made.headers["x-npu-proxy-truncated-inputs"] == "1"
+    refused = httpx.post(base_url + "/api/embed", timeout=120,
+                         json={"model": EMBED, "input": LONG, "truncate": False})
+    assert refused.status_code == 400 and str(EMBEDDED) in refused.json()["error"]

@@ -27,6 +27,7 @@ from npu_proxy.workers.embed_model import (
     count_tokens,
     embedding_config,
     ensure_minilm_ir,
+    served_length,
 )
 from npu_proxy.workers.engine import Emit, InboxEngine
 
@@ -120,6 +121,9 @@ class EmbedEngine(InboxEngine[Embed]):
             # NOTE: built by the worker that loads it, while it reports `loading` (under the
             # load deadline); models/locate.py only names the folder.
             ensure_minilm_ir(Path(self.model_path))
+        # NOTE: the length the folder says it embeds (models/facts.py), which is what
+        # /v1/models and /api/show report for it.
+        self.max_length = served_length(Path(self.model_path))
         self.pipe = ov_genai.TextEmbeddingPipeline(
             self.model_path, self.spec.device, embedding_config(self.max_length), **properties)
         self.tokenizer = ov_genai.Tokenizer(self.model_path)
@@ -283,8 +287,13 @@ class EmbedEngine(InboxEngine[Embed]):
             rows.append(vec)
         matrix = np.ascontiguousarray(np.stack(rows), dtype="<f4")
         self.served += 1
+        cut = sum(n > self.max_length for n in mine)
+        if cut:
+            shown = req.log_id or req.id
+            log.info("request_id=%s: %d of %d inputs cut to the model's %d tokens (truncate)",
+                     shown, cut, len(mine), self.max_length, extra={"request_id": shown})
         self.emit(Embeddings(
-            id=req.id, seq=0, data=matrix.tobytes(), rows=matrix.shape[0],
+            id=req.id, seq=0, data=matrix.tobytes(), rows=matrix.shape[0], truncated=cut,
             dims=matrix.shape[1], prompt_tokens=[min(n, self.max_length) for n in mine],
             timings=Timings(queue_ns=int((started - arrived) * 1e9),
                             prompt_ns=int((done - started) * 1e9),

