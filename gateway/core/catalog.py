@@ -84,6 +84,7 @@ class ModelCatalog:
         self._locks: dict[str, asyncio.Lock] = {}
         self._contexts: dict[str, int] = {}
         self._templates: dict[str, str] = {}
+        # NOTE: all kept by _key: the files, so a name made again over other files is new.
         self._capabilities: dict[tuple[str, str], Capabilities] = {}
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
@@ -132,9 +133,10 @@ class ModelCatalog:
         renders with it."""
         if configured := configured_template(self.router.config, model.runs):
             return configured
-        if (found := self._details.get(model.name)) is not None:
+        key = _key(model)
+        if (found := self._details.get(key)) is not None:
             return found.chat_template
-        if (known := self._templates.get(model.name)) is not None:
+        if (known := self._templates.get(key)) is not None:
             return known
         try:
             template = await asyncio.to_thread(_chat_template, self.router.config, model)
@@ -142,7 +144,7 @@ class ModelCatalog:
             # NOTE: not kept, like details(): files that appear later are read then.
             log.debug("cannot read the chat template of %s: %s", model.name, exc)
             return ""
-        self._templates[model.name] = template
+        self._templates[key] = template
         return template
 
     async def capabilities(self, model: ServedModel) -> Capabilities:
