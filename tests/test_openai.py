@@ -191,6 +191,15 @@ def test_max_completion_tokens_wins(client: openai.OpenAI) -> None:
     assert resp.choices[0].finish_reason == "length"
 
 
+def test_max_completion_tokens_0_is_refused_as_max_tokens_0_is(client: openai.OpenAI) -> None:
+    """0 is a value, not "unset": it used to fall through to the default length."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=LLM, messages=QUESTION,  # type: ignore[arg-type]
+                                           **{field: 0})  # type: ignore[call-overload]
+        assert err.value.param == field, err.value.body
+
+
 def test_stop_is_honoured(client: openai.OpenAI) -> None:
     resp = client.chat.completions.create(model=LLM, messages=QUESTION, temperature=0,  # type: ignore[arg-type]
                                           stop=["Paris"], extra_body=FORCED)

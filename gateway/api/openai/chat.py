@@ -277,7 +277,12 @@ class ChatRoutes(DialectRoutes):
         check_common(req)
         top = _chat_logprobs(req)
         model = self.router.resolve(req.model, kind="llm")
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        max_tokens = req.max_tokens
+        if req.max_completion_tokens is not None:  # NOTE: OpenAI's newer name wins; 0 is a value
+            if req.max_completion_tokens < 1:
+                raise invalid("max_completion_tokens must be at least 1",
+                              param="max_completion_tokens")
+            max_tokens = req.max_completion_tokens
         params = sampling_params(req, max_tokens, _response_schema(req.response_format))
         params.logprobs = top is not None
         params.regex = _regex(req)
