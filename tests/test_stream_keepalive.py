@@ -128,12 +128,25 @@ def test_openai_completions_and_responses_keep_alive(srv: Server) -> None:
     assert text == ANSWER
     _before_first(bytes(tee.seen), COMMENT, rb'"text":"[^"]')
 
-    http, tee = _client(srv, "ka-responses", COMMENT)
+
+
+def test_responses_stream_keeps_alive_with_events_codex_counts(srv: Server) -> None:
+    """Codex's stream idle timeout (300 s) is reset by SSE events only, not by comments, and
+    it ignores a repeated response.in_progress: that is the Responses keep-alive, numbered in
+    turn with the other events (issue 42: Codex gave up during a long prefill)."""
+    in_progress = b"event: response.in_progress\n"
+    # NOTE: the first in_progress follows response.created at once; the gate opens on the
+    # second, which only a keep-alive sends.
+    http, tee = _client(srv, "ka-responses", in_progress, count=2)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
     events = list(client.responses.create(model=LLM, input="Say ok", stream=True))
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == ANSWER
-    _before_first(bytes(tee.seen), COMMENT, b"response.output_text.delta")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    first_delta = next(i for i, e in enumerate(events) if e.type == "response.output_text.delta")
+    kept = [e for e in events[:first_delta] if e.type == "response.in_progress"]
+    assert len(kept) >= 2 and all(e.response.id == events[0].response.id for e in kept)
+    assert COMMENT not in tee.seen
 
 
 def test_anthropic_stream_pings_while_prefilling(srv: Server) -> None:

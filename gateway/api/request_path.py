@@ -85,6 +85,9 @@ class Dispatch:
     ended: Callable[[], None] | None = None
     # What the request sent that the server left out (gateway/content/ignored.py): a header.
     ignored: Ignored | None = None
+    # A silent stream's keep-alive as an event of the API's own, for clients whose idle timer
+    # only an event resets (Codex: not an SSE comment); else the dialect's (http/wire.py).
+    keepalive: Callable[[], dict[str, Any]] | None = None
 
     def headers(self, gen: Generation) -> dict[str, str]:
         return gen.headers() | (self.ignored.headers() if self.ignored is not None else {})
@@ -236,8 +239,10 @@ class RequestPath:
             turn.ignored.report(request.url.path, request_id(request))
         if turn.stream:
             every = self.router.config.stream_keepalive_seconds if dialect.keepalive else 0.0
+            own = turn.keepalive
+            keepalive = dialect.keepalive if own is None else lambda: dialect.frame(own())
             return StreamResponse(_stream(dialect, turn, gen), dialect.media_type,
-                                  turn.headers(gen), dialect.keepalive, every)
+                                  turn.headers(gen), keepalive, every)
         return await _whole(request, dialect, turn, gen)
 
 

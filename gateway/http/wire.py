@@ -97,8 +97,10 @@ class StreamResponse(StreamingResponse):
     """
 
     def __init__(self, chunks: AsyncIterator[bytes], media_type: str,
-                 headers: dict[str, str], keepalive: bytes = b"", every: float = 0.0) -> None:
+                 headers: dict[str, str], keepalive: bytes | Callable[[], bytes] = b"",
+                 every: float = 0.0) -> None:
         super().__init__(chunks, media_type=media_type, headers=headers)
+        # NOTE: a callable makes each keep-alive anew (a Responses event, numbered in turn).
         self.keepalive = keepalive if every > 0 else b""
         self.every = every
         self.sent_at = 0.0
@@ -135,7 +137,7 @@ class StreamResponse(StreamingResponse):
 
     async def _tick(self, send: Send) -> None:
         loop = asyncio.get_running_loop()
-        message = {"type": "http.response.body", "body": self.keepalive, "more_body": True}
+        keepalive = self.keepalive
         try:
             while True:
                 wait = self.sent_at + self.every - loop.time()
@@ -144,8 +146,10 @@ class StreamResponse(StreamingResponse):
                 elif self.lock.locked():
                     await asyncio.sleep(self.every)  # NOTE: a send in progress: a slow client
                 else:
+                    body = keepalive() if callable(keepalive) else keepalive
                     async with self.lock:
-                        await send(message)
+                        await send({"type": "http.response.body", "body": body,
+                                    "more_body": True})
                     self.sent_at = loop.time()
         except Exception:
             return  # NOTE: the client went away; the stream's own next send says so

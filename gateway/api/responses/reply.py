@@ -133,6 +133,17 @@ class ResponseReply:
         self.conversation = conversation
         self.thinking = thinking
         self.sealer = sealer
+        self.seq = 0  # the next event's sequence_number
+
+    def keepalive(self) -> dict[str, Any]:
+        """A silent stream's keep-alive (a long prefill): response.in_progress again, numbered
+        in turn. Codex counts only events as activity (an SSE comment does not reset its
+        stream idle timeout, 300 s) and ignores a repeated in_progress; the OpenAI SDKs pass
+        it through."""
+        event = {"type": "response.in_progress", "response": self.envelope("in_progress", []),
+                 "sequence_number": self.seq}
+        self.seq += 1
+        return event
 
     def envelope(self, status: str, output: list[dict[str, Any]],
                  gen: Generation | None = None, *, error: dict[str, Any] | None = None,
@@ -170,10 +181,9 @@ class ResponseReply:
         return self.final(gen, output, text, calls, parts)
 
     async def events(self, gen: Generation) -> AsyncIterator[Event]:
-        seq = 0
         async for event in _Events(self, gen).run():
-            event["sequence_number"] = seq
-            seq += 1
+            event["sequence_number"] = self.seq
+            self.seq += 1
             yield event
 
 

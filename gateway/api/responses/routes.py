@@ -276,4 +276,5 @@ class ResponsesRoutes(DialectRoutes):
         msg.truncate = req.truncation == "auto"  # oldest input items go first (worker)
         reply = ResponseReply(echo, parser, self.store if store else None, conversation,
                               thinking, self.sealer if sealed else None)
-        return Dispatch(model, msg, bool(req.stream), reply, ignored=ignored)
+        return Dispatch(model, msg, bool(req.stream), reply, ignored=ignored,
+                        keepalive=reply.keepalive)
