@@ -26,7 +26,6 @@ from npu_proxy.gateway.api.responses.routes import ResponsesRoutes
 from npu_proxy.gateway.api.responses.store import ResponseStore
 from npu_proxy.gateway.api.speech import SpeechRoutes
 from npu_proxy.gateway.api.tokenizer import TokenizerRoutes
-from npu_proxy.gateway.content.tools import Tooling
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.catalog import ModelCatalog
 from npu_proxy.gateway.core.health import HealthRoutes
@@ -119,8 +118,7 @@ class Gateway:
         self.router.observers.append(self.metrics)
         # NOTE: one catalog, so each model's files are described (hashed) once for all APIs.
         self.catalog = ModelCatalog(self.router)
-        self.tooling = Tooling(self.catalog)
-        self.requests = RequestPath(self.router, self.tooling)
+        self.requests = RequestPath(self.router, self.catalog)
         self.responses = ResponseStore.from_config(config)
         self.status = StatusRoutes(config, self.broker, self.metrics)
 

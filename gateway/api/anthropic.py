@@ -55,10 +55,10 @@ from npu_proxy.gateway.content.params import anthropic_params
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
 from npu_proxy.gateway.content.stops import StopMatcher
 from npu_proxy.gateway.content.tools import CallParser, ToolCall, fragments
+from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.ids import new_id
-from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.http.util import unless_disconnected
 
 __all__ = ["AnthropicRoutes", "CountRequest", "InMessage", "MessagesRequest", "chat_messages",
@@ -282,21 +282,22 @@ class AnthropicRoutes(DialectRoutes):
             self.requests.post("/v1/messages/count_tokens", CountRequest, self.count_tokens),
         ]
 
-    async def _thinking(self, model: ServedModel, req: CountRequest,
-                        ) -> tuple[Thinking | None, dict[str, Any] | None]:
+    def _thinking(self, facts: ModelFacts, req: CountRequest,
+                  ) -> tuple[Thinking | None, dict[str, Any] | None]:
         """`thinking` enabled (or adaptive) shows the reasoning; else the template's
         enable_thinking is false. The same for count_tokens, so its count is input_tokens."""
         want = (req.thinking or {}).get("type") in ("enabled", "adaptive")
-        thinking = await self.requests.thinking(model, want, req.model, None)
+        thinking = self.requests.thinking(facts, want, req.model, None)
         return thinking, template_vars(want) if thinking is not None else None
 
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
         model = self.router.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
-        caps = await self.catalog.capabilities(model)
-        _, variables = await self._thinking(model, req)
-        msg = await self.requests.tokenize(request, model,
-                                       await chat_messages(req.system, req.messages, caps,
+        facts = await self.requests.facts(model)
+        _, variables = self._thinking(facts, req)
+        msg = await self.requests.tokenize(request, facts,
+                                       await chat_messages(req.system, req.messages,
+                                                           facts.capabilities,
                                                            req.model, self.requests.images()),
                                        tool_request(req.tools, req.tool_choice,
                                                     self.requests.limits.tool_budget(),
@@ -312,12 +313,12 @@ class AnthropicRoutes(DialectRoutes):
                                   stop_sequences=req.stop_sequences)
         params.json_schema = output_schema(req.output_config)
         model = self.router.resolve(req.model, kind="llm")
-        caps = await self.catalog.capabilities(model)
-        thinking, variables = await self._thinking(model, req)
+        facts = await self.requests.facts(model)
+        thinking, variables = self._thinking(facts, req)
         ignored = Ignored()
-        messages = await chat_messages(req.system, req.messages, caps, req.model,
+        messages = await chat_messages(req.system, req.messages, facts.capabilities, req.model,
                                        self.requests.images(), ignored)
-        msg, parser = await self.requests.chat(request, model, messages,
+        msg, parser = await self.requests.chat(request, facts, messages,
                                            tool_request(req.tools, req.tool_choice,
                                                         self.requests.limits.tool_budget(),
                                                         ignored, loaded_tools(

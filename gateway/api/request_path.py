@@ -41,8 +41,8 @@ from npu_proxy.gateway.content.images import ImageLimits, Images
 from npu_proxy.gateway.content.params import OLLAMA_DEFAULTS
 from npu_proxy.gateway.content.reasoning import Thinking
 from npu_proxy.gateway.content.schema_check import check_regex, check_schema
-from npu_proxy.gateway.content.tools import CallParser, Tooling, ToolRequest
-from npu_proxy.gateway.core.catalog import require
+from npu_proxy.gateway.content.tools import CallParser, ToolRequest, prepare_chat
+from npu_proxy.gateway.core.catalog import ModelCatalog, ModelFacts, require
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.model_table import ServedModel
@@ -102,10 +102,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class RequestPath:
-    def __init__(self, router: Router, tooling: Tooling) -> None:
+    def __init__(self, router: Router, catalog: ModelCatalog) -> None:
         self.router = router
-        self.tooling = tooling
-        self.limits = Limits(router.config, tooling.catalog)
+        self.catalog = catalog
+        self.limits = Limits(router.config, catalog)
         self.image_limits = ImageLimits.from_config(router.config)
 
     def images(self) -> Images:
@@ -149,36 +149,42 @@ class RequestPath:
         return self._generate(request, model, params, messages=messages, prompt=prompt,
                               template_vars=template_vars)
 
-    async def chat(self, request: Request, model: ServedModel, messages: list[ChatMessage],
+    async def facts(self, model: ServedModel) -> ModelFacts:
+        """The request's model facts, looked up once (gateway/core/catalog.py): the dialect
+        hands them to `thinking`, `chat` and `tokenize`, which look nothing up again."""
+        return await self.catalog.facts(model)
+
+    async def chat(self, request: Request, facts: ModelFacts, messages: list[ChatMessage],
                    tools: ToolRequest | None, params: SamplingParams, *, requested: str,
                    template_vars: dict[str, Any] | None = None,
                    ) -> tuple[Generate, CallParser | None]:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
+        model = facts.model
         messages, params = with_messages(messages, model), with_params(
             params, model, _api_defaults(request))
         self.limits.check_input(messages, None, tools)
         if tools is not None and tools.tools:
-            require(await self.tooling.catalog.capabilities(model), TOOLS, requested, "tools")
-        prep = await self.tooling.prepare(model, messages, tools, params)
+            require(facts.capabilities, TOOLS, requested, "tools")
+        prep = prepare_chat(facts, messages, tools, params)
         msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools,
                              template_vars=template_vars)
         return msg, prep.parser()
 
-    async def thinking(self, model: ServedModel, want: bool | None, requested: str,
-                       param: str | None) -> Thinking | None:
+    def thinking(self, facts: ModelFacts, want: bool | None, requested: str,
+                 param: str | None) -> Thinking | None:
         """What the request does with the model's reasoning (gateway/content/reasoning.py): None
         for a model that does not think. `want` is the client's choice (None: the model's
         default, which shows it); asked for on a model that does not think, it is the
         capability's 400, unless `param` is None (an API whose clients ask for it anyway)."""
-        caps = await self.tooling.catalog.capabilities(model)
+        caps = facts.capabilities
         if want and param is not None:
             require(caps, THINKING, requested, param)
         if caps.reasoning is None:
             return None
         return Thinking(caps.reasoning, show=want is not False)
 
-    async def tokenize(self, request: Request, model: ServedModel,
+    async def tokenize(self, request: Request, facts: ModelFacts,
                        messages: list[ChatMessage] | None, tools: ToolRequest | None, *,
                        prompt: str | None = None, want_tokens: bool = False,
                        add_special_tokens: bool = False,
@@ -186,11 +192,12 @@ class RequestPath:
                        template_vars: dict[str, Any] | None = None) -> Tokenize:
         """A token count of a chat (or of a raw prompt), within the same limits, prepared
         exactly like `chat` so the count equals the generation's prompt tokens."""
+        model = facts.model
         if messages is not None:
             messages = with_messages(messages, model)
         self.limits.check_input(messages, prompt, tools)
         if messages is not None:
-            prep = await self.tooling.prepare(model, messages, tools, SamplingParams())
+            prep = prepare_chat(facts, messages, tools, SamplingParams())
             messages, tool_list = prep.messages, prep.tools
         else:
             tool_list = None
@@ -257,7 +264,7 @@ class DialectRoutes:
     def __init__(self, requests: RequestPath) -> None:
         self.requests = requests
         self.router = requests.router
-        self.catalog = requests.tooling.catalog
+        self.catalog = requests.catalog
 
 
 async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIterator[bytes]:

@@ -76,21 +76,21 @@ class TokenizerRoutes(DialectRoutes):
         special = req.add_special_tokens if req.add_special_tokens is not None \
             else bool(req.add_special)
         messages = tools = None
+        facts = await self.requests.facts(model)
         if req.messages is not None:
-            caps = await self.catalog.capabilities(model)
-            messages = await openai_chat.chat_messages(req.messages, caps,
+            messages = await openai_chat.chat_messages(req.messages, facts.capabilities,
                                                       req.model or model.name,
                                                       self.requests.images())
             tools = openai_chat.tool_request(openai_chat.ChatRequest(
                 tools=req.tools, tool_choice=req.tool_choice), self.requests.limits.tool_budget())
-        msg = await self.requests.tokenize(request, model, messages, tools, prompt=prompt,
+        msg = await self.requests.tokenize(request, facts, messages, tools, prompt=prompt,
                                        want_tokens=True, add_special_tokens=special,
                                        add_generation_prompt=req.add_generation_prompt,
                                        template_vars=req.chat_template_kwargs or None)
         count = await unless_disconnected(request, self.router.tokenize(model, msg))
         return JSONResponse({
             "count": count.count,
-            "max_model_len": await self.catalog.context_length(model),
+            "max_model_len": facts.context_length,
             "tokens": count.tokens or [],
             "token_strs": count.pieces if req.return_token_strs else None,
         })

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from npu_proxy.protocol.config import Config
 
 log = logging.getLogger(__name__)
 
+# Kinds of model with no chat template: their capabilities come from the kind alone.
+_TEMPLATELESS = ("embed", "rerank", "asr", "tts")
 # Ollama stores "forever" as now + the largest Go duration (~292 years: a date in 2318).
 FOREVER = timedelta(microseconds=(2**63 - 1) // 1000)
 
@@ -42,6 +45,18 @@ def require(caps: Capabilities, capability: str, requested: str, param: str) -> 
     /v1/models report (ModelCatalog.capabilities)."""
     if capability not in caps:
         raise invalid(f"model '{requested}' does not support {WHAT[capability]}", param=param)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What one request needs to know of its model, looked up once when the request is
+    translated (RequestPath.facts) and handed to everything that decides on it: the dialect's
+    translation, the thinking switch, the tool preparation."""
+
+    model: ServedModel
+    capabilities: Capabilities
+    chat_template: str  # "" when unknown (an embedding model, files not readable yet)
+    context_length: int  # 0 when unknown
 
 
 def display_name(model: ServedModel) -> str:
@@ -147,6 +162,12 @@ class ModelCatalog:
         self._templates[key] = template
         return template
 
+    async def facts(self, model: ServedModel) -> ModelFacts:
+        """The model's facts for one request: its capabilities, template and context."""
+        caps = await self.capabilities(model)
+        template = "" if model.kind in _TEMPLATELESS else await self.chat_template(model)
+        return ModelFacts(model, caps, template, await self.context_length(model))
+
     async def capabilities(self, model: ServedModel) -> Capabilities:
         """What the model can do here (models/capabilities.py): from its kind and its chat
         template. The one source of `capabilities` and of the 400s that refuse what a model
@@ -155,7 +176,7 @@ class ModelCatalog:
         key = (model.name, _key(model))
         if (known := self._capabilities.get(key)) is not None:
             return known
-        if model.kind in ("embed", "rerank", "asr", "tts"):
+        if model.kind in _TEMPLATELESS:
             found = capabilities(model.kind, "")
         elif template := await self.chat_template(model):
             found = capabilities(model.kind, template)

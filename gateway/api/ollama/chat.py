@@ -81,13 +81,14 @@ def tool_request(req: ChatRequest, budget: ToolBudget) -> ToolRequest | None:
 
 class ChatRoutes(TurnRoutes):
     async def chat(self, request: Request, req: ChatRequest) -> Response | Dispatch:
-        model, keep, params, caps = await self._common(req)
-        thinking, variables = await self._thinking(model, req)
+        facts, keep, params = await self._common(req)
+        model = facts.model
+        thinking, variables = self._thinking(facts, req)
         if not req.messages:
             return self._load(model, req.model, keep, chat=True)
-        msg, parser = await self.requests.chat(request, model,
-                                           await chat_messages(req.messages, caps, req.model,
-                                                               self.requests.images()),
+        msg, parser = await self.requests.chat(request, facts,
+                                           await chat_messages(req.messages, facts.capabilities,
+                                                               req.model, self.requests.images()),
                                            tool_request(req, self.requests.limits.tool_budget()),
                                            params, requested=req.model,
                                            template_vars=variables)

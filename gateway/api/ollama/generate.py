@@ -34,7 +34,8 @@ class GenerateRequest(TurnRequest):
 class GenerateRoutes(TurnRoutes):
     async def generate(self, request: Request, req: GenerateRequest) -> Response | Dispatch:
         rid = request_id(request)
-        model, keep, params, caps = await self._common(req)
+        facts, keep, params = await self._common(req)
+        model, caps = facts.model, facts.capabilities
         if req.images:
             require(caps, VISION, req.model, "images")
         if req.raw and (req.template or req.system or req.context):
@@ -48,7 +49,7 @@ class GenerateRoutes(TurnRoutes):
                  for j, text in enumerate(req.images or [])]
         if req.suffix:
             require(caps, INSERT, req.model, "suffix")
-        thinking, variables = await self._thinking(model, req)
+        thinking, variables = self._thinking(facts, req)
         if not req.prompt and not found:
             return self._load(model, req.model, keep, chat=False)
         if req.context:

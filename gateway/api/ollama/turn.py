@@ -14,11 +14,11 @@ from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.params import json_schema_text, ollama_params
 from npu_proxy.gateway.content.reasoning import Thinking, template_vars
+from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.http.util import dumps
-from npu_proxy.models.capabilities import Capabilities
 from npu_proxy.protocol.messages import Generate, SamplingParams
 
 EFFORTS = ("low", "medium", "high")
@@ -55,18 +55,17 @@ def logprobs_top(req: TurnRequest) -> int | None:
 
 class TurnRoutes(DialectRoutes):
     async def _common(self, req: TurnRequest,
-                      ) -> tuple[ServedModel, float, SamplingParams, Capabilities]:
+                      ) -> tuple[ModelFacts, float, SamplingParams]:
         """What /api/generate and /api/chat check and map alike: model, keep_alive, options,
         think; and the model's capabilities for the rest."""
         model = self.router.resolve(req.model, kind="llm")
         keep = parse_keep_alive(req.keep_alive)
         params = ollama_params(req.options, format_schema(req.format))
         params.logprobs = logprobs_top(req) is not None
-        caps = await self.catalog.capabilities(model)
-        return model, keep, params, caps
+        return await self.requests.facts(model), keep, params
 
-    async def _thinking(self, model: ServedModel, req: TurnRequest,
-                        ) -> tuple[Thinking | None, dict[str, Any] | None]:
+    def _thinking(self, facts: ModelFacts, req: TurnRequest,
+                  ) -> tuple[Thinking | None, dict[str, Any] | None]:
         """`think`: true, false or an effort (low, medium, high: gpt-oss's reasoning_effort);
         absent, the model's default (a thinking model thinks). Asked of a model that does not
         think, a 400; false also switches it off in a template that can (enable_thinking)."""
@@ -75,7 +74,7 @@ class TurnRoutes(DialectRoutes):
             raise invalid(f"think must be true, false or one of {', '.join(EFFORTS)}, not "
                           f"{think!r}", param="think")
         want = None if think in (None, "") else think is not False
-        thinking = await self.requests.thinking(model, want, req.model, "think")
+        thinking = self.requests.thinking(facts, want, req.model, "think")
         if thinking is None:
             return None, None
         effort = think if isinstance(think, str) and think else None

@@ -287,12 +287,13 @@ class ChatRoutes(DialectRoutes):
         params.logprobs = top is not None
         params.regex = _regex(req)
         tools = tool_request(req, self.requests.limits.tool_budget())
-        messages = await chat_messages(req.messages, await self.catalog.capabilities(model),
-                                       req.model, self.requests.images())
-        thinking = await self.requests.thinking(model, _enable_thinking(req), req.model,
-                                            "chat_template_kwargs")
+        facts = await self.requests.facts(model)
+        messages = await chat_messages(req.messages, facts.capabilities, req.model,
+                                       self.requests.images())
+        thinking = self.requests.thinking(facts, _enable_thinking(req), req.model,
+                                          "chat_template_kwargs")
         effort = req.reasoning_effort if thinking is not None else None
-        msg, parser = await self.requests.chat(request, model, messages, tools, params,
+        msg, parser = await self.requests.chat(request, facts, messages, tools, params,
                                            requested=req.model,
                                            template_vars=template_vars(None, effort,
                                                                        req.chat_template_kwargs))

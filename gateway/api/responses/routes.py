@@ -232,9 +232,10 @@ class ResponsesRoutes(DialectRoutes):
                                    "not found.", param="previous_response_id")
             history = list(prior.history)
         model = self.router.resolve(req.model, kind="llm")
-        caps = await self.catalog.capabilities(model)
+        facts = await self.requests.facts(model)
         ignored = Ignored()
-        reader = InputReader(caps, req.model, self.requests.images(), self.sealer, ignored)
+        reader = InputReader(facts.capabilities, req.model, self.requests.images(),
+                             self.sealer, ignored)
         conversation = history + await reader.messages(req.input)
         if not conversation:
             raise invalid("input is required (a string or a non-empty list of items)",
@@ -267,10 +268,10 @@ class ResponsesRoutes(DialectRoutes):
         effort = req.reasoning.effort if req.reasoning is not None else None
         # NOTE: clients send reasoning.effort to any model; it is never a 400 here.
         want = False if effort == "none" else None
-        thinking = await self.requests.thinking(model, want, req.model, None)
+        thinking = self.requests.thinking(facts, want, req.model, None)
         variables = template_vars(want, effort if effort in ("low", "medium", "high") else None
                                   ) if thinking is not None else None
-        msg, parser = await self.requests.chat(request, model, system + conversation,
+        msg, parser = await self.requests.chat(request, facts, system + conversation,
                                            request_tools, params, requested=req.model,
                                            template_vars=variables)
         msg.truncate = req.truncation == "auto"  # oldest input items go first (worker)

@@ -72,12 +72,12 @@ from npu_proxy.gateway.content.tools.parsing import (
     parse_calls,
     split_calls,
 )
-from npu_proxy.gateway.content.tools.prompting import PreparedChat, Tooling, prepare
+from npu_proxy.gateway.content.tools.prompting import PreparedChat, prepare, prepare_chat
 
 __all__ = [
     "CUSTOM_INPUT", "MAX_PARALLEL", "TAG_CLOSE", "TAG_OPEN", "CallParser", "Mode", "PreparedChat",
-    "Tool", "ToolBudget", "ToolCall", "ToolChoice", "ToolRequest", "Tooling", "anthropic_choice",
+    "Tool", "ToolBudget", "ToolCall", "ToolChoice", "ToolRequest", "anthropic_choice",
     "anthropic_tools", "call_schema", "fragments", "history_call", "loads_arguments",
-    "ollama_choice", "openai_choice", "openai_tools", "parse_calls", "prepare",
+    "ollama_choice", "openai_choice", "openai_tools", "parse_calls", "prepare", "prepare_chat",
     "responses_choice", "responses_tools", "split_calls",
 ]

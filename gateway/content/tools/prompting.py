@@ -11,9 +11,8 @@ from typing import Any
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
 from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema
 from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
-from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTags
 
 
@@ -144,38 +143,28 @@ class PreparedChat:
         return CallParser(offered) if offered else None
 
 
-class Tooling:
-    """Per served model, whether its chat template takes tools (read once from the model
-    files, like /api/show), and the preparation of a request's messages accordingly."""
-
-    def __init__(self, catalog: ModelCatalog) -> None:
-        self.catalog = catalog
-
-    async def native(self, model: ServedModel) -> bool:
-        return (await self.catalog.capabilities(model)).native_tools
-
-    async def prepare(self, model: ServedModel, messages: list[ChatMessage],
-                      req: ToolRequest | None, params: SamplingParams) -> PreparedChat:
-        """Messages and tools for the worker; a forced call sets `params.json_schema`, a call
-        under tool_choice auto `params.tool_tags`."""
-        if req is not None and not req.tools:
-            req = None
-        if req is None and not _has_tool_history(messages):
-            return PreparedChat(messages, None, None)
-        native = await self.native(model)
-        out, tools = prepare(messages, req, native)
-        schema = call_schema(req) if req is not None else None
-        if schema is not None:
-            if params.json_schema is not None:
-                raise invalid("a forced tool call cannot be combined with a response format",
-                              param="tool_choice")
-            params.json_schema = schema
-        # NOTE: a response format the client asked for wins over the auto call's constraint:
-        # it is the client's contract for the whole output (GenAI takes one constraint per
-        # request), and a call it lets through is still parsed, only unconstrained.
-        if req is not None and params.json_schema is None and params.regex is None and \
-                (auto := auto_call_schema(req)) is not None:
-            markers = call_markers(native, await self.catalog.chat_template(model))
-            if markers is not None:
-                params.tool_tags = ToolTags(*markers, auto, single=not req.parallel)
-        return PreparedChat(out, tools, req)
+def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolRequest | None,
+                 params: SamplingParams) -> PreparedChat:
+    """Messages and tools for the worker; a forced call sets `params.json_schema`, a call
+    under tool_choice auto `params.tool_tags`."""
+    if req is not None and not req.tools:
+        req = None
+    if req is None and not _has_tool_history(messages):
+        return PreparedChat(messages, None, None)
+    native = facts.capabilities.native_tools
+    out, tools = prepare(messages, req, native)
+    schema = call_schema(req) if req is not None else None
+    if schema is not None:
+        if params.json_schema is not None:
+            raise invalid("a forced tool call cannot be combined with a response format",
+                          param="tool_choice")
+        params.json_schema = schema
+    # NOTE: a response format the client asked for wins over the auto call's constraint:
+    # it is the client's contract for the whole output (GenAI takes one constraint per
+    # request), and a call it lets through is still parsed, only unconstrained.
+    if req is not None and params.json_schema is None and params.regex is None and \
+            (auto := auto_call_schema(req)) is not None:
+        markers = call_markers(native, facts.chat_template)
+        if markers is not None:
+            params.tool_tags = ToolTags(*markers, auto, single=not req.parallel)
+    return PreparedChat(out, tools, req)

@@ -1,0 +1,93 @@
+"""A request's model facts are looked up once (issue 45): an OpenAI chat with tools,
+translated by the gateway's own routes in this process (no worker: the Dispatch it makes is
+not sent), asks the catalog for the model's capabilities once, and the Anthropic, Responses
+and Ollama chats likewise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from starlette.requests import Request
+
+from npu_proxy.gateway.api.anthropic import AnthropicRoutes, MessagesRequest
+from npu_proxy.gateway.api.ollama.chat import ChatRequest as OllamaChat
+from npu_proxy.gateway.api.ollama.routes import OllamaRoutes
+from npu_proxy.gateway.api.openai.chat import ChatRequest
+from npu_proxy.gateway.api.openai.routes import OpenAIRoutes
+from npu_proxy.gateway.api.request_path import Dispatch
+from npu_proxy.gateway.api.responses.routes import ResponsesRequest, ResponsesRoutes
+from npu_proxy.gateway.app import Gateway
+from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.protocol.config import load_config
+
+LLM = "smollm2:135m"
+TOOL = {"type": "function", "function": {"name": "read", "description": "Read a file",
+                                         "parameters": {"type": "object", "properties": {
+                                             "path": {"type": "string"}},
+                                             "required": ["path"]}}}
+ANTHROPIC_TOOL = {"name": "read", "description": "Read a file", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+RESPONSES_TOOL = {"type": "function", "name": "read", "description": "Read a file",
+                  "parameters": TOOL["function"]["parameters"]}  # type: ignore[index]
+HI = [{"role": "user", "content": "Read a.txt"}]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Gateway:
+    config = tmp_path / "npu-proxy.toml"
+    config.write_text(f'runtime_dir = "{tmp_path / "rt"}"\nmodel_cache = "{tmp_path / "c"}"\n')
+    return Gateway(load_config(config, env={}))
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each capabilities lookup, by model name."""
+    seen: list[str] = []
+    real = ModelCatalog.capabilities
+
+    async def counted(self: ModelCatalog, model: Any) -> Any:
+        seen.append(model.name)
+        return await real(self, model)
+
+    monkeypatch.setattr(ModelCatalog, "capabilities", counted)
+    return seen
+
+
+def _request(path: str) -> Request:
+    return Request({"type": "http", "method": "POST", "path": path, "headers": [],
+                    "query_string": b""})
+
+
+def _translate(call: Callable[[Request, Any], Awaitable[Any]], path: str, kind: type,
+               body: dict[str, Any]) -> Any:
+    """The route's translation of `body`, decoded as the server decodes it."""
+    return asyncio.run(call(_request(path), msgspec.json.decode(json.dumps(body), type=kind)))
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic", "responses", "ollama"])
+def test_a_chat_with_tools_looks_its_model_up_once(gateway: Gateway, lookups: list[str],
+                                                   api: str) -> None:
+    requests = gateway.requests
+    if api == "openai":
+        made = _translate(OpenAIRoutes(requests).chat, "/v1/chat/completions", ChatRequest,
+                          {"model": LLM, "messages": HI, "tools": [TOOL]})
+    elif api == "anthropic":
+        made = _translate(AnthropicRoutes(requests).messages, "/v1/messages", MessagesRequest,
+                          {"model": LLM, "messages": HI, "max_tokens": 8,
+                           "tools": [ANTHROPIC_TOOL]})
+    elif api == "responses":
+        made = _translate(ResponsesRoutes(requests, gateway.responses).create,
+                          "/v1/responses", ResponsesRequest,
+                          {"model": LLM, "input": "Read a.txt", "tools": [RESPONSES_TOOL]})
+    else:
+        made = _translate(OllamaRoutes(requests, gateway.catalog).chat, "/api/chat",
+                          OllamaChat, {"model": LLM, "messages": HI, "tools": [TOOL]})
+    assert isinstance(made, Dispatch)
+    assert made.msg.tools or made.msg.messages[0].role == "system"  # the tools were placed
+    assert lookups == [LLM]
