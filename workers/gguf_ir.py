@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,8 +29,16 @@ from typing import Any
 from npu_proxy.models.digests import DigestCache
 from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
 from npu_proxy.models.store import GGUF_IR, converted_from
+from npu_proxy.workers.generation.conversion import (
+    ConversionStopped,
+    child_main,
+    convert_in_child,
+)
 
-log = logging.getLogger(__name__)
+# NOTE: named, not __name__: the conversion's child runs this module as __main__, and its
+# lines reach the worker's log under this name (workers/generation/conversion.py).
+ENTRY = "npu_proxy.workers.gguf_ir"
+log = logging.getLogger(ENTRY)
 
 # NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
 FORMAT = "fused-4"
@@ -58,8 +67,6 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
     done), else `model_path` unchanged. The folder is complete once its COMPLETE file exists
     (written last, naming the GGUF file), so an interrupted conversion is never loaded.
     `stop` set ends a conversion (ConversionStopped); `hang` is a test fault hook."""
-    from npu_proxy.workers.generation.conversion import ConversionStopped, convert_in_child
-
     gguf = Path(model_path)
     if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
         return model_path
@@ -69,7 +76,7 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
         return str(done)
     _prune(done.parent)
     try:
-        convert_in_child(gguf, done, stop, hang)
+        convert_in_child(ENTRY, gguf, done, stop, hang)
     except ConversionStopped:
         raise
     except Exception:
@@ -296,3 +303,13 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """The conversion's child process (`python -m npu_proxy.workers.gguf_ir`, started by
+    loadable() through workers/generation/conversion.py)."""
+    return child_main(argv, _convert, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

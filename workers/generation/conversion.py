@@ -4,9 +4,10 @@ Converting (OpenVINO GenAI's GGUF reader, the graph rewrite and its check at eac
 workers/gguf_ir.py) raises a worker's peak RSS well above a load of the converted IR, and the
 C heap keeps much of it for the worker's whole life even after the warm-up's trim
 (Qwen2.5-Coder-1.5B Q4_K_M: 130-170 MiB more; docs/performance.md). So the worker runs it in
-a fresh interpreter, `python -m npu_proxy.workers.generation.conversion GGUF DONE STAGING
-PARENT`, never a fork (OpenVINO's threads) and with nothing but paths passed: the result is
-the folder DONE on disk, renamed there from STAGING only once complete.
+a fresh interpreter, `python -m npu_proxy.workers.gguf_ir GGUF DONE STAGING PARENT` (its
+`main`, which calls `child_main` here), never a fork (OpenVINO's threads) and with nothing
+but paths passed: the result is the folder DONE on disk, renamed there from STAGING only
+once complete. This module imports nothing of gguf_ir, which imports it.
 
 While it waits, the worker stays `loading` (heartbeats go on, the supervisor's load_timeout
 covers the conversion); a stop (SIGTERM) ends the child at once and removes its staging
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -47,14 +49,15 @@ class ConversionFailed(RuntimeError):
     """The child ended without a complete folder; the message ends with its last lines."""
 
 
-def convert_in_child(gguf: Path, done: Path, stop: threading.Event | None = None,
+def convert_in_child(entry: str, gguf: Path, done: Path, stop: threading.Event | None = None,
                      hang: bool = False) -> None:
-    """Convert `gguf` into the folder `done` (workers/gguf_ir.py `_convert`) in a child
-    process and wait for it; ConversionStopped once `stop` is set (the child is ended first),
-    ConversionFailed when it ends without making `done`. `hang`: the test fault hook
+    """Convert `gguf` into the folder `done` in a child process running the module `entry`
+    (workers/gguf_ir.py, whose main calls `child_main`) and wait for it; ConversionStopped
+    once `stop` is set (the child is ended first), ConversionFailed when it ends without
+    making `done`. `hang`: the test fault hook
     `hang_in_conversion`."""
     staging = done.with_name(f"{done.name}.{os.getpid()}.partial")
-    argv = [sys.executable, "-m", __name__, str(gguf), str(done), str(staging),
+    argv = [sys.executable, "-m", entry, str(gguf), str(done), str(staging),
             str(os.getpid())] + (["--hang"] if hang else [])
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
@@ -126,21 +129,17 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def main(argv: list[str]) -> int:
+def child_main(argv: list[str], convert: Callable[[Path, Path, Path, bool], None],
+               log_to: logging.Logger) -> int:
+    """The child's side: `GGUF DONE STAGING PARENT [--hang]` converted by `convert`, dying
+    with the worker PARENT; 1 (logged) when the conversion fails."""
     hang = "--hang" in argv
     gguf, done, staging, parent = [a for a in argv if a != "--hang"]
     _die_with(int(parent))
     logging.basicConfig(level=logging.INFO, format=_FORMAT, stream=sys.stderr)
-    from npu_proxy.workers.gguf_ir import _convert
-
     try:
-        _convert(Path(gguf), Path(done), Path(staging), hang=hang)
+        convert(Path(gguf), Path(done), Path(staging), hang)
     except Exception:
-        logging.getLogger("npu_proxy.workers.gguf_ir").exception(
-            "could not convert %s", Path(gguf).name)
+        log_to.exception("could not convert %s", Path(gguf).name)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
