@@ -47,8 +47,9 @@ class ToolTags(msgspec.Struct, omit_defaults=True):
     single: bool = False
 
 
-class SamplingParams(msgspec.Struct, omit_defaults=True):
-    """The one internal parameter set every API is mapped to (see gateway/content/params.py)."""
+class SamplingParams(msgspec.Struct, omit_defaults=True, frozen=True):
+    """The one internal parameter set every API is mapped to (see gateway/content/params.py).
+    Immutable: a value derived from another is a new one (msgspec.structs.replace)."""
 
     # None: the worker's default cap (workers/generation/sampling.py DEFAULT_MAX_TOKENS). Any
     # number is clamped to the room the prompt leaves in the context, and the generation

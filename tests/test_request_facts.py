@@ -91,3 +91,31 @@ def test_a_chat_with_tools_looks_its_model_up_once(gateway: Gateway, lookups: li
     assert isinstance(made, Dispatch)
     assert made.msg.tools or made.msg.messages[0].role == "system"  # the tools were placed
     assert lookups == [LLM]
+
+
+# --- sampling parameters: one merge order -----------------------------------------------------
+
+
+def _params(gateway: Gateway, api: str, extra: dict[str, Any]) -> Any:
+    requests = gateway.requests
+    if api == "ollama":
+        made = _translate(OllamaRoutes(requests, gateway.catalog).chat, "/api/chat",
+                          OllamaChat, {"model": LLM, "messages": HI, **extra})
+    else:
+        made = _translate(OpenAIRoutes(requests).chat, "/v1/chat/completions", ChatRequest,
+                          {"model": LLM, "messages": HI, **extra})
+    return made.msg.params
+
+
+def test_the_models_own_defaults_come_before_the_apis(gateway: Gateway) -> None:
+    """request > created model > the model's own (SmolLM2's temperature 0.2, top_p 0.9, as
+    Ollama's library sets them) > the API's (Ollama's temperature 0.8, top_k 40, top_p 0.9):
+    Ollama's 0.8 used to win over the model's own 0.2 (the worker applied it last)."""
+    ollama = _params(gateway, "ollama", {})
+    assert (ollama.temperature, ollama.top_p, ollama.top_k) == (0.2, 0.9, 40)
+    openai = _params(gateway, "openai", {})
+    assert (openai.temperature, openai.top_p, openai.top_k) == (0.2, 0.9, None)
+    asked = _params(gateway, "ollama", {"options": {"temperature": 0.5}})
+    assert asked.temperature == 0.5
+    asked = _params(gateway, "openai", {"temperature": 0})
+    assert asked.temperature == 0

@@ -1,4 +1,4 @@
-"""Run one device worker: `python -m workers --config <file> --worker <name>`."""
+"""Run one device worker: `python -m npu_proxy.workers --config <file> --worker <name>`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npu_proxy.models.locate import Origin, configured_template, locate
-from npu_proxy.models.registry import sampling_defaults
 from npu_proxy.protocol.config import read_config_file
 from npu_proxy.protocol.logs import setup_logging
 from npu_proxy.workers.process import WorkerProcess
@@ -63,7 +62,6 @@ def _build_engine(proc: WorkerProcess) -> Engine:
     if spec.draft_model and isinstance(engine, BatchEngine):
         draft = locate(proc.config, spec.draft_model).path
         engine.draft_path = loadable(str(draft), cache, proc.stopping, hang)
-    engine.defaults = sampling_defaults(spec.model_name, proc.config.model_aliases)
     engine.chat_template = configured_template(proc.config, spec.model_name)
     return engine
 

@@ -311,7 +311,7 @@ class AnthropicRoutes(DialectRoutes):
         params = anthropic_params(max_tokens=req.max_tokens, temperature=req.temperature,
                                   top_p=req.top_p, top_k=req.top_k,
                                   stop_sequences=req.stop_sequences)
-        params.json_schema = output_schema(req.output_config)
+        params = msgspec.structs.replace(params, json_schema=output_schema(req.output_config))
         model = self.router.resolve(req.model, kind="llm")
         facts = await self.requests.facts(model)
         thinking, variables = self._thinking(facts, req)

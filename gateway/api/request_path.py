@@ -56,6 +56,7 @@ from npu_proxy.gateway.http.util import (
 )
 from npu_proxy.gateway.http.wire import OLLAMA, Dialect, StreamResponse, dialect_for
 from npu_proxy.models.capabilities import THINKING, TOOLS
+from npu_proxy.models.registry import sampling_defaults
 from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,21 @@ class RequestPath:
         """A Generate request without tools (a prompt, or messages made from one), within the
         limits; `requested` is the model name the client sent."""
         messages = with_messages(messages, model) if messages is not None else None
-        params = with_params(params, model, _api_defaults(request))
+        params = self.sampling(request, model, params)
         self.limits.check_input(messages, prompt, None)
         return self._generate(request, model, params, messages=messages, prompt=prompt,
                               template_vars=template_vars)
+
+    def sampling(self, request: Request, model: ServedModel,
+                 params: SamplingParams) -> SamplingParams:
+        """The request's sampling parameters with every field it left unset filled, in this
+        one order: the request > the created model's parameters (/api/create) > the model's
+        own defaults (models/registry.py: an embedded model's, as Ollama's library sets
+        them) > the API's defaults (Ollama's) > the worker's (workers/generation/sampling.py:
+        at most DEFAULT_MAX_TOKENS; else GenAI's, the model's generation config)."""
+        own = sampling_defaults(model.runs, self.router.config.model_aliases)
+        return with_params(params, model, msgspec.convert(own, SamplingParams) if own else None,
+                           _api_defaults(request))
 
     async def facts(self, model: ServedModel) -> ModelFacts:
         """The request's model facts, looked up once (gateway/core/catalog.py): the dialect
@@ -161,13 +173,12 @@ class RequestPath:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
         model = facts.model
-        messages, params = with_messages(messages, model), with_params(
-            params, model, _api_defaults(request))
+        messages, params = with_messages(messages, model), self.sampling(request, model, params)
         self.limits.check_input(messages, None, tools)
         if tools is not None and tools.tools:
             require(facts.capabilities, TOOLS, requested, "tools")
         prep = prepare_chat(facts, messages, tools, params)
-        msg = self._generate(request, model, params, messages=prep.messages, tools=prep.tools,
+        msg = self._generate(request, model, prep.params, messages=prep.messages, tools=prep.tools,
                              template_vars=template_vars)
         return msg, prep.parser()
 

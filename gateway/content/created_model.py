@@ -61,12 +61,16 @@ def _defaults(model: ServedModel, record: CreatedModel) -> SamplingParams:
 
 
 def with_params(params: SamplingParams, model: ServedModel,
-                fallback: SamplingParams | None = None) -> SamplingParams:
-    """`params` with every field the request left unset taken from the model's parameters,
-    and then from `fallback` (the API's own defaults, if it has any)."""
+                *fallbacks: SamplingParams | None) -> SamplingParams:
+    """`params` with every field the request left unset taken from the created model's
+    parameters, then from each of `fallbacks` in turn (RequestPath.sampling: the model's own
+    defaults, then the API's)."""
     if model.created is not None and model.created.parameters:
         params = _fill(params, _defaults(model, model.created))
-    return params if fallback is None else _fill(params, fallback)
+    for fallback in fallbacks:
+        if fallback is not None:
+            params = _fill(params, fallback)
+    return params
 
 
 def _fill(params: SamplingParams, defaults: SamplingParams) -> SamplingParams:

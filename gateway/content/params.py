@@ -144,8 +144,7 @@ def anthropic_params(
     params = openai_params(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                            stop=stop_sequences, seed=None, presence_penalty=None,
                            frequency_penalty=None, top_k=top_k, stop_param="stop_sequences")
-    params.include_stop = bool(params.stop)
-    return params
+    return msgspec.structs.replace(params, include_stop=bool(params.stop))
 
 
 # A max_tokens no context reaches: the worker stops at the end of the context instead.

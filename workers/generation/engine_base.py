@@ -83,7 +83,6 @@ class EngineBase:
         self.pipe: Any = None
         self.prompting: Prompting | None = None
         self.base_config: Any = None
-        self.defaults: dict[str, float] = {}
         # A chat template configured for the model ([models."name"] chat_template), or "".
         self.chat_template = ""
         self.progress_at = time.monotonic()
@@ -269,9 +268,6 @@ class EngineBase:
         if forced and params.json_schema is None and params.regex is None:
             log.warning("fault hook: request_id=%s constrained to %r", req.log_id, forced)
             params = msgspec.structs.replace(params, regex=forced)
-        unset = {k: v for k, v in self.defaults.items() if getattr(params, k, 0) is None}
-        if unset:
-            params = msgspec.structs.replace(params, **unset)
         try:
             cfg = generation_config(params, self.base_config, min(self.room(n), context - n))
         except Exception as exc:

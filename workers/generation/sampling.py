@@ -22,10 +22,15 @@ DEFAULT_MAX_TOKENS = 2048
 REPLY_SHARE = 4
 
 
+def wanted_tokens(max_tokens: int | None) -> int:
+    """The most tokens a request may generate before the context's room clamps it: what it
+    asked, or DEFAULT_MAX_TOKENS when it named no limit."""
+    return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+
 def reply_reserve(max_tokens: int | None, context: int) -> int:
     """The room a truncated history keeps for the reply."""
-    wanted = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    return max(1, min(wanted, context // REPLY_SHARE))
+    return max(1, min(wanted_tokens(max_tokens), context // REPLY_SHARE))
 
 
 def droppable(messages: list[ChatMessage]) -> list[int]:
@@ -100,8 +105,7 @@ def generation_config(
             cfg.num_assistant_tokens = base.num_assistant_tokens
     cfg.eos_token_id = base.eos_token_id
     cfg.stop_token_ids = set(base.stop_token_ids) | {base.eos_token_id}
-    limit = params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS
-    cfg.max_new_tokens = max(1, min(limit, room))
+    cfg.max_new_tokens = max(1, min(wanted_tokens(params.max_tokens), room))
     temperature = 1.0 if params.temperature is None else params.temperature
     if temperature <= 0.0:
         cfg.do_sample = False

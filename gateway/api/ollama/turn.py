@@ -60,8 +60,8 @@ class TurnRoutes(DialectRoutes):
         think; and the model's capabilities for the rest."""
         model = self.router.resolve(req.model, kind="llm")
         keep = parse_keep_alive(req.keep_alive)
-        params = ollama_params(req.options, format_schema(req.format))
-        params.logprobs = logprobs_top(req) is not None
+        params = msgspec.structs.replace(ollama_params(req.options, format_schema(req.format)),
+                                         logprobs=logprobs_top(req) is not None)
         return await self.requests.facts(model), keep, params
 
     def _thinking(self, facts: ModelFacts, req: TurnRequest,

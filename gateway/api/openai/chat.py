@@ -283,9 +283,9 @@ class ChatRoutes(DialectRoutes):
                 raise invalid("max_completion_tokens must be at least 1",
                               param="max_completion_tokens")
             max_tokens = req.max_completion_tokens
-        params = sampling_params(req, max_tokens, _response_schema(req.response_format))
-        params.logprobs = top is not None
-        params.regex = _regex(req)
+        params = msgspec.structs.replace(
+            sampling_params(req, max_tokens, _response_schema(req.response_format)),
+            logprobs=top is not None, regex=_regex(req))
         tools = tool_request(req, self.requests.limits.tool_budget())
         facts = await self.requests.facts(model)
         messages = await chat_messages(req.messages, facts.capabilities, req.model,

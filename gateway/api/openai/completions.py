@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 
 from npu_proxy.gateway.api.openai.shared import (
@@ -94,8 +95,9 @@ class CompletionRoutes(DialectRoutes):
         model = self.router.resolve(req.model, kind="llm")
         if req.suffix:
             require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
-        params = sampling_params(req, req.max_tokens if req.max_tokens is not None else 16, None)
-        params.logprobs = top is not None
+        params = msgspec.structs.replace(
+            sampling_params(req, req.max_tokens if req.max_tokens is not None else 16, None),
+            logprobs=top is not None)
         msg = await self.requests.generate(request, model, params, requested=req.model,
                                        prompt=prompts[0])
         reply = CompletionReply(req.model, wants_usage(req), prompts[0] if req.echo else "",

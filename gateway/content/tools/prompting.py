@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
 from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema
 from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
@@ -137,6 +139,7 @@ class PreparedChat:
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None  # Generate.tools (native templates only)
     request: ToolRequest | None
+    params: SamplingParams  # the request's, with the tool call's constraint when there is one
 
     def parser(self) -> CallParser | None:
         offered = self.request.offered if self.request is not None else []
@@ -145,12 +148,12 @@ class PreparedChat:
 
 def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolRequest | None,
                  params: SamplingParams) -> PreparedChat:
-    """Messages and tools for the worker; a forced call sets `params.json_schema`, a call
-    under tool_choice auto `params.tool_tags`."""
+    """Messages, tools and parameters for the worker; a forced call sets the parameters'
+    `json_schema`, a call under tool_choice auto their `tool_tags`."""
     if req is not None and not req.tools:
         req = None
     if req is None and not _has_tool_history(messages):
-        return PreparedChat(messages, None, None)
+        return PreparedChat(messages, None, None, params)
     native = facts.capabilities.native_tools
     out, tools = prepare(messages, req, native)
     schema = call_schema(req) if req is not None else None
@@ -158,7 +161,7 @@ def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolReques
         if params.json_schema is not None:
             raise invalid("a forced tool call cannot be combined with a response format",
                           param="tool_choice")
-        params.json_schema = schema
+        params = msgspec.structs.replace(params, json_schema=schema)
     # NOTE: a response format the client asked for wins over the auto call's constraint:
     # it is the client's contract for the whole output (GenAI takes one constraint per
     # request), and a call it lets through is still parsed, only unconstrained.
@@ -166,5 +169,6 @@ def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolReques
             (auto := auto_call_schema(req)) is not None:
         markers = call_markers(native, facts.chat_template)
         if markers is not None:
-            params.tool_tags = ToolTags(*markers, auto, single=not req.parallel)
-    return PreparedChat(out, tools, req)
+            params = msgspec.structs.replace(
+                params, tool_tags=ToolTags(*markers, auto, single=not req.parallel))
+    return PreparedChat(out, tools, req, params)
