@@ -32,7 +32,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-MODELS = Path(os.environ.get("NPX_BENCH_MODELS", "/root/.cache/npu-proxy-test/models"))
+MODELS = Path(os.environ.get("NPX_BENCH_MODELS",
+                             Path.home() / ".cache" / "npu-proxy-test" / "models"))
 KEYS = ("rss", "hwm", "heap", "big", "arenas", "model.bin", "code")
 WORDS = ["apple", "river", "stone", "cloud", "lamp", "table", "green", "music", "paper",
          "window", "quiet", "orange", "tiger", "harbor", "candle", "winter", "garden", "silver",

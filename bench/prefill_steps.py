@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 # Per prompt: TTFT and end time (s from its add), generated ids, longest gap between tokens.
 Row = tuple[float, float, list[int], float]
-MODELS = Path(os.environ.get("NPX_BENCH_MODELS", "/root/.cache/npu-proxy-test/models"))
+MODELS = Path(os.environ.get("NPX_BENCH_MODELS",
+                             Path.home() / ".cache" / "npu-proxy-test" / "models"))
 
 
 def messages(rng: random.Random, tokens: int) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Run the gateway: `python -m gateway --config <file>` (the supervisor does this)."""
+"""Run the gateway: `python -m npu_proxy.gateway --config <file>` (the supervisor does this)."""
 
 from __future__ import annotations
 

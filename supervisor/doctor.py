@@ -1,7 +1,7 @@
 """npx-supervisor doctor: what a bug report needs to know about this machine, and what is wrong.
 
-Everything OpenVINO says comes from `python -m workers.probe` in a child process with a
-deadline (a broken driver must not hang the doctor, and the supervisor never imports
+Everything OpenVINO says comes from `python -m npu_proxy.workers.probe` in a child process
+with a deadline (a broken driver must not hang the doctor, and the supervisor never imports
 OpenVINO). A check is ok, warn or fail; any fail makes the exit code 1.
 """
 
@@ -75,7 +75,7 @@ class ProbeError(Exception):
 
 
 def _probe(args: list[str], timeout: float) -> Any:
-    """One `python -m workers.probe` run; its JSON line."""
+    """One `python -m npu_proxy.workers.probe` run; its JSON line."""
     try:
         done = subprocess.run([sys.executable, "-m", "npu_proxy.workers.probe", *args],
                               capture_output=True, text=True, timeout=timeout)

@@ -7,6 +7,7 @@ Read from the files alone (no server): a link to a file must name one that exist
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,31 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_performance_doc_reads_as_a_document() -> None:
+    """What to expect and how to measure it, not a lab notebook (issue 45): the history of
+    the experiments is in git."""
+    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    assert not re.search(r"\b(session|stop|note) \d+\b|\bbranch \w+", text, re.I)
+
+
+def test_no_file_holds_a_machine_path() -> None:
+    """No path of one particular machine (a home or work folder) in any tracked file."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    machine = re.compile(r"/(root|work)/|/home/[a-z]")
+    found = []
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.suffix in {".gguf", ".bin", ".png", ".wav", ".flac", ".onnx"} or \
+                not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{i}" for i, line in enumerate(text.splitlines(), 1)
+                  if machine.search(line)]
+    assert found == []

@@ -1,10 +1,11 @@
-"""What `npx-supervisor doctor` asks OpenVINO, run as `python -m workers.probe ...` in a child
-process (a broken driver may hang or abort; the doctor survives it). Prints one JSON line.
+"""What `npx-supervisor doctor` asks OpenVINO, run as `python -m npu_proxy.workers.probe ...`
+in a child process (a broken driver may hang or abort; the doctor survives it). Prints one
+JSON line.
 
-    python -m workers.probe info
+    python -m npu_proxy.workers.probe info
         OpenVINO and GenAI versions; each device with its full name and the read-only
         properties that matter in a bug report (driver, memory, architecture).
-    python -m workers.probe selftest --device CPU --model PATH [--tokens 8]
+    python -m npu_proxy.workers.probe selftest --device CPU --model PATH [--tokens 8]
         Load the model on the device and generate a few tokens, timing each step.
 """
 
