@@ -8,6 +8,7 @@ import tracemalloc
 
 import httpx
 import pytest
+from serverctl import Server
 
 from npu_proxy.gateway.content.schema_check import check_schema, walk
 from npu_proxy.gateway.core.errors import GatewayError
@@ -88,3 +89,65 @@ def test_a_schema_over_the_node_limit_is_a_400_in_each_apis_shape(base_url: str)
     r = httpx.post(base_url + "/api/chat", timeout=60, json={
         "model": LLM, "messages": messages, "format": big, "stream": False})
     assert r.status_code == 400 and "max_schema_nodes" in r.json()["error"]
+
+
+# --- numbers the grammar compiler cannot take (issue 43) -------------------------------------
+
+# Each of these aborted the llm worker inside its pipeline step (XGrammar's checks), with
+# every stream on it; a 400 before the request reaches a worker on every API now.
+NATIVE_REJECTS = [
+    {"type": "integer", "minimum": 1e19},
+    {"type": ["integer", "null"], "minimum": 1e19},
+    {"type": "integer", "exclusiveMinimum": 9.3e18},
+    {"type": "integer", "maximum": -1e19},
+    {"type": "integer", "minimum": 1.5},
+    {"type": "array", "maxItems": 10**19},
+    {"type": "string", "maxLength": 10**19},
+]
+
+
+def _wrapped(sub: dict[str, object]) -> dict[str, object]:
+    return {"type": "object", "properties": {"a": sub}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("sub", NATIVE_REJECTS, ids=json.dumps)
+def test_numbers_the_grammar_compiler_cannot_take_are_refused(sub: dict[str, object]) -> None:
+    with pytest.raises(GatewayError) as err:
+        check_schema(json.dumps(_wrapped(sub)))
+    assert err.value.status == 400 and "#/properties/a/" in err.value.message
+
+
+def test_numbers_it_takes_pass() -> None:
+    for sub in ({"type": "integer", "minimum": 5.0, "maximum": 2**53},
+                {"type": "number", "minimum": 1e300}, {"minimum": 1e19},
+                {"type": "string", "maxLength": 10**6}):
+        check_schema(json.dumps(_wrapped(sub)))
+
+
+def test_such_a_schema_is_a_400_on_every_api_and_the_worker_lives(
+        base_url: str, server: Server) -> None:
+    schema = _wrapped({"type": "integer", "minimum": 1e19})
+    tool = {"type": "function", "function": {"name": "pick", "parameters": schema}}
+    before = server.children()["llm"]["pid"]
+    hi = [{"role": "user", "content": "hi"}]
+    asks = [
+        ("/v1/chat/completions", {"messages": hi, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
+        ("/v1/chat/completions", {"messages": hi, "max_tokens": 4, "tools": [tool],
+                                  "tool_choice": "required"}),
+        ("/api/chat", {"messages": hi, "format": schema, "stream": False}),
+        ("/api/generate", {"prompt": "hi", "format": schema, "stream": False}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 16, "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": schema}}}),
+        ("/v1/messages", {"messages": hi, "max_tokens": 4, "tools": [{
+            "name": "pick", "input_schema": schema}], "tool_choice": {"type": "any"}}),
+    ]
+    for path, body in asks:
+        r = httpx.post(base_url + path, timeout=120, json={"model": LLM, **body})
+        assert r.status_code == 400, (path, r.text)
+        assert "minimum" in r.text, (path, r.text)
+    # NOTE: under tool_choice auto the call is left unconstrained rather than refused.
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+        "model": LLM, "messages": hi, "max_tokens": 4, "tools": [tool]})
+    assert r.status_code == 200, r.text
+    assert server.children()["llm"]["pid"] == before

@@ -38,6 +38,13 @@ _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "m
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _PAIRS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
           ("minProperties", "maxProperties"))
+# NOTE: what XGrammar takes. An integer's bound outside int64 (as a double) or not whole fails
+# a check inside the pipeline's step (seen: `minimum: 1e19`, `exclusiveMinimum: 9.3e18`, type
+# ["integer", "null"] with `minimum: 1e19` aborted the process, killing the llm worker with
+# every stream on it: issue 43); 2**53 is where doubles stop being whole numbers. A count
+# (maxLength, maxItems, ...) beyond int64 is read as a double and fails the same way.
+MAX_INTEGER = 2**53
+MAX_COUNT = 2**31 - 1
 MAX_NODES = 20_000
 MAX_DEPTH = 64
 MAX_CHARS = 15_000
@@ -168,11 +175,16 @@ def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
         raise fail("/required must be an array of strings")
     for key in _COUNTS:
         if key in node and (not isinstance(node[key], int) or isinstance(node[key], bool)
-                            or node[key] < 0):
-            raise fail(f"/{key} must be a non-negative integer")
+                            or not 0 <= node[key] <= MAX_COUNT):
+            raise fail(f"/{key} must be an integer from 0 to {MAX_COUNT}")
     for key in _BOUNDS:
-        if key in node and not _number(node[key]):
-            raise fail(f"/{key} must be a number")
+        if key in node and not (_number(node[key]) and math.isfinite(node[key])):
+            raise fail(f"/{key} must be a finite number")
+    if _integer(node):
+        for key in _BOUNDS[:4]:
+            if key in node and (node[key] != int(node[key]) or abs(node[key]) > MAX_INTEGER):
+                raise fail(f"/{key} of an integer must be a whole number from -{MAX_INTEGER} "
+                           f"to {MAX_INTEGER}")
     for low, high in _PAIRS:
         if low in node and high in node and node[low] > node[high]:
             raise fail(f": {low} {node[low]} is above {high} {node[high]}")
@@ -185,6 +197,12 @@ def _check_node(root: dict[str, Any], node: dict[str, Any], at: Where) -> None:
         _regex(node["pattern"], lambda: spell((at, "pattern")))
     if "$ref" in node:
         _resolve(root, node["$ref"], at)
+
+
+def _integer(node: dict[str, Any]) -> bool:
+    """Is `integer` the node's type, or one of its types?"""
+    kind = node.get("type")
+    return kind == "integer" or (isinstance(kind, list) and "integer" in kind)
 
 
 def _no_number_between(node: dict[str, Any]) -> bool:
