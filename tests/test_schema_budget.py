@@ -151,3 +151,30 @@ def test_such_a_schema_is_a_400_on_every_api_and_the_worker_lives(
         "model": LLM, "messages": hi, "max_tokens": 4, "tools": [tool]})
     assert r.status_code == 200, r.text
     assert server.children()["llm"]["pid"] == before
+
+
+# --- regexes whose automaton is too large (issue 43) -----------------------------------------
+
+
+def test_a_regex_of_nested_repeats_is_refused_before_a_worker_compiles_it(
+        base_url: str, server: Server) -> None:
+    """19 characters, `(?:a{0,300}){0,300}`, froze every stream of the llm worker for 109 s
+    (XGrammar compiles inside the step); now a 400 naming the cost, in a regex and in a
+    schema's pattern, while a large flat repeat and a smaller nested one are served."""
+    before = server.children()["llm"]["pid"]
+    hi = [{"role": "user", "content": "hi"}]
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+        "model": LLM, "messages": hi, "max_tokens": 4,
+        "structured_outputs": {"regex": "(?:a{0,300}){0,300}"}})
+    assert r.status_code == 400 and "nested repeats" in r.json()["error"]["message"], r.text
+    schema = {"type": "object", "properties": {"a": {"type": "string",
+                                                     "pattern": "^(?:[ab]{0,150}){0,150}$"}}}
+    r = httpx.post(base_url + "/api/chat", timeout=120, json={
+        "model": LLM, "messages": hi, "format": schema, "stream": False})
+    assert r.status_code == 400 and "too costly" in r.json()["error"], r.text
+    for fine in ("(?:a{0,20}){0,20}", "[a-z]{0,5000}"):
+        r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+            "model": LLM, "messages": hi, "max_tokens": 4,
+            "structured_outputs": {"regex": fine}})
+        assert r.status_code == 200, (fine, r.text)
+    assert server.children()["llm"]["pid"] == before

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeAlias
 
+from npu_proxy.gateway.content.regex_budget import too_costly
 from npu_proxy.gateway.core.errors import invalid
 
 TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
@@ -283,6 +284,9 @@ def _regex(pattern: Any, where: Callable[[], str]) -> None:
     problem = _unsupported(pattern)
     if problem:
         raise SchemaError(f"{where()}: {problem} is not supported in patterns")
+    costly = too_costly(pattern)
+    if costly:
+        raise SchemaError(f"{where()} is too costly to compile: {costly}")
 
 
 def _unsupported(pattern: str) -> str | None:
