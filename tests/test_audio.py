@@ -381,3 +381,16 @@ def test_a_worker_killed_mid_request_fails_only_that_request(
         assert restarted["restarts"] >= 1
     finally:
         server.stop()
+
+
+def test_a_long_prompt_is_cut_to_what_whisper_reads(srv: Server, recording: Path) -> None:
+    """Whisper reads the last 223 tokens of a prompt; a 48 KB one given whole took the asr
+    worker to 3.1 GiB (issue 43). The gateway keeps its last 8,192 characters (the header
+    counts the rest), the worker its last 223 tokens (logged), and the worker lives."""
+    before = srv.children()["asr"]["pid"]
+    prompt = "The meeting notes say the weather in Paris was mild. " * 900  # ~48 KB
+    r = post(srv, recording.read_bytes(), prompt=prompt)
+    assert r.status_code == 200, r.text
+    assert int(r.headers["x-npu-proxy-truncated-prompt"]) == len(prompt.strip()) - 8192
+    assert "its last 223 kept" in srv.worker_log("asr")
+    assert srv.children()["asr"]["pid"] == before

@@ -39,6 +39,10 @@ from npu_proxy.protocol.speech import Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 
+# The characters of a prompt kept for the worker: far more than the 223 tokens Whisper reads
+# of it (a token of its vocabulary is at most a few dozen characters of text).
+PROMPT_CHARS = 8192
+
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 # The form, for the OpenAPI document (gateway/pages/openapi.py).
 FORM_SCHEMA: dict[str, Any] = {
@@ -163,9 +167,17 @@ class AudioRoutes(DialectRoutes):
             raise too_large(upload.size, limits)
         data = await upload.read(limits.max_bytes + 1)
         audio = await asyncio.to_thread(decode, data, limits)
+        prompt = _text(form, "prompt")
+        if len(prompt) > PROMPT_CHARS:
+            # NOTE: Whisper reads at most the last 223 tokens of a prompt (the worker keeps
+            # those); a longer text is cut here first, so no worker tokenizes megabytes.
+            log.info("request_id=%s: prompt of %d characters, its last %d kept",
+                     request_id(request), len(prompt), PROMPT_CHARS)
+            headers["X-NPU-Proxy-Truncated-Prompt"] = str(len(prompt) - PROMPT_CHARS)
+            prompt = prompt[-PROMPT_CHARS:]
         msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
                          deadline=self.router.deadline(), task=task, language=language,
-                         prompt=_text(form, "prompt"), temperature=temperature,
+                         prompt=prompt, temperature=temperature,
                          timestamps=timed, stream=stream, log_id=request_id(request),
                          words=words)
         stream_, first, route = await unless_disconnected(

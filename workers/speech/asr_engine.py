@@ -44,6 +44,10 @@ WINDOW = 30 * SAMPLE_RATE
 MIN_TAIL = SAMPLE_RATE // 10
 # Characters of the text so far that prompt the next window.
 CONTEXT_CHARS = 200
+# NOTE: Whisper's prompt is at most half its 448-token text context, less the token that
+# starts it, as OpenAI and faster-whisper keep it: the last 223 tokens of a longer one. A
+# 48 KB prompt given whole took the worker to 3.1 GiB; a 500 KB one to 9.1 GiB and a crash.
+PROMPT_TOKENS = 223
 # NOTE: the pipeline's words carry the punctuation that follows them ("Paris."); OpenAI's
 # `words` are bare ("Paris"), the punctuation is in `text`.
 PUNCTUATION = ".,!?;:\"()[]{}¿¡…«»“”"
@@ -106,6 +110,19 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
                             "words with this model", retry_elsewhere=True)
         return self._word_pipe
 
+    def _prompt(self, pipe: Any, req: Transcribe) -> str:
+        """The request's prompt, its last PROMPT_TOKENS tokens when longer (logged)."""
+        if not req.prompt:
+            return ""
+        tokenizer = pipe.get_tokenizer()
+        ids = [int(t) for t in tokenizer.encode(req.prompt, add_special_tokens=False)
+               .input_ids.data[0]]
+        if len(ids) <= PROMPT_TOKENS:
+            return req.prompt
+        log.info("request_id=%s: prompt of %d tokens, its last %d kept", req.log_id or req.id,
+                 len(ids), PROMPT_TOKENS, extra={"request_id": req.log_id or req.id})
+        return str(tokenizer.decode(ids[-PROMPT_TOKENS:], skip_special_tokens=True)).strip()
+
     def _config(self, pipe: Any, req: Transcribe) -> Any:
         config = pipe.get_generation_config()
         config.return_timestamps = req.timestamps
@@ -145,7 +162,7 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
                 break
             self._check(req)
             so_far = " ".join(texts)
-            prompt = so_far[-CONTEXT_CHARS:] if so_far else req.prompt
+            prompt = so_far[-CONTEXT_CHARS:] if so_far else self._prompt(pipe, req)
             if prompt:
                 config.initial_prompt = prompt
             pieces: list[str] = []
