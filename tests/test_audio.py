@@ -394,3 +394,40 @@ def test_a_long_prompt_is_cut_to_what_whisper_reads(srv: Server, recording: Path
     assert int(r.headers["x-npu-proxy-truncated-prompt"]) == len(prompt.strip()) - 8192
     assert "its last 223 kept" in srv.worker_log("asr")
     assert srv.children()["asr"]["pid"] == before
+
+
+def _peak_mib(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_what_a_header_declares_is_budgeted_before_decoding(srv: Server) -> None:
+    """Issue 43: a tiny FLAC declaring many channels at a high rate (a decompression bomb)
+    is decoded a second at a time into mono 16 kHz, so the gateway's peak memory barely
+    moves; a header claiming 4 GHz is a 400 at once; a WAV of a few samples is no 5xx."""
+    import soundfile
+
+    gateway = srv.children()["gateway"]["pid"]
+    buffer = io.BytesIO()
+    with soundfile.SoundFile(buffer, "w", samplerate=96_000, channels=8, format="FLAC",
+                             subtype="PCM_16") as bomb:
+        silence = np.zeros((96_000, 8), np.float32)
+        for _ in range(55):  # under the test server's 60 s
+            bomb.write(silence)
+    data = buffer.getvalue()
+    assert len(data) < 100_000  # 55 s x 96 kHz x 8 channels: 169 MB as float32
+    before = _peak_mib(gateway)
+    r = post(srv, data, name="bomb.flac")
+    assert r.status_code == 200, r.text
+    assert _peak_mib(gateway) - before < 60
+    wav = bytearray(silent_wav(0.01))
+    wav[24:28] = (4_294_967_295).to_bytes(4, "little")  # the sample rate
+    wav[28:32] = (4_294_967_295).to_bytes(4, "little")  # bytes per second
+    error = assert_error(post(srv, bytes(wav)), 400, "file")
+    assert "sample rate" in error["message"]
+    for samples in (1, 100, 199, 1599):  # NOTE: under 0.1 s: OpenAI's 400 (a 500 before)
+        error = assert_error(post(srv, silent_wav(samples / 16_000)), 400, "file")
+        assert "too short" in error["message"]

@@ -11,14 +11,19 @@ its FFmpeg, which a bundle of this Apache-2.0 server (.deb, PyInstaller) should 
 unasked; and it does not replace soundfile, which the speech route's encoders also use.
 
 Limits, checked from the header before the samples are decoded: the file's bytes
-(`max_audio_bytes`, 413) and its length (`max_audio_seconds`, 400). Anything unreadable is a
-400 naming the field `file`. Decoding is CPU work: callers run `decode` in a thread.
+(`max_audio_bytes`, 413), its length (`max_audio_seconds`, 400) and its rate (at most
+MAX_RATE). The samples are then read in blocks of a second, each mixed to mono and resampled
+to 16 kHz as it comes, so what the decoder holds is bounded by the output (mono 16 kHz),
+whatever the file's channels and rate claim: a 30 KB FLAC declaring 599 s at 96 kHz x 8
+channels took the gateway to 2.2 GiB read whole (issue 43). Anything unreadable is a 400
+naming the field `file`. Decoding is CPU work: callers run `decode` in a thread.
 """
 
 from __future__ import annotations
 
 import io
 import wave
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +33,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 SAMPLE_RATE = 16_000
+# The shortest audio transcribed: 0.1 s, as OpenAI's limit.
+MIN_SAMPLES = SAMPLE_RATE // 10
+# NOTE: the highest rate of common audio (DXD is 352.8 kHz); a header claiming more (4 GHz
+# was sent) is refused rather than resampled for seconds.
+MAX_RATE = 384_000
 FORMATS = "WAV, FLAC, MP3, OGG (Vorbis, Opus), AIFF, M4A/MP4 (AAC), WebM (Opus)"
 AUDIO_EXTRA = "pip install 'npu-proxy[audio]'"
 
@@ -72,64 +82,94 @@ def _too_long(seconds: float, limits: AudioLimits) -> GatewayError:
                    "(max_audio_seconds)", param="file")
 
 
-def _pcm_wav(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int] | None:
-    """Integer PCM WAV through `wave`; None for a WAV that `wave` does not read (float)."""
-    import numpy as np  # NOTE: in a worker thread (api/audio.py), preload.py
-
+def _pcm_wav(data: bytes, limits: AudioLimits) -> np.ndarray[Any, Any] | None:
+    """Integer PCM WAV through `wave`, as mono 16 kHz; None for a WAV that `wave` does not
+    read (float)."""
     try:
         with wave.open(io.BytesIO(data)) as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
             frames = wav.getnframes()
-            if rate <= 0 or channels <= 0:
-                raise unreadable("a WAV header without a rate or channels")
-            if frames / rate > limits.max_seconds:
-                raise _too_long(frames / rate, limits)
-            raw = wav.readframes(frames)
+            _check_header(rate, channels, frames, limits)
+            if width not in (1, 2, 3, 4):
+                raise unreadable(f"{8 * width}-bit WAV samples")
+            blocks = (_wav_samples(raw, width).reshape(-1, channels)
+                      for raw in iter(lambda: wav.readframes(rate), b""))
+            return _mono_16k(blocks, rate, limits)
     except (wave.Error, EOFError) as exc:
         if "unknown format" in str(exc):
             return None  # NOTE: float or compressed WAV: libsndfile reads those.
         raise unreadable(f"a broken WAV file: {exc}") from None
+
+
+def _wav_samples(raw: bytes, width: int) -> np.ndarray[Any, Any]:
+    """Integer PCM frames of `width` bytes as float32 in [-1, 1)."""
+    import numpy as np
+
     if width == 3:
         b = np.frombuffer(raw[:len(raw) // 3 * 3], np.uint8).reshape(-1, 3).astype(np.int32)
         ints = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8
         samples = ints.astype(np.float32) / float(1 << 23)
-    elif width in (1, 2, 4):
+    else:
         kind: Any = {1: np.dtype(np.uint8), 2: np.dtype("<i2"), 4: np.dtype("<i4")}[width]
         ints = np.frombuffer(raw[:len(raw) // width * width], kind)
         if width == 1:
             samples = (ints.astype(np.float32) - 128.0) / 128.0
         else:
             samples = ints.astype(np.float32) / float(1 << (8 * width - 1))
-    else:
-        raise unreadable(f"{8 * width}-bit WAV samples")
-    usable = len(samples) // channels * channels
-    return samples[:usable].reshape(-1, channels), rate
+    return samples
 
 
-def _soundfile(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int]:
+def _check_header(rate: int, channels: int, frames: int, limits: AudioLimits) -> None:
+    """What a header declares, against the limits, before any sample is read."""
+    if rate <= 0 or channels <= 0:
+        raise unreadable("a header without a rate or channels")
+    if rate > MAX_RATE:
+        raise unreadable(f"a sample rate of {rate} Hz (at most {MAX_RATE})")
+    if frames > 0 and frames / rate > limits.max_seconds:
+        raise _too_long(frames / rate, limits)
+
+
+def _mono_16k(blocks: Iterator[np.ndarray[Any, Any]], rate: int,
+              limits: AudioLimits) -> np.ndarray[Any, Any]:
+    """Blocks of (frames, channels) samples at `rate`, each mixed to mono and resampled to
+    16 kHz as it comes; more than the limit's seconds is refused as soon as it is read."""
+    import numpy as np
+    import soxr
+
+    stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32") \
+        if rate != SAMPLE_RATE else None
+    most, frames = int(limits.max_seconds * rate) + 1, 0
+    out: list[np.ndarray[Any, Any]] = []
+    for block in blocks:
+        frames += len(block)
+        if frames > most:
+            raise _too_long(frames / rate, limits)
+        mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+        mono = np.ascontiguousarray(mono, dtype=np.float32)
+        out.append(stream.resample_chunk(mono) if stream is not None else mono)
+    if stream is not None:
+        out.append(stream.resample_chunk(np.zeros(0, np.float32), last=True))
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def _soundfile(data: bytes, limits: AudioLimits) -> np.ndarray[Any, Any]:
     try:
         import soundfile
     except ImportError:  # NOTE: a dependency; without it only PCM WAV is read
         raise unreadable("only PCM WAV is read without the soundfile package") from None
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as sound:
-            if sound.samplerate <= 0 or sound.channels <= 0:
-                raise unreadable("no sample rate or channels")
-            if sound.frames > 0 and sound.frames / sound.samplerate > limits.max_seconds:
-                raise _too_long(sound.frames / sound.samplerate, limits)
-            # NOTE: read with a bound, since some formats (MP3) may not know their length.
-            most = int(limits.max_seconds * sound.samplerate) + 1
-            samples = sound.read(frames=most, dtype="float32", always_2d=True)
             rate = int(sound.samplerate)
+            _check_header(rate, sound.channels, sound.frames, limits)
+            # NOTE: some formats (MP3) may not know their length: _mono_16k bounds it.
+            return _mono_16k(sound.blocks(blocksize=rate, dtype="float32", always_2d=True),
+                             rate, limits)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         # NOTE: libsndfile's message names the in-memory file object; only its reason helps.
         raise unreadable(str(exc).rsplit(": ", 1)[-1] or type(exc).__name__) from None
-    if len(samples) / rate > limits.max_seconds:
-        raise _too_long(len(samples) / rate, limits)
-    return samples, rate
 
 
-def _container(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], int]:
+def _container(data: bytes, limits: AudioLimits) -> np.ndarray[Any, Any]:
     """The first audio stream of an MP4 or WebM file, mixed to mono 16 kHz by FFmpeg."""
     import numpy as np  # NOTE: in a worker thread (api/audio.py), preload.py
 
@@ -162,8 +202,7 @@ def _container(data: bytes, limits: AudioLimits) -> tuple[np.ndarray[Any, Any], 
                 pieces.append(out.to_ndarray().reshape(-1))
     except av.FFmpegError as exc:
         raise unreadable(f"FFmpeg: {exc.strerror or type(exc).__name__}") from None
-    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    return samples.reshape(-1, 1), SAMPLE_RATE
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 def decode(data: bytes, limits: AudioLimits) -> Audio:
@@ -174,17 +213,15 @@ def decode(data: bytes, limits: AudioLimits) -> Audio:
         raise too_large(len(data), limits)
     if not data:
         raise unreadable("an empty file")
-    found = _pcm_wav(data, limits) if data[:4] == b"RIFF" and data[8:12] == b"WAVE" else None
-    if found is None:
-        found = _container(data, limits) if _is_container(data) else _soundfile(data, limits)
-    samples, rate = found
-    if samples.size == 0:
+    mono = _pcm_wav(data, limits) if data[:4] == b"RIFF" and data[8:12] == b"WAVE" else None
+    if mono is None:
+        mono = _container(data, limits) if _is_container(data) else _soundfile(data, limits)
+    if mono.size == 0:
         raise unreadable("no samples")
-    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
-    if rate != SAMPLE_RATE:
-        import soxr
-
-        mono = soxr.resample(mono, rate, SAMPLE_RATE)
+    if mono.size < MIN_SAMPLES:
+        # NOTE: OpenAI's answer; Whisper's features need more than 200 samples (a 500 before).
+        raise invalid(f"Audio file is too short. Minimum audio length is "
+                      f"{MIN_SAMPLES / SAMPLE_RATE} seconds.", param="file")
     mono = np.ascontiguousarray(mono, dtype=np.float32)
     if not np.isfinite(mono).all():
         raise unreadable("samples that are not finite numbers")
