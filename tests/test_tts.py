@@ -48,7 +48,7 @@ def srv(whisper_ir: Path, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
         ) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("tts"), workers=[
         {"name": "tts", "role": "tts"}, {"name": "asr", "role": "asr"}],
-        max_speech_chars=300).start()
+        max_speech_chars=300, max_speech_phonemes=1000).start()
     yield server
     server.stop()
 
@@ -299,3 +299,33 @@ def test_encoding_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> No
 
     assert asyncio.run(run())[:4] == b"OggS"
     assert len(threads) == 2 and threading.main_thread().name not in threads
+
+
+def test_dense_text_is_bounded_in_phonemes_and_spoken_in_pieces(srv: Server) -> None:
+    """4,096 emoji (16 KB) read by name were one sentence of ~60,000 phonemes, one inference
+    that took the tts worker past 6 GiB (issue 43). A request's phonemes are budgeted
+    (max_speech_phonemes, 1,000 on this server): 150 emoji, some 1,600 phonemes, are a 400
+    naming the setting, while 300 characters of text without a full stop, one long
+    sentence, are spoken."""
+    before = srv.children()["tts"]["pid"]
+    r = speech(srv, input="😀 " * 150, voice="alloy", response_format="wav")
+    error = assert_error(r, None)
+    assert "max_speech_phonemes" in error["message"]
+    words = ("the river runs past the old mill and on to the sea " * 6)[:300]
+    r = speech(srv, input=words, voice="alloy", response_format="wav")
+    assert r.status_code == 200, r.text
+    params, samples = samples_of(r.content)
+    assert_speech(params, samples, 5.0)
+    assert srv.children()["tts"]["pid"] == before
+
+
+def test_a_long_sentence_is_cut_between_words_into_pieces() -> None:
+    from npu_proxy.workers.speech.tts_engine import PIECE_PHONEMES, pieces
+
+    sentence = list("ab " * 500)
+    cut = pieces(sentence)
+    assert sum(cut, []) == sentence
+    assert all(len(p) <= PIECE_PHONEMES for p in cut) and len(cut) == 4
+    assert all(p[-1] == " " for p in cut[:-1])
+    assert [len(p) for p in pieces(list("x" * 1000))] == [400, 400, 200]
+    assert pieces([]) == []

@@ -42,7 +42,7 @@ def _build_engine(proc: WorkerProcess) -> Engine:
     if spec.role == "tts":
         from npu_proxy.workers.speech.tts_engine import TtsEngine
 
-        return TtsEngine(spec, str(path), proc.emit)
+        return TtsEngine(spec, str(path), proc.emit, proc.config.max_speech_phonemes)
     from npu_proxy.models.facts import describe_model
     from npu_proxy.workers.batch_engine import BatchEngine
     from npu_proxy.workers.gguf_ir import loadable

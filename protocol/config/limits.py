@@ -95,5 +95,8 @@ class RequestLimits(ServerSettings):
     # about a minute on 2 CPU cores, well inside inference_timeout.
     max_audio_bytes: int = 25 * 1024 * 1024
     max_audio_seconds: float = 600.0
-    # POST /v1/audio/speech: characters of `input` (400 beyond; OpenAI's own limit).
+    # POST /v1/audio/speech: characters of `input` (400 beyond; OpenAI's own limit), and the
+    # phonemes espeak-ng makes of them (the tts worker's 400 beyond: 4,096 emoji read by name
+    # are some 60,000; text is about one a character). 16,384 is some 20 minutes of speech.
     max_speech_chars: int = 4096
+    max_speech_phonemes: int = 16_384

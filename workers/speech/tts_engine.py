@@ -56,6 +56,11 @@ class Voice:
 
 
 NOISE_SEED = 22050  # any fixed number; each random node gets its own seed from it
+# NOTE: one inference's phonemes: 4,096 emoji (16 KB) are one sentence of some 60,000
+# phonemes when espeak-ng reads their names, which took the worker past 6 GiB in one
+# inference (issue 43). A sentence is spoken in pieces of at most 400 phonemes (some 30 s),
+# cut between words; a request's are bounded by max_speech_phonemes.
+PIECE_PHONEMES = 400
 
 
 def fix_noise(model: ov.Model) -> int:
@@ -75,6 +80,17 @@ def fix_noise(model: ov.Model) -> int:
     return len(nodes)
 
 
+def pieces(sentence: list[str], most: int = PIECE_PHONEMES) -> list[list[str]]:
+    """A sentence's phonemes in pieces of at most `most`, cut after a space where there is
+    one in the second half of a piece."""
+    out = []
+    while len(sentence) > most:
+        cut = next((i + 1 for i in range(most - 1, most // 2, -1) if sentence[i] == " "), most)
+        out.append(sentence[:cut])
+        sentence = sentence[cut:]
+    return [*out, sentence] if sentence else out
+
+
 def to_int16(audio: np.ndarray[Any, Any]) -> bytes:
     """Piper's conversion: each sentence scaled to full range, then 16-bit.
     NOTE: VITS output has no fixed level; Piper normalises every sentence the same way."""
@@ -88,8 +104,10 @@ class TtsEngine(SerialSpeechEngine[Synthesize]):
     refusal = "only synthesizes speech"
     task = "speech"
 
-    def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit) -> None:
+    def __init__(self, spec: WorkerSpec, model_path: str, emit: Emit,
+                 max_phonemes: int = 16_384) -> None:
         super().__init__(spec, emit)
+        self.max_phonemes = max_phonemes
         self.model_path = Path(model_path)
         self.voice: Voice | None = None
         self.phonemizer: Phonemizer | None = None
@@ -138,8 +156,13 @@ class TtsEngine(SerialSpeechEngine[Synthesize]):
         started = time.time()
         assert self.phonemizer is not None
         sentences = self.phonemizer.sentences(req.text)
+        total = sum(len(sentence) for sentence in sentences)
+        if total > self.max_phonemes:
+            raise Cancelled(ErrorCode.BAD_REQUEST,
+                            f"the input is {total} phonemes when spoken, more than "
+                            f"{self.max_phonemes} (max_speech_phonemes): send it in parts")
         samples = phonemes = 0
-        for sentence in sentences:
+        for sentence in (piece for whole in sentences for piece in pieces(whole)):
             self._check(req)
             ids = phoneme_ids(sentence, voice.id_map)
             audio = self._infer(ids, req.speed)
