@@ -307,10 +307,11 @@ def test_dense_text_is_bounded_in_phonemes_and_spoken_in_pieces(srv: Server) -> 
     (max_speech_phonemes, 1,000 on this server): 150 emoji, some 1,600 phonemes, are a 400
     naming the setting, while 300 characters of text without a full stop, one long
     sentence, are spoken."""
-    before = srv.children()["tts"]["pid"]
     r = speech(srv, input="😀 " * 150, voice="alloy", response_format="wav")
     error = assert_error(r, None)
     assert "max_speech_phonemes" in error["message"]
+    before = srv.children()["tts"]["pid"]  # NOTE: the worker is lazy: started by now
+    assert before is not None
     words = ("the river runs past the old mill and on to the sea " * 6)[:300]
     r = speech(srv, input=words, voice="alloy", response_format="wav")
     assert r.status_code == 200, r.text
