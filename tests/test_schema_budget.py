@@ -106,6 +106,15 @@ NATIVE_REJECTS = [
 ]
 
 
+def _serving_pid(base_url: str, server: Server) -> int:
+    """The llm worker's pid once it serves LLM: a request for it first, since another test
+    may have switched the shared worker to another model (a switch restarts it)."""
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=300, json={
+        "model": LLM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    return int(server.children()["llm"]["pid"])
+
+
 def _wrapped(sub: dict[str, object]) -> dict[str, object]:
     return {"type": "object", "properties": {"a": sub}, "required": ["a"]}
 
@@ -128,7 +137,7 @@ def test_such_a_schema_is_a_400_on_every_api_and_the_worker_lives(
         base_url: str, server: Server) -> None:
     schema = _wrapped({"type": "integer", "minimum": 1e19})
     tool = {"type": "function", "function": {"name": "pick", "parameters": schema}}
-    before = server.children()["llm"]["pid"]
+    before = _serving_pid(base_url, server)
     hi = [{"role": "user", "content": "hi"}]
     asks = [
         ("/v1/chat/completions", {"messages": hi, "max_tokens": 4, "response_format": {
@@ -161,7 +170,7 @@ def test_a_regex_of_nested_repeats_is_refused_before_a_worker_compiles_it(
     """19 characters, `(?:a{0,300}){0,300}`, froze every stream of the llm worker for 109 s
     (XGrammar compiles inside the step); now a 400 naming the cost, in a regex and in a
     schema's pattern, while a large flat repeat and a smaller nested one are served."""
-    before = server.children()["llm"]["pid"]
+    before = _serving_pid(base_url, server)
     hi = [{"role": "user", "content": "hi"}]
     r = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
         "model": LLM, "messages": hi, "max_tokens": 4,
