@@ -140,11 +140,11 @@ class Output:
         if self.parser is None:
             return text, []
         head = self.parser.feed(text) if text else ""
-        rest, calls = self.parser.finish()
+        rest, calls = self.parser.finish(gen.cut)
         return head + rest, calls
 
     def stop_reason(self, gen: Generation, calls: list[ToolCall]) -> str:
-        if calls:
+        if calls and not gen.cut:
             return "tool_use"
         if self.stop_sequence is not None:
             return "stop_sequence"

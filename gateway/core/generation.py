@@ -93,6 +93,12 @@ class Generation:
             headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
         return headers
 
+    @property
+    def cut(self) -> bool:
+        """It ended at its max_tokens or its deadline, not where the model stopped."""
+        return self.finished is not None and self.finished.finish_reason in ("length",
+                                                                             "timeout")
+
     def ready(self) -> bool:
         """The next step of the iteration needs no wait: a frame is there, or the end."""
         return self.finished is not None or self.stream.ready()

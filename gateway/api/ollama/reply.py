@@ -101,7 +101,7 @@ class OllamaReply:
             elif text or thought or every:
                 yield chunk(name, text, chat, thought)
         if parser is not None:
-            rest, calls = parser.finish()
+            rest, calls = parser.finish(gen.cut)
             if calls or rest:
                 body = chunk(name, "" if calls and rest.isspace() else rest, chat)
                 if calls:
@@ -111,7 +111,7 @@ class OllamaReply:
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
         thought, answer = split_parts(parts, self.thinking)
-        text, calls = split_calls(answer, self.parser)
+        text, calls = split_calls(answer, self.parser, gen.cut)
         body = chunk(self.name, text, self.chat, thought)
         if calls:
             body["message"]["tool_calls"] = tool_calls_json(calls)

@@ -236,7 +236,7 @@ class ChatReply(Reply):
             elif text:
                 yield chunk({"content": text}, None)
         if parser is not None:
-            rest, calls = parser.finish()
+            rest, calls = parser.finish(gen.cut)
             if rest and not (calls and rest.isspace()):
                 yield chunk({"content": rest}, None)
         for index, call in enumerate(calls):
@@ -252,7 +252,7 @@ class ChatReply(Reply):
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
         thought, answer = split_parts(parts, self.thinking)
-        text, calls = split_calls(answer, self.parser)
+        text, calls = split_calls(answer, self.parser, gen.cut)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if thought:
             message.update(_reasoning(thought))

@@ -63,9 +63,9 @@ def usage_json(gen: Generation) -> dict[str, int]:
 
 
 def finish_reason(gen: Generation, calls: bool = False, named: bool = False) -> str:
-    if calls:
+    if calls and not gen.cut:
         # NOTE: OpenAI answers a named tool_choice with "stop", "required"/"auto" with
-        # "tool_calls".
+        # "tool_calls"; a call cut off by max_tokens with "length", as here.
         return "stop" if named else "tool_calls"
     return FINISH.get(gen.finished.finish_reason if gen.finished else "stop", "stop")
 

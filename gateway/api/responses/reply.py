@@ -107,9 +107,9 @@ def usage(gen: Generation, reasoning: int = 0) -> dict[str, Any]:
 
 
 def cut_short(gen: Generation, calls: list[ToolCall]) -> bool:
-    """Stopped by max_output_tokens (or the deadline) rather than by the model."""
-    fin = gen.finished
-    return not calls and fin is not None and fin.finish_reason in ("length", "timeout")
+    """Stopped by max_output_tokens (or the deadline) rather than by the model: with no
+    call, or a call cut off (partial); whole calls before the cut are a completed answer."""
+    return gen.cut and all(c.partial is not None for c in calls)
 
 
 def failure(exc: GatewayError) -> dict[str, Any]:
@@ -169,7 +169,7 @@ class ResponseReply:
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
         thought, answer = split_parts(parts, self.thinking)
-        text, calls = split_calls(answer, self.parser)
+        text, calls = split_calls(answer, self.parser, gen.cut)
         status = "incomplete" if cut_short(gen, calls) else "completed"
         output = []
         if thought:
@@ -214,7 +214,7 @@ class _Events:
                 text = parser.feed(answer) if parser is not None else answer
                 for event in self.text(text):
                     yield event
-            rest, calls = parser.finish() if parser is not None else ("", [])
+            rest, calls = parser.finish(gen.cut) if parser is not None else ("", [])
         except GatewayError as exc:
             if self.rs_id is not None:
                 self.output.append(reasoning_item(self.rs_id, "".join(self.thoughts),

@@ -52,8 +52,13 @@ class ToolCall:
     id: str = field(default_factory=lambda: new_id("call_"))
     namespace: str | None = None
     kind: Kind = "function"
+    # A call the output's end cut off (max_tokens, the deadline): its arguments' text as far
+    # as it came, which OpenAI's APIs return as the arguments; `arguments` is then empty.
+    partial: str | None = None
 
     def arguments_json(self) -> str:
+        if self.partial is not None:
+            return self.partial
         return json.dumps(self.arguments, ensure_ascii=False)
 
     def custom_input(self) -> str:

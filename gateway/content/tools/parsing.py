@@ -12,6 +12,8 @@ from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
 _FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
 
 
@@ -157,19 +159,41 @@ class CallParser:
         self._buf = self._buf[len(out):]
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """The rest and the calls; `cut`: the output ended at max_tokens or the deadline,
+        so a call it began and did not end comes back as a call (`partial_call`)."""
         text, self._buf = self._buf, ""
         if self._mode != "held":
             return text, []
-        return parse_calls(text, self.tools)
+        rest, calls = parse_calls(text, self.tools)
+        if calls or not cut:
+            return rest, calls
+        partial = partial_call(text, self.tools)
+        return ("", [partial]) if partial is not None else (rest, calls)
 
 
-def split_calls(text: str, parser: CallParser | None) -> tuple[str, list[ToolCall]]:
+def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:
+    """The call a cut-off output had begun: its tool (named in full, or the only one offered)
+    and its arguments' text as far as it came, as OpenAI returns a call cut by max_tokens
+    (finish_reason "length"), never the server's JSON wrapper as text. None when it names no
+    offered tool."""
+    names = {t.name: t for t in tools}
+    named = _NAME.search(text)
+    tool = names.get(named.group(1)) if named else (tools[0] if len(tools) == 1 else None)
+    if tool is None:
+        return None
+    args = _ARGUMENTS.search(text, named.end() if named else 0)
+    return ToolCall(name=tool.name, arguments={}, namespace=tool.namespace, kind=tool.kind,
+                    partial=text[args.end():] if args else "")
+
+
+def split_calls(text: str, parser: CallParser | None,
+                cut: bool = False) -> tuple[str, list[ToolCall]]:
     """A whole (non-streamed) output through the same parser a stream uses."""
     if parser is None:
         return text, []
     head = parser.feed(text)
-    rest, calls = parser.finish()
+    rest, calls = parser.finish(cut)
     return (head + rest).strip() if calls else head + rest, calls
 
 
