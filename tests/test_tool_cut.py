@@ -94,3 +94,19 @@ def test_a_partial_call_keeps_the_arguments_as_far_as_they_came() -> None:
     parser = CallParser(tools)
     parser.feed(whole)
     assert parser.finish(cut=True)[1][0].arguments == {"path": "a"}
+
+
+def test_an_optional_argument_sent_as_null_is_dropped() -> None:
+    """Codex refused a call with `session_id: null` for an integer: an optional argument the
+    model sent as null, where the schema takes no null, is left out; a required one, or one
+    whose schema takes null, stays."""
+    from npu_proxy.gateway.content.tools.parsing import parse_calls
+
+    params = {"type": "object", "required": ["cmd"], "properties": {
+        "cmd": {"type": "string"}, "session_id": {"type": "integer"},
+        "note": {"type": ["string", "null"]}, "free": {}}}
+    tool = Tool("exec", "", params)
+    text = json.dumps({"name": "exec", "arguments": {"cmd": None, "session_id": None,
+                                                     "note": None, "free": None}})
+    _, calls = parse_calls(text, [tool])
+    assert calls[0].arguments == {"cmd": None, "note": None, "free": None}

@@ -36,7 +36,32 @@ def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(name=tool.name, arguments=args, namespace=tool.namespace, kind=tool.kind)
+    return ToolCall(name=tool.name, arguments=_without_null_options(args, tool),
+                    namespace=tool.namespace, kind=tool.kind)
+
+
+def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
+    """The arguments without an optional one the model sent as null where the tool's schema
+    does not take null (Codex refused a call whose optional integer was null: issue 42); a
+    required one stays, for the client to refuse or correct."""
+    nulls = [k for k, v in args.items() if v is None]
+    if not nulls:
+        return args
+    props = tool.parameters.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = tool.parameters.get("required")
+    required = set(required) if isinstance(required, list) else set()
+
+    def takes_null(schema: Any) -> bool:
+        if not isinstance(schema, dict):
+            return True  # NOTE: no schema says what it takes
+        kind = schema.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        untyped = kind is None and not schema.get("enum")
+        return untyped or "null" in kinds or None in (schema.get("enum") or [])
+
+    drop = {k for k in nulls if k not in required and not takes_null(props.get(k))}
+    return {k: v for k, v in args.items() if k not in drop} if drop else args
 
 
 def _unfence(text: str) -> str:
