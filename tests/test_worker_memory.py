@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverctl import Server, worker_row
+from serverctl import Server, wait_for, worker_row
 
 from npu_proxy.protocol.config import ConfigError, load_config
 from npu_proxy.workers.generation.weights import (
@@ -199,3 +199,39 @@ def test_a_negative_max_batch_tokens_is_refused(tmp_path: Path) -> None:
     config.write_text('[[workers]]\nname = "llm"\nrole = "llm"\nmax_batch_tokens = -1\n')
     with pytest.raises(ConfigError, match="max_batch_tokens must be >= 0"):
         load_config(config, env={})
+
+
+# --- a worker past its memory limit dies alone (issue 43) -------------------------------------
+
+
+def test_limits_default_to_a_share_of_the_machine() -> None:
+    from npu_proxy.protocol.config import WorkerSpec
+    from npu_proxy.supervisor.memory import limit_mib, machine_mib, over_limit
+
+    assert limit_mib(WorkerSpec(name="llm", role="llm"), 1000.0) == 600.0
+    assert limit_mib(WorkerSpec(name="embed", role="embed"), 1000.0) == 250.0
+    assert limit_mib(WorkerSpec(name="llm", memory_limit_mb=300), 1000.0) == 300.0
+    assert limit_mib(WorkerSpec(name="llm", memory_limit_mb=-1), 1000.0) is None
+    assert machine_mib() is not None  # NOTE: Linux, as every machine here
+    assert over_limit(WorkerSpec(name="x", memory_limit_mb=1), os.getpid(), None)
+    assert over_limit(WorkerSpec(name="x"), os.getpid(), machine_mib()) is None
+
+
+def test_a_worker_over_its_memory_limit_is_killed_and_says_why(tmp_path: Path) -> None:
+    """A worker whose resident memory passes memory_limit_mb (1 MiB here: at once) is killed
+    by the supervisor, its status says why, and the gateway and the other workers serve on."""
+    srv = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm"},
+        {"name": "embed", "role": "embed", "lazy": False, "memory_limit_mb": 1}]).start(
+        wait=False)
+    try:
+        wait_for(lambda: "memory_limit_mb" in srv.children()["embed"]["last_error"],
+                 timeout=120, what="the embed worker was not killed for its memory")
+        assert "over its limit of 1 MiB" in srv.logs()
+        srv.wait_state("llm", ("ready",))
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()

@@ -49,6 +49,9 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Seconds a busy worker may go without any progress (a token, a finished step) before it
     # is killed and restarted; 0 = the role's default: 300 s for npu, 120 s otherwise.
     stall_timeout: float = 0.0
+    # Resident memory (MiB) past which the supervisor kills the worker (supervisor/memory.py);
+    # 0 = the role's share of the machine: 60 % for llm, npu and vlm, 25 % otherwise; -1 = none.
+    memory_limit_mb: int = 0
     # Admission: a worker takes at most max_running + max_queue requests (generations and
     # token counts); beyond that it answers QUEUE_FULL at once and the gateway tries the next
     # worker, else answers 503 with Retry-After.

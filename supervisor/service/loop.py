@@ -19,6 +19,7 @@ from npu_proxy.protocol.messages import encode, reply_decoder
 from npu_proxy.protocol.sockets import term
 from npu_proxy.protocol.states import Event, ProcessState, reported
 from npu_proxy.supervisor.children import Child
+from npu_proxy.supervisor.memory import over_limit
 from npu_proxy.supervisor.service.commands import ControlHandlers
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,9 @@ class Supervisor(ControlHandlers):
     def _check_deadlines(self, child: Child, now: float) -> None:
         if child.state == ProcessState.UNRESPONSIVE:
             return  # NOTE: already killed; waiting for the exit
-        reason = child.hang_reason(self.config.worker(child.name), now,
-                                   self.config.inference_timeout)
+        spec = self.config.worker(child.name)
+        reason = child.hang_reason(spec, now, self.config.inference_timeout) or \
+            over_limit(spec, child.pid, self.machine_mib)
         if reason is not None:
             self._kill(child, reason, hung=True)
 

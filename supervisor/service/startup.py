@@ -33,6 +33,7 @@ from npu_proxy.protocol.sockets import (
 from npu_proxy.protocol.states import ProcessState
 from npu_proxy.supervisor.children import Child
 from npu_proxy.supervisor.logfiles import RotatingLog
+from npu_proxy.supervisor.memory import machine_mib
 from npu_proxy.supervisor.runtime_dir import prepare_runtime_dir
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class SupervisorSetUp:
         self.announced = False
         self._status_sent_at = 0.0
         self._status_seen: dict[str, tuple[ProcessState, int, int, str, bool]] = {}
+        # The machine's memory, which a worker's default memory limit is a share of.
+        self.machine_mib = machine_mib()
 
     # --- set-up --------------------------------------------------------------------------
 
