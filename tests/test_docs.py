@@ -131,3 +131,16 @@ def test_no_file_holds_a_machine_path() -> None:
         found += [f"{name}:{i}" for i, line in enumerate(text.splitlines(), 1)
                   if machine.search(line)]
     assert found == []
+
+
+def test_every_command_is_in_the_operating_guide() -> None:
+    """Each `npx-supervisor` command is shown in docs/operating.md's command line (issue 46:
+    `launch` was not)."""
+    import click
+
+    from npu_proxy.supervisor.cli import main
+
+    text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    missing = [name for name in main.list_commands(click.Context(main))
+               if f"npx-supervisor {name}" not in text]
+    assert missing == []
