@@ -148,3 +148,47 @@ def test_a_body_that_stops_arriving_is_408(tmp_path: Path) -> None:
         "host": "127.0.0.1:11434", "authorization": f"Bearer {KEY}",
         "content-length": str(4 * CHUNK)}))
     assert client.status == 408 and "body_read_timeout" in json.loads(client.body)["error"]
+
+
+def test_a_trickling_body_gives_its_slot_to_a_new_request(tmp_path: Path) -> None:
+    """Issue 43: connections sending a byte now and then held every body slot, and every
+    other POST was a 503 for as long as they stayed. With the slots full, a new request takes
+    the slot of the slowest body that has come at under 1 KiB/s for a second (it gets 408),
+    and is served."""
+    from npu_proxy.gateway.http.body_limit import SLOW_GRACE
+
+    app = gateway(tmp_path, max_receiving_bodies=2)
+    auth = {"host": "127.0.0.1:11434", "authorization": f"Bearer {KEY}"}
+
+    class Trickle(Client):
+        """One byte, then nothing until released."""
+
+        async def receive(self) -> dict[str, Any]:
+            if self.sent_first.is_set():
+                assert self.stall is not None
+                await self.stall.wait()
+                return {"type": "http.disconnect"}
+            self.sent_first.set()
+            return {"type": "http.request", "body": b"{", "more_body": True}
+
+    async def run() -> tuple[list[Client], Client]:
+        release = asyncio.Event()
+        slow = [Trickle(1, release) for _ in range(2)]
+        tasks = [asyncio.create_task(c.run(app, "/v1/chat/completions",
+                                           {**auth, "content-length": "1000"})) for c in slow]
+        for c in slow:
+            await c.sent_first.wait()
+        # NOTE: the rule counts time since a body began: once past the grace, a byte in that
+        # time is under the rate however slow the machine is.
+        await asyncio.sleep(SLOW_GRACE * 1.1)
+        fresh = Client(1)
+        await fresh.run(app, "/v1/no-such-route", {**auth, "content-length": str(CHUNK)})
+        release.set()
+        await asyncio.gather(*tasks)
+        return slow, fresh
+
+    slow, fresh = asyncio.run(run())
+    assert fresh.status == 404  # read and routed: a slot was had
+    assert sorted(c.status for c in slow) == [0, 408]  # one evicted; the other left (499)
+    evicted = next(c for c in slow if c.status == 408)
+    assert "max_receiving_bodies" in json.loads(evicted.body)["error"]["message"]
