@@ -26,7 +26,7 @@ import msgspec
 from npu_proxy.models.locate import NotLocated, Origin, build_seconds, locate
 from npu_proxy.models.registry import ModelSourceMissing
 from npu_proxy.protocol import control
-from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec
+from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec, speech_missing
 from npu_proxy.supervisor.cli_common import config_options, load
 
 Status = Literal["ok", "warn", "fail"]
@@ -179,6 +179,8 @@ def check_speech(config: Config) -> list[Check]:
     its phonemes). A worker lacking it is lazy and starts fine, then fails its first request.
     (The embedded Whisper of the asr role needs nothing more: it is built without torch.)"""
     checks = []
+    if not any(spec.role == "tts" for spec in config.workers) and speech_missing():
+        checks.append(Check("espeak-ng", "warn", f"not found: {speech_missing()}"))
     if any(spec.enabled and spec.role == "tts" for spec in config.workers):
         # NOTE: the name workers/speech/phonemes.py loads when find_library finds none.
         library = ctypes.util.find_library("espeak-ng")

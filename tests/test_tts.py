@@ -330,3 +330,36 @@ def test_a_long_sentence_is_cut_between_words_into_pieces() -> None:
     assert all(p[-1] == " " for p in cut[:-1])
     assert [len(p) for p in pieces(list("x" * 1000))] == [400, 400, 200]
     assert pieces([]) == []
+
+
+def test_without_espeak_ng_the_error_doctor_and_start_say_why(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without espeak-ng, tts-1 was a bare 404 "model 'tts-1' not found", and neither the
+    start-up log nor doctor said why (issue 46). Checked in process, with espeak-ng's library
+    made to look absent."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from npu_proxy.gateway.api.speech import SpeechRequest, SpeechRoutes
+    from npu_proxy.gateway.app import Gateway
+    from npu_proxy.gateway.core.errors import GatewayError
+    from npu_proxy.protocol.config import load_config
+    from npu_proxy.protocol.config import workers as worker_config
+    from npu_proxy.supervisor import doctor
+
+    monkeypatch.setattr(worker_config, "_has_espeak", lambda: False)
+    assert worker_config.speech_missing() is not None  # the voice's package is installed
+    assert not any(w.role == "tts" for w in worker_config.default_workers(["CPU"]))
+    config_file = tmp_path / "npu-proxy.toml"
+    config_file.write_text(f'runtime_dir = "{tmp_path / "rt"}"\n'
+                           '[[workers]]\nname = "llm"\nrole = "llm"\n')
+    config = load_config(config_file, env={})
+    checks = doctor.check_speech(config)
+    assert [c.status for c in checks] == ["warn"] and "espeak-ng" in checks[0].detail
+    routes = SpeechRoutes(Gateway(config).requests)
+    request = Request({"type": "http", "method": "POST", "path": "/v1/audio/speech",
+                       "headers": [], "query_string": b""})
+    with pytest.raises(GatewayError) as err:
+        asyncio.run(routes.speech(request, SpeechRequest(model="tts-1", input="hi")))
+    assert err.value.status == 404 and "espeak-ng" in err.value.message

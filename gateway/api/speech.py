@@ -38,6 +38,7 @@ from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
+from npu_proxy.protocol.config import speech_missing
 from npu_proxy.protocol.messages import RequestFrame
 from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize
 
@@ -80,7 +81,14 @@ class SpeechRoutes(DialectRoutes):
 
     async def speech(self, request: Request, req: SpeechRequest) -> Response:
         text = self._check(req)
-        model = self.router.resolve(req.model, kind="tts")
+        try:
+            model = self.router.resolve(req.model, kind="tts")
+        except GatewayError as exc:
+            missing = speech_missing() if exc.status == 404 and not any(
+                spec.role == "tts" for spec in self.router.config.workers) else None
+            if missing is not None:  # NOTE: say why, not a bare "not found"
+                exc.message = f"{exc.message}: {missing}"
+            raise
         msg = Synthesize(id=request_key(request), model=model.name, text=text,
                          deadline=self.router.deadline(), speed=req.speed,
                          log_id=request_id(request))

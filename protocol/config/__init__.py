@@ -37,6 +37,7 @@ from npu_proxy.protocol.config.workers import (
     Role,
     WorkerSpec,
     default_workers,
+    speech_missing,
 )
 
 __all__ = [
@@ -44,5 +45,5 @@ __all__ = [
     "DEFAULT_TTS_MODEL", "DEFAULT_WORKER_KEEP_ALIVE", "ENV_VARS", "REDACTED", "TEST_ONLY_FIELDS",
     "Config", "ConfigError", "FaultHooks", "ModelSource", "RequestLimits", "Role",
     "ServerSettings", "WorkerSpec", "default_workers", "dump_config", "is_loopback_host",
-    "load_config", "read_config_file", "redacted",
+    "load_config", "read_config_file", "redacted", "speech_missing",
 ]

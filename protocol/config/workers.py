@@ -205,6 +205,16 @@ def _has_espeak() -> bool:
     return ctypes.util.find_library("espeak-ng") is not None
 
 
+SPEECH_NEEDS = ("text to speech (tts-1) needs espeak-ng's library (the Debian and Fedora "
+                "package espeak-ng; macOS: brew install espeak-ng): install it and restart")
+
+
+def speech_missing() -> str | None:
+    """Why the embedded voice is not served though its package is installed (espeak-ng is
+    missing), for the start-up log, doctor and the error a request gets; else None."""
+    return SPEECH_NEEDS if _installed(TTS_PACKAGE) and not _has_espeak() else None
+
+
 def default_workers(devices: list[str], asr: bool | None = None,
                     tts: bool | None = None) -> list[WorkerSpec]:
     """The npu role only where an NPU exists; the llm role on a GPU if any, else the CPU;

@@ -14,6 +14,7 @@ import time
 import msgspec
 import zmq
 
+from npu_proxy.protocol.config import speech_missing
 from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus
 from npu_proxy.protocol.messages import encode, reply_decoder
 from npu_proxy.protocol.sockets import term
@@ -114,6 +115,9 @@ class Supervisor(ControlHandlers):
                      if self.config.worker_only
                      else f"listening on http://{self.config.host}:{self.config.port}")
             print(f"npu-proxy {where} (workers: {names})", file=sys.stderr, flush=True)
+            if not any(c.kind == "tts" for c in self.children.values()) and \
+                    (missing := speech_missing()):
+                log.warning("%s", missing)
 
     def _check_children(self) -> None:
         now = time.monotonic()
