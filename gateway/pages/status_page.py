@@ -126,7 +126,10 @@ PAGE = f"""<!doctype html>
 <h2>Workers</h2>
 <table>
 <thead><tr><th>worker</th><th>role</th><th>device</th><th>model</th><th>state</th>
-<th>restarts</th><th title="waiting in the worker">queue</th><th title="generating in the worker">in flight</th><th title="open at the gateway now, waiting or streaming">open at the gateway</th></tr></thead>
+<th>restarts</th><th title="waiting in the worker">queue</th>
+<th title="generating in the worker">in flight</th>
+<th title="open at the gateway now, waiting or streaming">open at the gateway</th>
+</tr></thead>
 <tbody id="workers"></tbody>
 </table>
 <h2>Generation</h2>
