@@ -14,7 +14,7 @@ from starlette.routing import Router as StarletteRouter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npu_proxy.gateway.admin.create import BLOBS_PREFIX, CreateRoutes
-from npu_proxy.gateway.admin.manage import ModelRoutes
+from npu_proxy.gateway.admin.manage import ModelAdminRoutes
 from npu_proxy.gateway.api.anthropic import AnthropicRoutes
 from npu_proxy.gateway.api.audio import AudioRoutes
 from npu_proxy.gateway.api.embeddings import EmbeddingRoutes
@@ -129,7 +129,7 @@ class Gateway:
             *OpenAIRoutes(self.requests).routes(),
             *ResponsesRoutes(self.requests, self.responses).routes(),
             *AnthropicRoutes(self.requests).routes(),
-            *ModelRoutes(self.router).routes(),
+            *ModelAdminRoutes(self.router).routes(),
             *CreateRoutes(self.router).routes(),
             *OllamaRoutes(self.requests, self.catalog, browser=self.status.page).routes(),
             *self.status.routes(),

@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from npu_proxy.gateway.core.broker import WorkerLink
+from npu_proxy.gateway.core.worker_link import WorkerLink
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import encode

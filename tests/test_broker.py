@@ -11,7 +11,8 @@ import pytest
 import zmq
 from fakeworker import LOCAL, until_heard, worker_sockets
 
-from npu_proxy.gateway.core.broker import Broker, WorkerUnavailable
+from npu_proxy.gateway.core.broker import Broker
+from npu_proxy.gateway.core.worker_link import WorkerUnavailable
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat
 from npu_proxy.protocol.messages import Delta, Embed, Failed, Finished, encode

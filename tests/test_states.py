@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serverctl import Server
 
-from npu_proxy.gateway.core.broker import WorkerLink
+from npu_proxy.gateway.core.worker_link import WorkerLink
 from npu_proxy.protocol.config import WorkerSpec
 from npu_proxy.protocol.liveness import Heartbeat, WorkerStatus
 from npu_proxy.protocol.states import (

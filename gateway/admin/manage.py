@@ -73,7 +73,7 @@ def checked_name(name: str, param: str = "model") -> str:
         raise invalid(str(exc), param=param) from exc
 
 
-class ModelRoutes:
+class ModelAdminRoutes:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.config = router.config

@@ -30,8 +30,8 @@ from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import transcript
 from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.core.router import frames_until, release
 from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE
 from npu_proxy.protocol.messages import Delta, RequestFrame

@@ -33,8 +33,8 @@ from starlette.routing import Route
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content.speech import MEDIA, Encoder
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.frames import frames_until, release
 from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.core.router import frames_until, release
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OPENAI, SSE

@@ -14,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.core.broker import Broker, WorkerLink
+from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.metrics import LLM_ROLES, Metrics
+from npu_proxy.gateway.core.worker_link import WorkerLink
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.states import ProcessState
 

@@ -38,8 +38,9 @@ from npu_proxy.protocol.liveness import Heartbeat, WorkerExited, WorkerStatus
 from npu_proxy.protocol.states import ProcessState
 
 if TYPE_CHECKING:
-    from npu_proxy.gateway.core.broker import Broker, WorkerLink
+    from npu_proxy.gateway.core.broker import Broker
     from npu_proxy.gateway.core.model_table import ModelTable, ServedModel
+    from npu_proxy.gateway.core.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
 

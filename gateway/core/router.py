@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
 
-from npu_proxy.gateway.core.broker import Broker, WorkerLink, WorkerUnavailable
+from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import (
     GatewayError,
     from_failed,
@@ -31,6 +32,7 @@ from npu_proxy.gateway.core.generation import Generation, GenerationObserver, ro
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.core.switching import Switcher
+from npu_proxy.gateway.core.worker_link import WorkerLink, WorkerUnavailable
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
     Abort,
@@ -314,3 +316,49 @@ class Router:
         if not isinstance(frame, Detokenized):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
         return frame.text
+
+
+# --- a request answered by several frames and one last one --------------------------------
+# (speech: Deltas then a Transcription, SpeechChunks then a Speech): its frames read up to the
+# last, and the stream released. `Generation` (generation.py) is this for the generating
+# requests, with their timing and metrics; the speech routes need only the loop.
+
+Part = TypeVar("Part")
+Last = TypeVar("Last")
+
+# NOTE: a frame later than the deadline by this much means a stalled worker.
+GRACE_S = 5.0
+
+
+async def frames_until(stream: RequestStream, first: RequestFrame, deadline: float,
+                       part: type[Part], last: type[Last],
+                       task: str) -> AsyncIterator[Part | Last]:
+    """The frames from `first` on, ending with the `last` one.
+
+    A `Failed` frame is raised as its GatewayError, a frame of another kind is a 500, and no
+    frame by `deadline` (plus the grace) a 504 naming `task` ("the transcription").
+    """
+    frame = first
+    while True:
+        if isinstance(frame, Failed):
+            raise from_failed(frame)
+        if isinstance(frame, last):
+            yield frame
+            return
+        if not isinstance(frame, part):
+            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+        yield frame
+        try:
+            frame = await stream.next_frame(max(0.1, deadline + GRACE_S - time.time()))
+        except TimeoutError:
+            raise GatewayError(504, "timeout", f"{task} did not finish in time") from None
+
+
+def release(broker: Broker, stream: RequestStream) -> None:
+    """Stop listening to the stream, and the worker working on it.
+
+    NOTE: an abort after the last frame is a no-op in the worker; before it, it stops work
+    nobody waits for.
+    """
+    broker.send(stream.worker, Abort(id=stream.id))
+    broker.close(stream)

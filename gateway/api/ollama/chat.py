@@ -79,7 +79,7 @@ def tool_request(req: ChatRequest, budget: ToolBudget) -> ToolRequest | None:
     return ToolRequest(openai_tools(req.tools, budget), ollama_choice(choice, True))
 
 
-class ChatRoutes(TurnRoutes):
+class OllamaChatRoutes(TurnRoutes):
     async def chat(self, request: Request, req: ChatRequest) -> Response | Dispatch:
         facts, keep, params = await self._common(req)
         model = facts.model

@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.ollama import models as ollama_models
-from npu_proxy.gateway.api.ollama.chat import ChatRequest, ChatRoutes
+from npu_proxy.gateway.api.ollama.chat import ChatRequest, OllamaChatRoutes
 from npu_proxy.gateway.api.ollama.generate import GenerateRequest, GenerateRoutes
 from npu_proxy.gateway.api.request_path import Handler, RequestPath
 from npu_proxy.gateway.core.catalog import ModelCatalog
@@ -61,7 +61,7 @@ class ShowRequest(msgspec.Struct):
     verbose: bool | None = None
 
 
-class OllamaRoutes(GenerateRoutes, ChatRoutes):
+class OllamaRoutes(GenerateRoutes, OllamaChatRoutes):
     def __init__(self, requests: RequestPath, catalog: ModelCatalog,
                  browser: Handler | None = None) -> None:
         super().__init__(requests)

@@ -268,7 +268,7 @@ class ChatReply(Reply):
         })
 
 
-class ChatRoutes(DialectRoutes):
+class OpenAIChatRoutes(DialectRoutes):
     async def chat(self, request: Request, req: ChatRequest) -> Dispatch:
         if not req.messages:
             raise invalid("'messages' is a required property and must be non-empty",

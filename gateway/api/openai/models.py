@@ -14,7 +14,7 @@ from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.http.wire import ANTHROPIC, dialect_for
 
 
-class ModelRoutes(DialectRoutes):
+class OpenAIModelRoutes(DialectRoutes):
     async def _model_card(self, model: ServedModel) -> dict[str, Any]:
         """OpenAI's card, with vLLM's `max_model_len` (0 when unknown) and the model's
         `capabilities` as /api/show names them (extensions clients may ignore)."""

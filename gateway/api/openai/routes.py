@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.openai.chat import ChatRequest, ChatRoutes
+from npu_proxy.gateway.api.openai.chat import ChatRequest, OpenAIChatRoutes
 from npu_proxy.gateway.api.openai.completions import CompletionRequest, CompletionRoutes
-from npu_proxy.gateway.api.openai.models import ModelRoutes
+from npu_proxy.gateway.api.openai.models import OpenAIModelRoutes
 
 
-class OpenAIRoutes(ChatRoutes, CompletionRoutes, ModelRoutes):
+class OpenAIRoutes(OpenAIChatRoutes, CompletionRoutes, OpenAIModelRoutes):
     def routes(self) -> list[Route]:
         return [
             self.requests.post("/v1/chat/completions", ChatRequest, self.chat),
