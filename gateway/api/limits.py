@@ -30,7 +30,6 @@ from npu_proxy.protocol.messages import ChatMessage
 
 if TYPE_CHECKING:
     from npu_proxy.gateway.content.tools import ToolRequest
-    from npu_proxy.gateway.core.catalog import ModelCatalog
 
 
 # --- a generation ------------------------------------------------------------------------
@@ -49,9 +48,8 @@ def prompt_chars(messages: list[ChatMessage] | None, prompt: str | None,
 class Limits:
     """The checks of one generation or token count, before it is prepared and dispatched."""
 
-    def __init__(self, config: Config, catalog: ModelCatalog) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
-        self.catalog = catalog
 
     def tool_budget(self) -> ToolBudget:
         """What the tools of one request may add to its prompt, charged as they are measured

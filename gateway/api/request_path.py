@@ -106,7 +106,7 @@ class RequestPath:
     def __init__(self, router: Router, catalog: ModelCatalog) -> None:
         self.router = router
         self.catalog = catalog
-        self.limits = Limits(router.config, catalog)
+        self.limits = Limits(router.config)
         self.image_limits = ImageLimits.from_config(router.config)
 
     def images(self) -> Images:

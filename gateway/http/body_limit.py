@@ -168,8 +168,7 @@ class BodyLimitMiddleware:
                 return None
             messages.append(message)
             mine.size += len(message.get("body", b""))
-            size = mine.size
-            if size > self.max_bytes:
+            if mine.size > self.max_bytes:
                 messages.clear()
                 await self._refuse(scope, receive, send, 413, "request_too_large",
                                    f"the request body is over {self.max_bytes} bytes; "

@@ -4,6 +4,7 @@ the package docstring for what counts as a call)."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Literal
 
@@ -12,6 +13,8 @@ from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
 _FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 _TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
@@ -61,7 +64,11 @@ def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
         return untyped or "null" in kinds or None in (schema.get("enum") or [])
 
     drop = {k for k in nulls if k not in required and not takes_null(props.get(k))}
-    return {k: v for k, v in args.items() if k not in drop} if drop else args
+    if not drop:
+        return args
+    log.info("tool call %s: optional arguments sent as null left out: %s", tool.name,
+             ", ".join(sorted(drop)))
+    return {k: v for k, v in args.items() if k not in drop}
 
 
 def _unfence(text: str) -> str:
