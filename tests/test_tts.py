@@ -264,7 +264,7 @@ def test_encoding_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> No
     import asyncio
     import threading
 
-    from npu_proxy.gateway.api.speech import SpeechRoutes
+    from npu_proxy.gateway.api.speech import _pieces
     from npu_proxy.gateway.content.speech import Encoder
     from npu_proxy.protocol.speech import Speech, SpeechChunk
     from npu_proxy.protocol.timings import Timings
@@ -284,16 +284,20 @@ def test_encoding_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(Encoder, "finish", finish)
     pcm = np.zeros(22_050, "<i2").tobytes()
 
-    async def frames(*_: Any) -> Any:
-        yield SpeechChunk(id="r", seq=0, pcm=pcm, sample_rate=22_050)
-        yield Speech(id="r", seq=1, sample_rate=22_050, samples=22_050, phonemes=1,
-                     timings=Timings())
+    class TwoFrames:
+        """A worker's two frames, as the request path's `Frames` gives them."""
+
+        async def __aiter__(self) -> Any:
+            yield SpeechChunk(id="r", seq=0, pcm=pcm, sample_rate=22_050)
+            yield Speech(id="r", seq=1, sample_rate=22_050, samples=22_050, phonemes=1,
+                         timings=Timings())
+
+        def count_audio(self, seconds: float) -> None:
+            pass
 
     async def run() -> bytes:
-        routes = SpeechRoutes.__new__(SpeechRoutes)
-        monkeypatch.setattr(routes, "_frames", frames, raising=False)
         out = b""
-        async for piece, _ in routes._pieces(None, None, None, Encoder("opus", False)):  # type: ignore[arg-type]
+        async for piece, _ in _pieces(TwoFrames(), Encoder("opus", False)):  # type: ignore[arg-type]
             out += piece
         return out
 

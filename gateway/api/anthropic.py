@@ -49,7 +49,8 @@ from npu_proxy.gateway.api.anthropic_input import (
     output_schema,
     tool_request,
 )
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.api.dispatch import Dispatch
+from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.params import anthropic_params
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
@@ -59,7 +60,6 @@ from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.ids import new_id
-from npu_proxy.gateway.http.util import unless_disconnected
 
 __all__ = ["AnthropicRoutes", "CountRequest", "InMessage", "MessagesRequest", "chat_messages",
            "model_info", "models_page"]
@@ -291,7 +291,7 @@ class AnthropicRoutes(DialectRoutes):
         return thinking, template_vars(want) if thinking is not None else None
 
     async def count_tokens(self, request: Request, req: CountRequest) -> Response:
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         # NOTE: prepared exactly like /v1/messages, so the count equals its input_tokens.
         facts = await self.requests.facts(model)
         _, variables = self._thinking(facts, req)
@@ -304,7 +304,7 @@ class AnthropicRoutes(DialectRoutes):
                                                     loaded=loaded_tools(req.messages,
                                                                         req.tool_choice)),
                                        template_vars=variables)
-        count = await unless_disconnected(request, self.router.count_tokens(model, msg))
+        count = (await self.requests.count(request, model, msg)).count
         return JSONResponse({"input_tokens": count})
 
     async def messages(self, request: Request, req: MessagesRequest) -> Dispatch:
@@ -312,7 +312,7 @@ class AnthropicRoutes(DialectRoutes):
                                   top_p=req.top_p, top_k=req.top_k,
                                   stop_sequences=req.stop_sequences)
         params = msgspec.structs.replace(params, json_schema=output_schema(req.output_config))
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         facts = await self.requests.facts(model)
         thinking, variables = self._thinking(facts, req)
         ignored = Ignored()

@@ -23,18 +23,16 @@ from typing import Any
 
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import transcript
 from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
-from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.request_stream import RequestStream
-from npu_proxy.gateway.core.router import frames_until, release
-from npu_proxy.gateway.http.util import dumps, request_id, request_key, unless_disconnected
-from npu_proxy.gateway.http.wire import OPENAI, SSE
-from npu_proxy.protocol.messages import Delta, RequestFrame
+from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.core.generation import Frames
+from npu_proxy.gateway.http.util import dumps, request_id, request_key
+from npu_proxy.protocol.messages import Delta
 from npu_proxy.protocol.speech import Transcribe, Transcription
 
 log = logging.getLogger(__name__)
@@ -102,43 +100,19 @@ def _granularities(form: FormData) -> list[str]:
 
 class AudioRoutes(DialectRoutes):
     def routes(self) -> list[Route]:
-        return [Route(path, self.endpoint, methods=["POST"], name=f"audio_{task}")
+        return [self.requests.form(path, self.transcribe, f"audio_{task}")
                 for path, task in PATHS.items()]
 
     @property
     def limits(self) -> AudioLimits:
-        config = self.router.config
-        return AudioLimits(config.max_audio_bytes, config.max_audio_seconds)
+        return AudioLimits(self.config.max_audio_bytes, self.config.max_audio_seconds)
 
-    async def endpoint(self, request: Request) -> Response:
-        try:
-            return await self._serve(request, PATHS[request.url.path])
-        except GatewayError as exc:
-            return OPENAI.error_response(exc)
-
-    async def _form(self, request: Request) -> FormData:
-        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if media != "multipart/form-data":
-            raise GatewayError(415, "unsupported_media_type",
-                               f"Content-Type {media or '(none)'} is not accepted here: send "
-                               "multipart/form-data with the audio as 'file'")
-        try:
-            return await request.form(max_files=1, max_fields=64)
-        except Exception as exc:  # NOTE: Starlette raises its own and python-multipart's
-            raise invalid(f"the multipart body cannot be read: {exc}") from None
-
-    async def _serve(self, request: Request, task: str) -> Response:
-        form = await self._form(request)
-        try:
-            return await self._transcribe(request, form, task)
-        finally:
-            await form.close()
-
-    async def _transcribe(self, request: Request, form: FormData, task: str) -> Response:
+    async def transcribe(self, request: Request, form: FormData) -> Response:
+        task = PATHS[request.url.path]
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise invalid("'file' is required: the audio file to transcribe", param="file")
-        model = self.router.resolve(_text(form, "model"), kind="asr")
+        model = self.requests.resolve(_text(form, "model"), kind="asr")
         response_format = _text(form, "response_format") or "json"
         if response_format not in transcript.FORMATS:
             raise invalid(f"'response_format' must be one of {', '.join(transcript.FORMATS)}, "
@@ -176,55 +150,32 @@ class AudioRoutes(DialectRoutes):
             headers["X-NPU-Proxy-Truncated-Prompt"] = str(len(prompt) - PROMPT_CHARS)
             prompt = prompt[-PROMPT_CHARS:]
         msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
-                         deadline=self.router.deadline(), task=task, language=language,
+                         deadline=self.requests.deadline(), task=task, language=language,
                          prompt=prompt, temperature=temperature,
                          timestamps=timed, stream=stream, log_id=request_id(request),
                          words=words)
-        stream_, first, route = await unless_disconnected(
-            request, self.router.transcribe(model, msg))
-        headers.update(route)
+        frames = await self.requests.transcribe(request, model, msg)
+        headers.update(frames.headers)
         if stream:
-            return StreamingResponse(self._events(stream_, first, msg), media_type=SSE,
-                                     headers=headers)
-        try:
-            done = await unless_disconnected(request, self._finish(stream_, first, msg))
-        finally:
-            self._close(stream_)
+            return self.requests.events(request, frames, _events(frames), headers)
+        done = await self.requests.read(request, frames, _final(frames))
         result = transcript.body(done, response_format, task, temperature, granularities)
         if isinstance(result, str):
             return Response(result, media_type=transcript.MEDIA[response_format],
                             headers=headers)
         return Response(dumps(result), media_type="application/json", headers=headers)
 
-    # --- the worker's frames ---------------------------------------------------------------
 
-    def _close(self, stream: RequestStream) -> None:
-        release(self.router.broker, stream)
+async def _final(frames: Frames[Delta, Transcription]) -> Transcription:
+    done = await frames.final()
+    frames.count_audio(done.duration)
+    return done
 
-    async def _frames(self, stream: RequestStream, first: RequestFrame,
-                      msg: Transcribe) -> AsyncIterator[Delta | Transcription]:
-        async for frame in frames_until(stream, first, msg.deadline, Delta, Transcription,
-                                        "the transcription"):
-            if isinstance(frame, Transcription):
-                self.router.count_audio(stream.worker, frame.duration)
-            yield frame
 
-    async def _finish(self, stream: RequestStream, first: RequestFrame,
-                      msg: Transcribe) -> Transcription:
-        async for frame in self._frames(stream, first, msg):
-            if isinstance(frame, Transcription):
-                return frame
-        raise GatewayError(500, "internal", "the worker sent no transcription")
-
-    async def _events(self, stream: RequestStream, first: RequestFrame,
-                      msg: Transcribe) -> AsyncIterator[bytes]:
-        try:
-            async for frame in self._frames(stream, first, msg):
-                event: dict[str, Any] = (transcript.delta_event(frame.text)
-                                         if isinstance(frame, Delta)
-                                         else transcript.done_event(frame))
-                yield OPENAI.frame(event)
-        except GatewayError as exc:
-            yield OPENAI.error_event(exc)
-        finally:
-            self._close(stream)
+async def _events(frames: Frames[Delta, Transcription]) -> AsyncIterator[dict[str, Any]]:
+    async for frame in frames:
+        if isinstance(frame, Delta):
+            yield transcript.delta_event(frame.text)
+        else:
+            frames.count_audio(frame.duration)
+            yield transcript.done_event(frame)

@@ -20,9 +20,9 @@ from starlette.routing import Route
 
 from npu_proxy.gateway.api.request_path import DialectRoutes, RequestPath
 from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.generation import Embedded
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.gateway.core.router import Embedded
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import dumps, request_id, request_key
 from npu_proxy.protocol.messages import Embed, Embeddings
@@ -96,7 +96,6 @@ def _texts(value: Any, param: str, allow_empty: bool) -> list[str]:
 class EmbeddingRoutes(DialectRoutes):
     def __init__(self, requests: RequestPath) -> None:
         super().__init__(requests)
-        self.config = requests.router.config
         # NOTE: a model's vector size is learnt from its first answer; until then a
         # `dimensions` request is checked against the answer instead of before it.
         self._dims: dict[str, int] = {}
@@ -141,10 +140,10 @@ class EmbeddingRoutes(DialectRoutes):
         # (preload.py).
         await numpy_ready()
         msg = Embed(id=request_key(request), model=model.name, texts=texts,
-                    deadline=self.router.deadline(), truncate=truncate,
+                    deadline=self.requests.deadline(), truncate=truncate,
                     log_id=request_id(request))
         try:
-            done = await self.router.embed(model, msg)
+            done = await self.requests.embed(request, model, msg)
         except GatewayError as exc:
             if exc.kind == "context_length_exceeded":
                 exc.param = param
@@ -165,7 +164,7 @@ class EmbeddingRoutes(DialectRoutes):
             raise invalid(f"encoding_format must be 'float' or 'base64', got '{fmt}'",
                           param="encoding_format")
         texts = _texts(req.input, "input", allow_empty=False)
-        model = self.router.resolve(req.model, kind="embed")
+        model = self.requests.resolve(req.model, kind="embed")
         done = await self._embed(request, model, texts, req.truncate is not False,
                                  req.dimensions, "input")
         frame = done.frame
@@ -190,17 +189,17 @@ class EmbeddingRoutes(DialectRoutes):
 
     async def ollama_embed(self, request: Request, req: OllamaEmbedRequest) -> Response:
         texts = _texts(req.input, "input", allow_empty=True)
-        model = self.router.resolve(req.model, kind="embed")
+        model = self.requests.resolve(req.model, kind="embed")
         keep = parse_keep_alive(req.keep_alive)
         # NOTE: Ollama answers an empty input with no vectors (it only loads the model).
         if not texts:
-            self.router.switcher.touch(model.name, keep)
+            self.requests.keep(model, keep)
             return JSONResponse({"model": req.model, "embeddings": [], "total_duration": 0,
                                  "load_duration": 0, "prompt_eval_count": 0})
         # NOTE: Ollama sends 0 for "not set".
         done = await self._embed(request, model, texts, req.truncate is not False,
                                  req.dimensions or None, "input")
-        self.router.switcher.touch(model.name, keep)
+        self.requests.keep(model, keep)
         frame = done.frame
         # NOTE: a lazy embed worker is started by the request that needs it: that wait is
         # Ollama's load_duration (the worker reports no load time of its own per request).
@@ -217,13 +216,13 @@ class EmbeddingRoutes(DialectRoutes):
     async def ollama_embeddings(self, request: Request, req: OllamaEmbeddingsRequest) -> Response:
         if req.prompt is not None and not isinstance(req.prompt, str):
             raise invalid("'prompt' must be a string", param="prompt")
-        model = self.router.resolve(req.model, kind="embed")
+        model = self.requests.resolve(req.model, kind="embed")
         keep = parse_keep_alive(req.keep_alive)
         if not req.prompt:
-            self.router.switcher.touch(model.name, keep)
+            self.requests.keep(model, keep)
             return JSONResponse({"embedding": []})
         done = await self._embed(request, model, [req.prompt], True, None, "prompt")
-        self.router.switcher.touch(model.name, keep)
+        self.requests.keep(model, keep)
         body = {"embedding": _matrix(done.frame)[0].tolist()}
         return Response(dumps(body), media_type="application/json", headers=done.headers)
 

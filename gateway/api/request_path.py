@@ -1,111 +1,97 @@
 """The one request path of every API: decode, translate, dispatch, then stream or collect.
 
 A dialect's handler (a method of its `DialectRoutes`) only translates. It takes the decoded body
-and returns either a finished Response (answered without a generation: a load request, a token
-count, embeddings) or a `Dispatch`: the model and Generate request to dispatch, whether to stream,
-and a `Reply` that renders the worker's output as the API's stream events or as one body. A
+(JSON, or a multipart form for audio) and returns either a finished Response or a `Dispatch`
+(gateway/api/dispatch.py): the model and Generate request to dispatch, whether to stream, and
+a `Reply` that renders the worker's output as the API's stream events or as one body. A
 chat's Generate request is made the one way (`RequestPath.chat`: tools prepared by
 gateway/content/tools/, the request's id and deadline), and every Generate or Tokenize request
 is first held to the limits (gateway/api/limits.py: messages, tools, prompt length), after
 what a model made by /api/create adds to it (its system prompt, messages and parameters:
-gateway/content/created_model.py). The rest is here, once:
+gateway/content/created_model.py). Requests that are not generations (embeddings, rerank,
+token counts, speech in and out) are dispatched by the path's methods of their name, and a
+speech request's frames answered by `events`, `chunks` or `read`. The rest is here, once:
 
 - the body is decoded into the handler's request type (a 400 if it is not one);
-- the dispatch runs under disconnect-watch: a client that goes away aborts the worker;
+- every dispatch runs under disconnect-watch: a client that goes away aborts the worker;
 - a stream is framed, kept alive while silent (`stream_keepalive_seconds`), ended and typed
   the dialect's way (gateway/http/wire.py); otherwise
-  the output is collected, under the same watch, and rendered as one JSON body;
+  the output is collected, under the same watch, and rendered as one body;
 - a GatewayError before the first byte is the API's error response (status, Retry-After);
   after it, the API's error event is the stream's last;
+- the worker's stream is released however the response ended;
 - what the request sent and the server left out (`Dispatch.ignored`) is named in the
   `X-NPU-Proxy-Ignored` header and one INFO log line (gateway/content/ignored.py).
-The dialect is the one `dialect_for(scope)` picks for the request.
+The dialect is the one `dialect_for(scope)` picks for the request. The dialects reach the
+router only through this path (tests/test_layers.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
+from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from npu_proxy.gateway.api.dispatch import (
+    Dispatch,
+    frames_bytes,
+    frames_events,
+    frames_whole,
+    streamed,
+    whole,
+)
 from npu_proxy.gateway.api.limits import Limits
 from npu_proxy.gateway.content.created_model import with_messages, with_params
-from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import ImageLimits, Images
 from npu_proxy.gateway.content.params import OLLAMA_DEFAULTS
 from npu_proxy.gateway.content.reasoning import Thinking
 from npu_proxy.gateway.content.schema_check import check_regex, check_schema
 from npu_proxy.gateway.content.tools import CallParser, ToolRequest, prepare_chat
 from npu_proxy.gateway.core.catalog import ModelCatalog, ModelFacts, require
-from npu_proxy.gateway.core.errors import GatewayError
-from npu_proxy.gateway.core.generation import Generation
+from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.generation import Embedded, Frames, Scored
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Router
-from npu_proxy.gateway.http.util import (
-    decode_body,
-    dumps,
-    request_id,
-    request_key,
-    unless_disconnected,
-)
-from npu_proxy.gateway.http.wire import OLLAMA, Dialect, StreamResponse, dialect_for
+from npu_proxy.gateway.http.util import decode_body, request_id, request_key, unless_disconnected
+from npu_proxy.gateway.http.wire import OLLAMA, dialect_for
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.models.registry import sampling_defaults
-from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, Tokenize
+from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.messages import (
+    ChatMessage,
+    Delta,
+    Detokenize,
+    Embed,
+    Generate,
+    Rerank,
+    SamplingParams,
+    TokenCount,
+    Tokenize,
+)
+from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize, Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
-
-
-class Reply(Protocol):
-    """How one API renders a generation: as stream events, or as one body."""
-
-    def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]: ...
-
-    def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        """The whole answer from the text pieces in the order the worker sent them."""
-        ...
-
-
-@dataclass
-class Dispatch:
-    """A request translated: what to dispatch, and how to answer with the output."""
-
-    model: ServedModel
-    msg: Generate
-    stream: bool
-    reply: Reply
-    # Called once the generation ended, however it ended (Ollama's keep_alive counts from it).
-    ended: Callable[[], None] | None = None
-    # What the request sent that the server left out (gateway/content/ignored.py): a header.
-    ignored: Ignored | None = None
-    # A silent stream's keep-alive as an event of the API's own, for clients whose idle timer
-    # only an event resets (Codex: not an SSE comment); else the dialect's (http/wire.py).
-    keepalive: Callable[[], dict[str, Any]] | None = None
-
-    def headers(self, gen: Generation) -> dict[str, str]:
-        return gen.headers() | (self.ignored.headers() if self.ignored is not None else {})
-
-    def end(self) -> None:
-        if self.ended is not None:
-            self.ended()
+T = TypeVar("T")
 
 
 Translate = Callable[[Request, B], Awaitable[Response | Dispatch]]
 Handler = Callable[[Request], Awaitable[Response]]
+FormHandler = Callable[[Request, FormData], Awaitable[Response]]
 
 
 class RequestPath:
     def __init__(self, router: Router, catalog: ModelCatalog) -> None:
         self.router = router
         self.catalog = catalog
+        self.config: Config = router.config
         self.limits = Limits(router.config)
         self.image_limits = ImageLimits.from_config(router.config)
 
@@ -137,6 +123,77 @@ class RequestPath:
                 return dialect_for(request.scope).error_response(exc)
 
         return Route(path, endpoint, methods=[method], name=handler.__name__)
+
+    def form(self, path: str, handler: FormHandler, name: str) -> Route:
+        """A route whose body is a multipart form (audio uploads), read and closed here."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                form = await _read_form(request)
+                try:
+                    return await handler(request, form)
+                finally:
+                    await form.close()
+            except GatewayError as exc:
+                return dialect_for(request.scope).error_response(exc)
+
+        return Route(path, endpoint, methods=["POST"], name=name)
+
+    # --- the server's side of a request: every dialect reaches it here ------------------------
+
+    def resolve(self, requested: str, kind: str | None = None) -> ServedModel:
+        """The served model a request names (a 404 in the API's shape if none)."""
+        return self.router.resolve(requested, kind)
+
+    def default_llm(self) -> str:
+        return self.router.default_llm()
+
+    def deadline(self) -> float:
+        """A new request's deadline (inference_timeout from now)."""
+        return self.router.deadline()
+
+    def keep(self, model: ServedModel, seconds: float) -> None:
+        """Ollama's `keep_alive` (gateway/core/keep_alive.py): how long the model stays
+        loaded, from now."""
+        self.router.switcher.touch(model.name, seconds)
+
+    async def embed(self, request: Request, model: ServedModel, msg: Embed) -> Embedded:
+        return await unless_disconnected(request, self.router.embed(model, msg))
+
+    async def rerank(self, request: Request, model: ServedModel, msg: Rerank) -> Scored:
+        return await unless_disconnected(request, self.router.rerank(model, msg))
+
+    async def count(self, request: Request, model: ServedModel, msg: Tokenize) -> TokenCount:
+        return await unless_disconnected(request, self.router.tokenize(model, msg))
+
+    async def detokenize(self, request: Request, model: ServedModel, msg: Detokenize) -> str:
+        return await unless_disconnected(request, self.router.detokenize(model, msg))
+
+    async def transcribe(self, request: Request, model: ServedModel,
+                         msg: Transcribe) -> Frames[Delta, Transcription]:
+        """Speech dispatched; its frames are answered with `events`, `chunks` or `read`."""
+        return await unless_disconnected(request, self.router.transcribe(model, msg))
+
+    async def speak(self, request: Request, model: ServedModel,
+                    msg: Synthesize) -> Frames[SpeechChunk, Speech]:
+        return await unless_disconnected(request, self.router.speak(model, msg))
+
+    def events(self, request: Request, frames: Frames[Any, Any],
+               events: AsyncIterator[dict[str, Any]], headers: dict[str, str]) -> Response:
+        """The frames as the dialect's stream of `events`; released at its end."""
+        dialect = dialect_for(request.scope)
+        return StreamingResponse(frames_events(dialect, frames, events),
+                                 media_type=dialect.media_type, headers=headers)
+
+    def chunks(self, request: Request, frames: Frames[Any, Any], chunks: AsyncIterator[bytes],
+               media_type: str, headers: dict[str, str]) -> Response:
+        """The frames as a body of raw `chunks` (streamed audio); released at its end."""
+        return StreamingResponse(frames_bytes(request, frames, chunks), media_type=media_type,
+                                 headers=headers)
+
+    async def read(self, request: Request, frames: Frames[Any, Any], work: Awaitable[T]) -> T:
+        """`work`, which reads the frames, under disconnect-watch; the frames released."""
+        return await frames_whole(request, frames, work)
 
     async def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                        requested: str, messages: list[ChatMessage] | None = None,
@@ -247,7 +304,7 @@ class RequestPath:
         dialect = dialect_for(request.scope)
         try:
             turn = await translate(request, await decode_body(
-                request, body, max_objects=self.router.config.max_json_objects))
+                request, body, max_objects=self.config.max_json_objects))
             if isinstance(turn, Response):
                 return turn
             gen = await unless_disconnected(request, self.router.generate(turn.model, turn.msg))
@@ -256,12 +313,20 @@ class RequestPath:
         if turn.ignored is not None:
             turn.ignored.report(request.url.path, request_id(request))
         if turn.stream:
-            every = self.router.config.stream_keepalive_seconds if dialect.keepalive else 0.0
-            own = turn.keepalive
-            keepalive = dialect.keepalive if own is None else lambda: dialect.frame(own())
-            return StreamResponse(_stream(dialect, turn, gen), dialect.media_type,
-                                  turn.headers(gen), keepalive, every)
-        return await _whole(request, dialect, turn, gen)
+            return streamed(dialect, turn, gen, self.config.stream_keepalive_seconds)
+        return await whole(request, dialect, turn, gen)
+
+
+async def _read_form(request: Request) -> FormData:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "multipart/form-data":
+        raise GatewayError(415, "unsupported_media_type",
+                           f"Content-Type {media or '(none)'} is not accepted here: send "
+                           "multipart/form-data with the audio as 'file'")
+    try:
+        return await request.form(max_files=1, max_fields=64)
+    except Exception as exc:  # NOTE: Starlette raises its own and python-multipart's
+        raise invalid(f"the multipart body cannot be read: {exc}") from None
 
 
 def _api_defaults(request: Request) -> SamplingParams | None:
@@ -270,52 +335,10 @@ def _api_defaults(request: Request) -> SamplingParams | None:
 
 
 class DialectRoutes:
-    """What each API's routes stand on: the shared request path and the router below it."""
+    """What each API's routes stand on: the shared request path, the only way they reach a
+    worker (tests/test_layers.py holds them to it), and the model catalog they describe."""
 
     def __init__(self, requests: RequestPath) -> None:
         self.requests = requests
-        self.router = requests.router
+        self.config = requests.config
         self.catalog = requests.catalog
-
-
-async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIterator[bytes]:
-    # NOTE: events whose frames were already there when they were made go out in one body
-    # chunk with those after them (several SSE events or NDJSON lines in one write, as
-    # clients parse any chunking): a stream that fell behind its worker catches up in one
-    # write and one pass through the ASGI send chain, where each write cost ~0.1 ms of the
-    # gateway's CPU (bench/gateway_cpu.py). A lone event is never held back: the chunk goes
-    # out as soon as the next event would have to wait. A silent stream's keep-alive is the
-    # response's (http/wire.py StreamResponse).
-    held: list[bytes] = []
-    try:
-        async for event in turn.reply.events(gen):
-            held.append(dialect.frame(event))
-            if not gen.ready():
-                yield b"".join(held) if len(held) > 1 else held[0]
-                held.clear()
-    except GatewayError as exc:
-        held.append(dialect.error_event(exc))
-        yield b"".join(held)
-        return
-    finally:
-        turn.end()
-    if dialect.end:
-        held.append(dialect.end)
-    if held:
-        yield b"".join(held)
-
-
-async def _whole(request: Request, dialect: Dialect, turn: Dispatch, gen: Generation) -> Response:
-    headers = turn.headers(gen)
-    try:
-        parts = await unless_disconnected(request, _collect(gen))
-    except GatewayError as exc:
-        return dialect.error_response(exc, headers)
-    finally:
-        turn.end()
-    return Response(dumps(turn.reply.body(gen, parts)), media_type="application/json",
-                    headers=headers)
-
-
-async def _collect(gen: Generation) -> list[str]:
-    return [delta.text async for delta in gen]

@@ -75,7 +75,7 @@ class RerankRoutes(DialectRoutes):
         if req.top_n is not None and req.top_n < 0:
             raise invalid(f"'top_n' must be 0 (every document) or more, got {req.top_n}",
                           param="top_n")
-        config = self.router.config
+        config = self.config
         if len(documents) > config.max_rerank_documents:
             raise invalid(f"'documents' has {len(documents)} items; the limit is "
                           f"{config.max_rerank_documents} per request (max_rerank_documents)",
@@ -92,12 +92,12 @@ class RerankRoutes(DialectRoutes):
 
     async def rerank(self, request: Request, req: RerankRequest) -> Response:
         query, documents = self._check(req)
-        model = self.router.resolve(req.model, kind="rerank")
+        model = self.requests.resolve(req.model, kind="rerank")
         msg = Rerank(id=request_key(request), model=model.name, query=query,
-                     documents=documents, deadline=self.router.deadline(),
+                     documents=documents, deadline=self.requests.deadline(),
                      truncate=req.truncate is not False, log_id=request_id(request))
         try:
-            done = await self.router.rerank(model, msg)
+            done = await self.requests.rerank(request, model, msg)
         except GatewayError as exc:
             if exc.kind == "context_length_exceeded":
                 exc.param = "documents"

@@ -27,19 +27,16 @@ from typing import Any, Literal
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content.speech import MEDIA, Encoder
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.request_stream import RequestStream
-from npu_proxy.gateway.core.router import frames_until, release
+from npu_proxy.gateway.core.generation import Frames
 from npu_proxy.gateway.http.preload import numpy_ready
-from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
-from npu_proxy.gateway.http.wire import OPENAI, SSE
+from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.protocol.config import speech_missing
-from npu_proxy.protocol.messages import RequestFrame
 from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize
 
 PATH = "/v1/audio/speech"
@@ -65,7 +62,7 @@ class SpeechRoutes(DialectRoutes):
             raise invalid("'input' is required: the text to speak", param="input")
         if not req.input.strip():
             raise invalid("'input' must not be empty", param="input")
-        limit = self.router.config.max_speech_chars
+        limit = self.config.max_speech_chars
         if len(req.input) > limit:
             raise invalid(f"'input' is {len(req.input)} characters; the limit is {limit} "
                           "(max_speech_chars)", param="input")
@@ -82,91 +79,64 @@ class SpeechRoutes(DialectRoutes):
     async def speech(self, request: Request, req: SpeechRequest) -> Response:
         text = self._check(req)
         try:
-            model = self.router.resolve(req.model, kind="tts")
+            model = self.requests.resolve(req.model, kind="tts")
         except GatewayError as exc:
             missing = speech_missing() if exc.status == 404 and not any(
-                spec.role == "tts" for spec in self.router.config.workers) else None
+                spec.role == "tts" for spec in self.config.workers) else None
             if missing is not None:  # NOTE: say why, not a bare "not found"
                 exc.message = f"{exc.message}: {missing}"
             raise
         msg = Synthesize(id=request_key(request), model=model.name, text=text,
-                         deadline=self.router.deadline(), speed=req.speed,
+                         deadline=self.requests.deadline(), speed=req.speed,
                          log_id=request_id(request))
-        stream, first, headers = await unless_disconnected(
-            request, self.router.speak(model, msg))
+        frames = await self.requests.speak(request, model, msg)
+        headers = dict(frames.headers)
         if req.instructions:
             headers["X-NPU-Proxy-Ignored"] = "instructions"
         await numpy_ready()  # NOTE: the encoder uses numpy, in a thread (preload.py)
         encoder = Encoder(req.response_format, streamed=req.stream_format is not None)
+        media = MEDIA[req.response_format]
         if req.stream_format == "sse":
-            return StreamingResponse(self._events(stream, first, msg, encoder),
-                                     media_type=SSE, headers=headers)
+            return self.requests.events(request, frames, _events(frames, encoder), headers)
         if req.stream_format == "audio":
-            return StreamingResponse(self._bytes(stream, first, msg, encoder),
-                                     media_type=MEDIA[req.response_format], headers=headers)
-        try:
-            body = await unless_disconnected(
-                request, self._whole(stream, first, msg, encoder))
-        finally:
-            self._close(stream)
-        return Response(body, media_type=MEDIA[req.response_format], headers=headers)
+            return self.requests.chunks(request, frames, _bytes(frames, encoder), media,
+                                        headers)
+        body = await self.requests.read(request, frames, _whole(frames, encoder))
+        return Response(body, media_type=media, headers=headers)
 
-    # --- the worker's frames ---------------------------------------------------------------
 
-    def _close(self, stream: RequestStream) -> None:
-        release(self.router.broker, stream)
+# --- the worker's frames, encoded ---------------------------------------------------------
 
-    async def _frames(self, stream: RequestStream, first: RequestFrame,
-                      msg: Synthesize) -> AsyncIterator[SpeechChunk | Speech]:
-        spoken = 0.0
-        async for frame in frames_until(stream, first, msg.deadline, SpeechChunk, Speech,
-                                        "the speech"):
-            if isinstance(frame, SpeechChunk):
-                spoken += len(frame.pcm) / 2 / frame.sample_rate  # NOTE: int16 samples
-            else:
-                self.router.count_audio(stream.worker, spoken)
-            yield frame
 
-    async def _pieces(self, stream: RequestStream, first: RequestFrame, msg: Synthesize,
-                      encoder: Encoder) -> AsyncIterator[tuple[bytes, Speech | None]]:
-        async for frame in self._frames(stream, first, msg):
-            # NOTE: encoding (resampling, Opus, FLAC, MP3) is CPU work: in a thread, never on
-            # the event loop (opus of 1,000 characters at speed 0.5 froze every API 9.7 s).
-            if isinstance(frame, SpeechChunk):
-                yield await asyncio.to_thread(encoder.feed, frame.pcm, frame.sample_rate), None
-            else:
-                yield await asyncio.to_thread(encoder.finish, frame.sample_rate), frame
+async def _pieces(frames: Frames[SpeechChunk, Speech],
+                  encoder: Encoder) -> AsyncIterator[tuple[bytes, Speech | None]]:
+    spoken = 0.0
+    async for frame in frames:
+        # NOTE: encoding (resampling, Opus, FLAC, MP3) is CPU work: in a thread, never on the
+        # event loop (opus of 1,000 characters at speed 0.5 froze every API 9.7 s).
+        if isinstance(frame, SpeechChunk):
+            spoken += len(frame.pcm) / 2 / frame.sample_rate  # NOTE: int16 samples
+            yield await asyncio.to_thread(encoder.feed, frame.pcm, frame.sample_rate), None
+        else:
+            frames.count_audio(spoken)
+            yield await asyncio.to_thread(encoder.finish, frame.sample_rate), frame
 
-    async def _whole(self, stream: RequestStream, first: RequestFrame, msg: Synthesize,
-                     encoder: Encoder) -> bytes:
-        return b"".join([piece async for piece, _ in self._pieces(stream, first, msg,
-                                                                   encoder)])
 
-    async def _bytes(self, stream: RequestStream, first: RequestFrame, msg: Synthesize,
-                     encoder: Encoder) -> AsyncIterator[bytes]:
-        # NOTE: a failure after the first bytes can only end the body early (no error shape
-        # fits inside audio); the status line has already gone.
-        try:
-            async for piece, _ in self._pieces(stream, first, msg, encoder):
-                if piece:
-                    yield piece
-        except GatewayError:
-            return
-        finally:
-            self._close(stream)
+async def _whole(frames: Frames[SpeechChunk, Speech], encoder: Encoder) -> bytes:
+    return b"".join([piece async for piece, _ in _pieces(frames, encoder)])
 
-    async def _events(self, stream: RequestStream, first: RequestFrame, msg: Synthesize,
-                      encoder: Encoder) -> AsyncIterator[bytes]:
-        try:
-            async for piece, done in self._pieces(stream, first, msg, encoder):
-                if piece:
-                    yield OPENAI.frame({"type": "speech.audio.delta",
-                                        "audio": base64.b64encode(piece).decode()})
-                if done is not None:
-                    yield OPENAI.frame({"type": "speech.audio.done", "usage": {
-                        "input_tokens": done.phonemes, "output_tokens": 0,
-                        "total_tokens": done.phonemes}})
-        except GatewayError as exc:
-            yield OPENAI.error_event(exc)
-        finally:
-            self._close(stream)
+
+async def _bytes(frames: Frames[SpeechChunk, Speech], encoder: Encoder) -> AsyncIterator[bytes]:
+    async for piece, _ in _pieces(frames, encoder):
+        yield piece
+
+
+async def _events(frames: Frames[SpeechChunk, Speech],
+                  encoder: Encoder) -> AsyncIterator[dict[str, Any]]:
+    async for piece, done in _pieces(frames, encoder):
+        if piece:
+            yield {"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()}
+        if done is not None:
+            yield {"type": "speech.audio.done", "usage": {
+                "input_tokens": done.phonemes, "output_tokens": 0,
+                "total_tokens": done.phonemes}}

@@ -25,7 +25,7 @@ from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.gateway.http.util import request_id, request_key, unless_disconnected
+from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.protocol.messages import Detokenize
 
 # NOTE: no vocabulary comes near it; bounds ids before they cross to the worker as int64.
@@ -66,7 +66,7 @@ class TokenizerRoutes(DialectRoutes):
 
     def _model(self, name: str) -> ServedModel:
         """The model named, else (llama.cpp clients name none) the default LLM."""
-        return self.router.resolve(name or self.router.default_llm(), kind="llm")
+        return self.requests.resolve(name or self.requests.default_llm(), kind="llm")
 
     async def tokenize(self, request: Request, req: TokenizeRequest) -> Response:
         prompt = req.prompt if req.prompt is not None else req.content
@@ -87,7 +87,7 @@ class TokenizerRoutes(DialectRoutes):
                                        want_tokens=True, add_special_tokens=special,
                                        add_generation_prompt=req.add_generation_prompt,
                                        template_vars=req.chat_template_kwargs or None)
-        count = await unless_disconnected(request, self.router.tokenize(model, msg))
+        count = await self.requests.count(request, model, msg)
         return JSONResponse({
             "count": count.count,
             "max_model_len": facts.context_length,
@@ -111,5 +111,5 @@ class TokenizerRoutes(DialectRoutes):
             raise invalid(f"token id {bad} is not in the vocabulary", param="tokens")
         msg = Detokenize(id=request_key(request), model=model.name, tokens=req.tokens,
                          log_id=request_id(request))
-        text = await unless_disconnected(request, self.router.detokenize(model, msg))
+        text = await self.requests.detokenize(request, model, msg)
         return JSONResponse({"prompt": text, "content": text})

@@ -30,7 +30,7 @@ from npu_proxy.models.facts import (
 )
 from npu_proxy.models.locate import configured_template, locate
 from npu_proxy.models.registry import ModelSourceMissing
-from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,18 @@ class ModelCatalog:
         self._templates: dict[str, str] = {}
         # NOTE: all kept by _key: the files, so a name made again over other files is new.
         self._capabilities: dict[tuple[str, str], Capabilities] = {}
+
+    def models(self) -> dict[str, ServedModel]:
+        """Every served model by name (gateway/core/model_table.py), for the listings."""
+        return self.router.models
+
+    @property
+    def started(self) -> int:
+        """When the gateway started (Unix seconds): the date of a model with no file date."""
+        return self.router.started
+
+    def worker_spec(self, worker: str) -> WorkerSpec:
+        return self.router.config.worker(worker)
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""

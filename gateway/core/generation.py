@@ -1,13 +1,15 @@
 """`Generation`: a request a worker accepted, as the gateway sees it: its route (the response
 headers), then its Delta frames and the Finished one as one async iterator, with the timing
-every API and /metrics read, and the abort sent when it is left before its end.
+every API and /metrics read, and the abort sent when it is left before its end. `Frames` is
+the same for a request answered by several frames and one last one (speech in and out).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import GatewayError, from_failed
@@ -16,8 +18,11 @@ from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
     Delta,
+    Embeddings,
     Failed,
     Finished,
+    RequestFrame,
+    Reranked,
     TokenLogprob,
 )
 
@@ -33,6 +38,24 @@ def route_headers(device: str, worker: str, reason: str, tokens: int) -> dict[st
         "X-NPU-Proxy-Route-Reason": reason,
         "X-NPU-Proxy-Token-Count": str(tokens),
     }
+
+
+@dataclass
+class Embedded:
+    """An embedding request's one answer, with its route."""
+
+    frame: Embeddings
+    headers: dict[str, str]
+    # Nanoseconds the request waited in the gateway for a load or a switch (Router._loaded).
+    load_wait_ns: int = 0
+
+
+@dataclass
+class Scored:
+    """A rerank request's one answer, with its route."""
+
+    frame: Reranked
+    headers: dict[str, str]
 
 
 class GenerationObserver(Protocol):
@@ -155,4 +178,70 @@ class Generation:
         # request ignores the abort.
         if self.finished is None:
             self.broker.send(self.stream.worker, Abort(id=self.stream.id))
+        self.broker.close(self.stream)
+
+
+Part = TypeVar("Part")
+Last = TypeVar("Last")
+
+
+class Frames(Generic[Part, Last]):
+    """A request answered by several frames and one last one (speech: Deltas then a
+    Transcription, SpeechChunks then a Speech), from the first frame on, with its route.
+
+    A `Failed` frame is raised as its GatewayError, a frame of another kind is a 500, and no
+    frame by the deadline (plus the grace) a 504 naming `task` ("the transcription").
+    `close` (idempotent; the request path calls it however the response ended) stops
+    listening, and the worker working on it: an abort after the last frame is a no-op there.
+    """
+
+    def __init__(self, broker: Broker, stream: RequestStream, first: RequestFrame,
+                 deadline: float, kinds: tuple[type[Part], type[Last]], task: str,
+                 headers: dict[str, str], observers: Sequence[GenerationObserver] = ()) -> None:
+        self.broker = broker
+        self.stream = stream
+        self.first: RequestFrame | None = first
+        self.give_up_at = deadline + STALL_GRACE_S
+        self.part, self.last = kinds
+        self.task = task
+        self.headers = headers
+        self.observers = observers
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[Part | Last]:
+        frame, self.first = self.first, None
+        while True:
+            if frame is None:
+                try:
+                    frame = await self.stream.next_frame(max(0.1, self.give_up_at - time.time()))
+                except TimeoutError:
+                    raise GatewayError(504, "timeout",
+                                       f"{self.task} did not finish in time") from None
+            if isinstance(frame, Failed):
+                raise from_failed(frame)
+            if isinstance(frame, self.last):
+                yield frame
+                return
+            if not isinstance(frame, self.part):
+                raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
+            yield frame
+            frame = None
+
+    async def final(self) -> Last:
+        """The last frame, the others read past."""
+        async for frame in self:
+            if isinstance(frame, self.last):
+                return frame
+        raise GatewayError(500, "internal", f"the worker ended {self.task} without its end")
+
+    def count_audio(self, seconds: float) -> None:
+        """Seconds of audio the worker heard (asr) or spoke (tts), for the metrics."""
+        for observer in self.observers:
+            observer.on_audio(self.stream.worker, seconds)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.broker.send(self.stream.worker, Abort(id=self.stream.id))
         self.broker.close(self.stream)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -28,7 +26,16 @@ from npu_proxy.gateway.core.errors import (
     overflow,
     unavailable,
 )
-from npu_proxy.gateway.core.generation import Generation, GenerationObserver, route_headers
+from npu_proxy.gateway.core.generation import (
+    Embedded,
+    Frames,
+    Generation,
+    GenerationObserver,
+    Last,
+    Part,
+    Scored,
+    route_headers,
+)
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.core.switching import Switcher
@@ -37,6 +44,7 @@ from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
+    Delta,
     Detokenize,
     Detokenized,
     Embed,
@@ -50,7 +58,7 @@ from npu_proxy.protocol.messages import (
     TokenCount,
     Tokenize,
 )
-from npu_proxy.protocol.speech import Synthesize, Transcribe
+from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize, Transcribe, Transcription
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +68,6 @@ DEVICE_ORDER = ("NPU", "GPU", "CPU")
 
 
 _Reply = TypeVar("_Reply", Embeddings, Reranked)
-
-
-@dataclass
-class Embedded:
-    frame: Embeddings
-    headers: dict[str, str]
-    # Nanoseconds the request waited in the gateway for a load or a switch (Router._loaded).
-    load_wait_ns: int = 0
-
-
-@dataclass
-class Scored:
-    frame: Reranked
-    headers: dict[str, str]
 
 
 def _lookup(models: dict[str, ServedModel], name: str) -> ServedModel | None:
@@ -261,22 +255,23 @@ class Router:
         frame, headers, _ = await self._one_reply(model, msg, Reranked)
         return Scored(frame, headers)
 
-    async def transcribe(self, model: ServedModel, msg: Transcribe | Synthesize
-                         ) -> tuple[RequestStream, RequestFrame, dict[str, str]]:
-        """Dispatch speech to an asr worker (or text to a tts worker: `speak`): its stream
-        (the caller closes it), first frame and route headers (gateway/api/audio.py and
-        speech.py read the rest)."""
+    async def transcribe(self, model: ServedModel,
+                         msg: Transcribe) -> Frames[Delta, Transcription]:
+        """Dispatch speech to an asr worker: its Deltas (when streamed), then the
+        Transcription."""
+        return await self._frames(model, msg, (Delta, Transcription), "the transcription")
+
+    async def speak(self, model: ServedModel, msg: Synthesize) -> Frames[SpeechChunk, Speech]:
+        """Dispatch text to a tts worker: its SpeechChunks, then the Speech."""
+        return await self._frames(model, msg, (SpeechChunk, Speech), "the speech")
+
+    async def _frames(self, model: ServedModel, msg: Transcribe | Synthesize,
+                      kinds: tuple[type[Part], type[Last]], task: str) -> Frames[Part, Last]:
         model, _ = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
         device = self.broker.links[stream.worker].spec.device
-        return stream, frame, route_headers(device, stream.worker, reason, 0)
-
-    speak = transcribe
-
-    def count_audio(self, worker: str, seconds: float) -> None:
-        """Seconds of audio a speech worker heard (asr) or spoke (tts), for the metrics."""
-        for observer in self.observers:
-            observer.on_audio(worker, seconds)
+        return Frames(self.broker, stream, frame, msg.deadline, kinds, task,
+                      route_headers(device, stream.worker, reason, 0), self.observers)
 
     async def _one_reply(self, model: ServedModel, msg: Embed | Rerank,
                          expected: type[_Reply]) -> tuple[_Reply, dict[str, str], int]:
@@ -316,49 +311,3 @@ class Router:
         if not isinstance(frame, Detokenized):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
         return frame.text
-
-
-# --- a request answered by several frames and one last one --------------------------------
-# (speech: Deltas then a Transcription, SpeechChunks then a Speech): its frames read up to the
-# last, and the stream released. `Generation` (generation.py) is this for the generating
-# requests, with their timing and metrics; the speech routes need only the loop.
-
-Part = TypeVar("Part")
-Last = TypeVar("Last")
-
-# NOTE: a frame later than the deadline by this much means a stalled worker.
-GRACE_S = 5.0
-
-
-async def frames_until(stream: RequestStream, first: RequestFrame, deadline: float,
-                       part: type[Part], last: type[Last],
-                       task: str) -> AsyncIterator[Part | Last]:
-    """The frames from `first` on, ending with the `last` one.
-
-    A `Failed` frame is raised as its GatewayError, a frame of another kind is a 500, and no
-    frame by `deadline` (plus the grace) a 504 naming `task` ("the transcription").
-    """
-    frame = first
-    while True:
-        if isinstance(frame, Failed):
-            raise from_failed(frame)
-        if isinstance(frame, last):
-            yield frame
-            return
-        if not isinstance(frame, part):
-            raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-        yield frame
-        try:
-            frame = await stream.next_frame(max(0.1, deadline + GRACE_S - time.time()))
-        except TimeoutError:
-            raise GatewayError(504, "timeout", f"{task} did not finish in time") from None
-
-
-def release(broker: Broker, stream: RequestStream) -> None:
-    """Stop listening to the stream, and the worker working on it.
-
-    NOTE: an abort after the last frame is a no-op in the worker; before it, it stops work
-    nobody waits for.
-    """
-    broker.send(stream.worker, Abort(id=stream.id))
-    broker.close(stream)

@@ -9,9 +9,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.ollama.turn import TurnRequest, TurnRoutes, logprobs_top
-from npu_proxy.gateway.api.request_path import Dispatch
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.tools import (
     ToolBudget,

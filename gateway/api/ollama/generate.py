@@ -8,10 +8,10 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.ollama.template import render, supported
 from npu_proxy.gateway.api.ollama.turn import TurnRequest, TurnRoutes, logprobs_top
-from npu_proxy.gateway.api.request_path import Dispatch
 from npu_proxy.gateway.core.catalog import require
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.http.util import request_id
@@ -67,7 +67,7 @@ class GenerateRoutes(TurnRoutes):
         elif template and not found:
             system = req.system or (record.system if record is not None else None) or ""
             prompt = render(template, system, req.prompt or "",
-                            limit=self.router.config.max_prompt_chars)
+                            limit=self.config.max_prompt_chars)
         else:
             messages = [ChatMessage(role="user", content=req.prompt or "", images=found)]
             if req.system:

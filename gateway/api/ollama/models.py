@@ -12,7 +12,6 @@ import msgspec
 
 from npu_proxy.gateway.core.catalog import ModelCatalog, display_name
 from npu_proxy.gateway.core.model_table import ServedModel
-from npu_proxy.gateway.core.router import Router
 from npu_proxy.models.created import CreatedModel, modelfile, parameter_lines
 from npu_proxy.models.facts import ModelDetails
 from npu_proxy.protocol.config import WorkerSpec
@@ -42,13 +41,13 @@ def utc_now() -> str:
 
 async def tags(catalog: ModelCatalog) -> dict[str, Any]:
     models = []
-    for model in catalog.router.models.values():
+    for model in catalog.models().values():
         found = await catalog.details(model)
         name = display_name(model)
         entry = {
             "name": name,
             "model": name,
-            "modified_at": iso(_modified(found, catalog.router)),
+            "modified_at": iso(_modified(found, catalog)),
             "size": found.size if found else 0,
             "digest": _digest(found),
             "details": _details(found),
@@ -62,7 +61,7 @@ async def tags(catalog: ModelCatalog) -> dict[str, Any]:
 
 async def ps(catalog: ModelCatalog) -> dict[str, Any]:
     models = []
-    for model in catalog.router.models.values():
+    for model in catalog.models().values():
         if not catalog.loaded(model):
             continue
         found = await catalog.details(model)
@@ -99,9 +98,9 @@ async def show(catalog: ModelCatalog, model: ServedModel) -> dict[str, Any]:
         "details": _details(found),
         "model_info": info,
         "capabilities": (await catalog.capabilities(model)).names,
-        "modified_at": iso(_modified(found, catalog.router)),
+        "modified_at": iso(_modified(found, catalog)),
     }
-    speculative = [_speculative(catalog.router.config.worker(w)) for w in model.workers]
+    speculative = [_speculative(catalog.worker_spec(w)) for w in model.workers]
     if any(speculative):
         body["speculative_decoding"] = [s for s in speculative if s]
     if model.created is not None:
@@ -150,10 +149,10 @@ def _created_tags(record: CreatedModel, entry: dict[str, Any]) -> dict[str, Any]
             "modified_at": iso(datetime.fromtimestamp(record.created_at, UTC))}
 
 
-def _modified(found: ModelDetails | None, router: Router) -> datetime:
+def _modified(found: ModelDetails | None, catalog: ModelCatalog) -> datetime:
     if found is not None:
         return found.modified_at
-    return datetime.fromtimestamp(router.started, UTC)
+    return datetime.fromtimestamp(catalog.started, UTC)
 
 
 def _digest(found: ModelDetails | None) -> str:

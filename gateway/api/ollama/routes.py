@@ -97,6 +97,6 @@ class OllamaRoutes(GenerateRoutes, OllamaChatRoutes):
         return Response(dumps(body), media_type="application/json")
 
     async def show(self, request: Request, req: ShowRequest) -> Response:
-        model = self.router.resolve(req.model or req.name)
+        model = self.requests.resolve(req.model or req.name)
         body = await ollama_models.show(self.catalog, model)
         return Response(dumps(body), media_type="application/json")

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import msgspec
 from starlette.responses import Response
 
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply, chunk
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.params import json_schema_text, ollama_params
 from npu_proxy.gateway.content.reasoning import Thinking, template_vars
@@ -58,7 +58,7 @@ class TurnRoutes(DialectRoutes):
                       ) -> tuple[ModelFacts, float, SamplingParams]:
         """What /api/generate and /api/chat check and map alike: model, keep_alive, options,
         think; and the model's capabilities for the rest."""
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         keep = parse_keep_alive(req.keep_alive)
         params = msgspec.structs.replace(ollama_params(req.options, format_schema(req.format)),
                                          logprobs=logprobs_top(req) is not None)
@@ -83,7 +83,7 @@ class TurnRoutes(DialectRoutes):
     def _load(self, model: ServedModel, name: str, keep: float, chat: bool) -> Response:
         """An empty prompt loads the model, and with keep_alive 0 unloads it; workers load
         their model at start and keep it, so both are answered at once."""
-        self.router.switcher.touch(model.name, keep)
+        self.requests.keep(model, keep)
         body = chunk(name, "", chat)
         body["done"] = True
         body["done_reason"] = "unload" if keep == 0 else "load"
@@ -92,6 +92,6 @@ class TurnRoutes(DialectRoutes):
     def _turn(self, model: ServedModel, req: TurnRequest, msg: Generate,
               keep: float, reply: OllamaReply) -> Dispatch:
         """keep_alive counts from the request's start, and again from its end."""
-        touch = functools.partial(self.router.switcher.touch, model.name, keep)
-        touch()
-        return Dispatch(model, msg, req.stream is not False, reply, ended=touch)
+        self.requests.keep(model, keep)
+        return Dispatch(model, msg, req.stream is not False, reply,
+                        ended=lambda: self.requests.keep(model, keep))

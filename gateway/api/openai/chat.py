@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.openai.shared import (
     Reply,
     SamplingFields,
@@ -18,7 +19,7 @@ from npu_proxy.gateway.api.openai.shared import (
     usage_json,
     wants_usage,
 )
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.params import json_schema_text
@@ -276,7 +277,7 @@ class OpenAIChatRoutes(DialectRoutes):
         self.requests.limits.check_counts(len(req.messages), len(req.tools or ()))
         check_common(req)
         top = _chat_logprobs(req)
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         max_tokens = req.max_tokens
         if req.max_completion_tokens is not None:  # NOTE: OpenAI's newer name wins; 0 is a value
             if req.max_completion_tokens < 1:

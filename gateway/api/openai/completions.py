@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.openai.shared import (
     Reply,
     SamplingFields,
@@ -18,7 +19,7 @@ from npu_proxy.gateway.api.openai.shared import (
     usage_json,
     wants_usage,
 )
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch
+from npu_proxy.gateway.api.request_path import DialectRoutes
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.core.catalog import require
 from npu_proxy.gateway.core.errors import invalid
@@ -92,7 +93,7 @@ class CompletionRoutes(DialectRoutes):
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) != 1:
             raise invalid("exactly one prompt per request is supported", param="prompt")
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         if req.suffix:
             require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
         params = msgspec.structs.replace(

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes, Dispatch, RequestPath
+from npu_proxy.gateway.api.dispatch import Dispatch
+from npu_proxy.gateway.api.request_path import DialectRoutes, RequestPath
 from npu_proxy.gateway.api.responses.inputs import InputReader
 from npu_proxy.gateway.api.responses.reply import ResponseReply
 from npu_proxy.gateway.api.responses.sealed import Sealer
@@ -231,7 +232,7 @@ class ResponsesRoutes(DialectRoutes):
                                    f"Previous response with id '{req.previous_response_id}' "
                                    "not found.", param="previous_response_id")
             history = list(prior.history)
-        model = self.router.resolve(req.model, kind="llm")
+        model = self.requests.resolve(req.model, kind="llm")
         facts = await self.requests.facts(model)
         ignored = Ignored()
         reader = InputReader(facts.capabilities, req.model, self.requests.images(),
