@@ -118,3 +118,28 @@ def test_worker_properties_reach_openvino(tmp_path: Path) -> None:
         assert "INFERENCE_NUM_THREAD" in row and "Exception from" not in row, row
     finally:
         assert srv.stop() == set()
+
+
+def test_two_instances_of_one_user_each_have_a_runtime_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second server of the same user on another port (a second checkout, a test run
+    beside a running server) was refused: "an npu-proxy instance already runs in" the one
+    default folder per user. The default folder is one per instance now (issue 46)."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    lazy = [{"name": "llm", "role": "llm", "lazy": True}]
+    first = Server(tmp_path / "a", workers=lazy, runtime_dir="")
+    second = Server(tmp_path / "b", workers=lazy, runtime_dir="")
+    try:
+        first.start()
+        second.start()
+        for srv in (first, second):
+            assert httpx.get(f"{srv.url}/health").status_code == 200
+            status = srv.cli("status")
+            assert status.returncode == 0 and "llm" in status.stdout
+        folders = sorted(p.name for p in xdg.iterdir())
+        assert len(folders) == 2 and all(name.startswith("npu-proxy-") for name in folders)
+    finally:
+        first.stop()
+        second.stop()

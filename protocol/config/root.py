@@ -17,9 +17,16 @@ def _default_workers() -> list[WorkerSpec]:
     return default_workers(["CPU"])
 
 
-def _default_runtime_dir() -> str:
+# The port whose instance keeps the plain folder name (every earlier release's).
+_DEFAULT_PORT = 11435
+
+
+def _default_runtime_dir(port: int) -> str:
+    """One folder per instance: a user's server on another port (a second checkout, a test
+    run beside a running server) gets a folder of its own, not "already runs"."""
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    return str(Path(base) / f"npu-proxy-{os.getuid()}")
+    suffix = "" if port == _DEFAULT_PORT else f"-{port}"
+    return str(Path(base) / f"npu-proxy-{os.getuid()}{suffix}")
 
 
 class Config(RequestLimits):
@@ -64,7 +71,7 @@ class Config(RequestLimits):
                 "or --allow-unauthenticated-remote)")
 
     def runtime_path(self) -> Path:
-        return Path(self.runtime_dir or _default_runtime_dir())
+        return Path(self.runtime_dir or _default_runtime_dir(self.port))
 
     def keys_path(self) -> Path:
         return Path(self.keys_dir).expanduser() if self.keys_dir else \
