@@ -61,7 +61,6 @@ from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, request_id, request_key, unless_disconnected
 from npu_proxy.gateway.http.wire import OLLAMA, dialect_for
 from npu_proxy.models.capabilities import THINKING, TOOLS
-from npu_proxy.models.registry import sampling_defaults
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
     ChatMessage,
@@ -214,7 +213,7 @@ class RequestPath:
         own defaults (models/registry.py: an embedded model's, as Ollama's library sets
         them) > the API's defaults (Ollama's) > the worker's (workers/generation/sampling.py:
         at most DEFAULT_MAX_TOKENS; else GenAI's, the model's generation config)."""
-        own = sampling_defaults(model.runs, self.router.config.model_aliases)
+        own = self.catalog.own_sampling(model)
         return with_params(params, model, msgspec.convert(own, SamplingParams) if own else None,
                            _api_defaults(request))
 

@@ -29,7 +29,7 @@ from npu_proxy.models.facts import (
     describe_model,
 )
 from npu_proxy.models.locate import configured_template, locate
-from npu_proxy.models.registry import ModelSourceMissing
+from npu_proxy.models.registry import ModelSourceMissing, sampling_defaults
 from npu_proxy.protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,11 @@ class ModelCatalog:
 
     def worker_spec(self, worker: str) -> WorkerSpec:
         return self.router.config.worker(worker)
+
+    def own_sampling(self, model: ServedModel) -> dict[str, float]:
+        """The model's own sampling defaults (models/registry.py: an embedded model's, like an
+        Ollama Modelfile's PARAMETER lines), by SamplingParams field."""
+        return sampling_defaults(model.runs, self.router.config.model_aliases)
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""

@@ -85,6 +85,10 @@ async def show(catalog: ModelCatalog, model: ServedModel) -> dict[str, Any]:
     params: dict[str, object] = {}
     if found is not None and found.context_length and model.kind in ("llm", "vlm"):
         params["num_ctx"] = found.context_length
+    # NOTE: the model's own defaults, under Ollama's option names, as its library's
+    # Modelfiles list them.
+    params |= {OLLAMA_OPTION.get(key, key): value
+               for key, value in catalog.own_sampling(model).items()}
     template = await catalog.chat_template(model) if found else ""
     modelfile = f"# Modelfile of {display_name(model)} (served by npu-proxy)\n" + "".join(
         f"PARAMETER {key} {value}\n" for key, value in params.items())
@@ -106,6 +110,10 @@ async def show(catalog: ModelCatalog, model: ServedModel) -> dict[str, Any]:
     if model.created is not None:
         body.update(_created_show(model.created, body["details"]))
     return body
+
+
+# SamplingParams fields whose Ollama option has another name.
+OLLAMA_OPTION = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}
 
 
 def _speculative(spec: WorkerSpec) -> dict[str, Any]:
