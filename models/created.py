@@ -5,7 +5,10 @@ so the workers serving the base serve it too, without a reload) or a model with 
 its own: a GGUF file the client uploaded first as a blob (`blob`). Either way it carries what
 an Ollama Modelfile adds: SYSTEM, TEMPLATE, PARAMETER, MESSAGE and LICENSE lines. Creating
 from a created model copies its record (its base or blob, its settings under the new ones),
-so a record never points at another record and deleting one never breaks another.
+so a record never points at another record and deleting one never breaks another. A blob
+that is byte for byte the file of a model already served (`shares`: found by its digest at
+creation) runs on that model's pipeline while that model is served, so alternating the two
+names loads nothing; the blob stays its own, so the record outlives that model.
 
 Pure data: where records live is models/store.py's (`created/<folder>.json`), applying their
 settings to a request is the gateway's (gateway/content/created_model.py).
@@ -36,6 +39,8 @@ class CreatedModel(msgspec.Struct, omit_defaults=True):
     # Its own weights: "sha256:<hex>" of an uploaded GGUF blob ("" for an overlay).
     blob: str = ""
     file: str = ""  # the file name the client gave that blob
+    # A served model whose file is that blob, byte for byte, when it was created ("" if none).
+    shares: str = ""
     parent: str = ""  # what `from` named (Ollama's details.parent_model)
     system: str | None = None
     template: str | None = None
@@ -47,7 +52,8 @@ class CreatedModel(msgspec.Struct, omit_defaults=True):
 
 
 def derive(name: str, *, parent: CreatedModel | None, kind: str = "llm", base: str = "",
-           blob: str = "", file: str = "", parent_name: str = "", system: str | None = None,
+           blob: str = "", file: str = "", shares: str = "", parent_name: str = "",
+           system: str | None = None,
            template: str | None = None, parameters: dict[str, Any] | None = None,
            messages: list[CreatedMessage] | None = None,
            license: list[str] | None = None) -> CreatedModel:
@@ -55,6 +61,7 @@ def derive(name: str, *, parent: CreatedModel | None, kind: str = "llm", base: s
     inherited and the request's override them (parameters key by key, as Ollama merges)."""
     if parent is not None:
         kind, base, blob, file = parent.kind, parent.base, parent.blob, parent.file
+        shares = parent.shares
         system = parent.system if system is None else system
         template = parent.template if template is None else template
         parameters = {**parent.parameters, **(parameters or {})}
@@ -62,7 +69,8 @@ def derive(name: str, *, parent: CreatedModel | None, kind: str = "llm", base: s
         license = parent.license if license is None else license
     if bool(base) == bool(blob):
         raise ValueError("a created model runs either a base model or its own blob")
-    return CreatedModel(name=name, kind=kind, base=base, blob=blob, file=file, parent=parent_name,
+    return CreatedModel(name=name, kind=kind, base=base, blob=blob, file=file, shares=shares,
+                        parent=parent_name,
                         system=system, template=template, parameters=dict(parameters or {}),
                         messages=list(messages or []), license=list(license or []),
                         created_at=time.time())

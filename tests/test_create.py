@@ -244,10 +244,16 @@ def test_create_from_an_uploaded_gguf(client: ollama.Client, http: httpx.Client,
     listed = tags(client)[FROM_GGUF]
     assert listed.size == gguf.stat().st_size and listed.details is not None
     assert listed.details.format == "gguf" and listed.details.family == "llama"
-    # Its own weights: the llm worker switches to it (and back as soon as it is idle).
-    made = client.chat(model=FROM_GGUF, messages=HI, keep_alive=0)
-    assert made.done and made.eval_count is not None and 1 <= made.eval_count <= 4
+    # The blob is the embedded model's file, byte for byte: the two names are one load
+    # (issue 43: alternating them reloaded the llm worker on every request, ~9 s each).
+    assert f"using the loaded weights of {LLM}" in [x.status for x in lines]
     assert client.chat(model=LLM, messages=HI, options={"num_predict": 1}).done
+    pid = server.children()["llm"]["pid"]
+    for _ in range(2):
+        made = client.chat(model=FROM_GGUF, messages=HI)
+        assert made.done and made.eval_count is not None and 1 <= made.eval_count <= 4
+        assert client.chat(model=LLM, messages=HI, options={"num_predict": 1}).done
+    assert server.children()["llm"]["pid"] == pid
     assert client.delete(FROM_GGUF).status == "success"
     assert FROM_GGUF not in tags(client)
     # Its blob went with it: no other model used it.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -44,6 +45,7 @@ from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, dumps
 from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
 from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
+from npu_proxy.models.digests import DigestCache
 from npu_proxy.models.gguf import ModelInfoError, read_gguf_header
 from npu_proxy.models.store import STAGING, safe_relative
 from npu_proxy.models.upkeep import QuotaExceeded, check_room, room
@@ -121,6 +123,7 @@ class CreateRoutes:
         self.router = router
         self.config = router.config
         self.store = router.table.store
+        self.digests = DigestCache(self.store.root)
 
     def routes(self) -> list[Route]:
         return [
@@ -183,7 +186,11 @@ class CreateRoutes:
         else:
             file, digest = await asyncio.to_thread(self._gguf_blob, req.files or {})
             steps += ["parsing GGUF", f"using existing layer {digest}"]
-            record = derive(name, parent=None, blob=digest, file=file, **fields)
+            shares = await asyncio.to_thread(self._served_with, digest)
+            if shares:
+                steps.append(f"using the loaded weights of {shares}")
+            record = derive(name, parent=None, blob=digest, file=file, shares=shares,
+                            **fields)
         steps += [f"creating new layer {what}" for what in
                   ("template", "system", "parameters", "messages", "license")
                   if getattr(req, what) is not None]
@@ -206,6 +213,20 @@ class CreateRoutes:
             return
         raise invalid(f"model '{raw}' already exists ({taken.name}) and was not made by "
                       "/api/create; delete it first or choose another name", param="model")
+
+    def _served_with(self, digest: str) -> str:
+        """A served model (not a created one) whose file is the blob `digest`, byte for byte,
+        or "": the created model then runs on its pipeline (runs in a thread). Only files of
+        the blob's size are hashed, once each (models/digests.py keeps the digests)."""
+        size = self.store.blob_path(digest).stat().st_size
+        for model in self.router.models.values():
+            path = Path(model.path) if model.path else None
+            if (model.created is not None or model.kind not in ("llm", "vlm") or path is None
+                    or not path.is_file() or path.stat().st_size != size):
+                continue
+            if f"sha256:{self.digests.file_sha256(path)}" == digest:
+                return model.name
+        return ""
 
     def _gguf_blob(self, files: dict[str, str]) -> tuple[str, str]:
         """The one GGUF file of `files` and its digest, uploaded before (runs in a thread)."""

@@ -6,7 +6,8 @@ model cache, when a `[models]` entry of the config file points at a local path, 
 made by /api/create, or when it is an alias made by /api/copy. `workers` lists the workers
 running it right now; a model with none is loaded by switching a worker to it
 (gateway/core/switching.py). A created model over another one (`base`) runs that model's
-weights: the workers running the base serve it, and switching loads the base.
+weights: the workers running the base serve it, and switching loads the base. So does a
+created model whose uploaded GGUF is that model's file (`shares`), while that model is served.
 
 `ServedModel` is defined here, where it is built; the router and the switcher import it.
 """
@@ -153,12 +154,13 @@ class ModelTable:
                 continue
             add(record.name, record.kind).created = record
         for record in created.values():
-            base = table.get(record.base)
-            if not record.base or base is None or base.created is not None:
+            over = record.base or record.shares
+            base = table.get(over) if over else None
+            if base is None or base.created is not None:
                 if record.base:
                     log.warning("created model %s: its base %s is not served", record.name,
                                 record.base)
-                continue
+                continue  # NOTE: one that shares weights runs its own blob then
             model = add(record.name, base.kind)
             model.created, model.base = record, base.name
             # NOTE: a worker configured with the created model's own name runs it too.
