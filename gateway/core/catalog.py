@@ -29,7 +29,7 @@ from npu_proxy.models.facts import (
     describe_model,
 )
 from npu_proxy.models.locate import configured_template, locate
-from npu_proxy.models.registry import ModelSourceMissing, sampling_defaults
+from npu_proxy.models.registry import ModelSourceMissing, sampling_defaults, source_size
 from npu_proxy.protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,14 @@ class ModelCatalog:
         """The model's own sampling defaults (models/registry.py: an embedded model's, like an
         Ollama Modelfile's PARAMETER lines), by SamplingParams field."""
         return sampling_defaults(model.runs, self.router.config.model_aliases)
+
+    async def size(self, model: ServedModel, found: ModelDetails | None) -> int:
+        """Bytes of the model's files; of the package files it is built from while its
+        worker has not built it yet (the embedding, rerank and Whisper IR)."""
+        if found is not None:
+            return found.size
+        return await asyncio.to_thread(source_size, model.runs,
+                                       self.router.config.model_aliases)
 
     async def details(self, model: ServedModel) -> ModelDetails | None:
         """The model's details, or None when its files cannot be read (yet)."""

