@@ -73,6 +73,9 @@ class WorkerExited(msgspec.Struct, tag=True, array_like=True):
     worker: str
     pid: int
     returncode: int
+    # The supervisor ended it (an operator's stop or restart, an unload, a shutdown): no
+    # crash, so no request in flight is to blame (gateway/core/broker.py).
+    expected: bool = False
 
 
 class WorkerStatus(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

@@ -196,6 +196,9 @@ class Server:
             "runtime_dir": str(tmp / "rt"),
             "model_cache": str(MODEL_CACHE),
             "grace_period": 5.0,
+            # NOTE: many tests kill a worker mid-request and send that request again; the
+            # crash quarantine (gateway/core/broker.py) is tested where it is turned on.
+            "crash_quarantine_seconds": 0.0,
             **settings,
         }
         if "transport" not in settings and TRANSPORT == "tcp":

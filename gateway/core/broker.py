@@ -5,12 +5,18 @@ the request fails with a clear error instead of delivering corrupted text.
 
 What the gateway knows of each worker, and its state, is its WorkerLink
 (gateway/core/worker_link.py); the Broker owns the sockets and moves the frames.
+
+A request in flight when its worker crashed (exited, hung, went silent; not an operator's
+stop or restart) may be what crashed it: the same request (its fingerprint: the message
+without its ids, deadline and seed) is refused with a 400 for `crash_quarantine_seconds`, so a
+client's retries cannot take the worker down again and again; the log names it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 
@@ -49,6 +55,53 @@ from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
 
+# A request's fields that differ between two sends of the same request.
+_PER_SEND = ("id", "log_id", "deadline")
+
+
+def fingerprint(msg: msgspec.Struct) -> str:
+    """What identifies a request across retries: the message without its ids, deadline and
+    (for a generation) seed, which the gateway draws afresh for each send."""
+    fields = {f: "" if f != "deadline" else 0.0 for f in _PER_SEND if hasattr(msg, f)}
+    params = getattr(msg, "params", None)
+    if params is not None and getattr(params, "seed", None) is not None:
+        fields["params"] = msgspec.structs.replace(params, seed=None)
+    return hashlib.blake2b(encode(msgspec.structs.replace(msg, **fields)),
+                           digest_size=12).hexdigest()
+
+
+class Quarantine:
+    """Fingerprints of the requests in flight when their worker crashed, refused a while."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._until: dict[str, tuple[float, str]] = {}
+
+    def add(self, fingerprints: list[tuple[str, str]], why: str) -> None:
+        """(request id, fingerprint) pairs of the requests a crash ended."""
+        if self.seconds <= 0:
+            return
+        until = time.monotonic() + self.seconds
+        for request_id, fp in fingerprints:
+            self._until[fp] = (until, why)
+            log.error("request_id=%s fingerprint=%s was in flight when %s: the same request "
+                      "is refused for %.0f s", request_id, fp, why, self.seconds)
+
+    def check(self, fp: str, request_id: str) -> None:
+        """A 400 for a request a crash put here, while it is here."""
+        now = time.monotonic()
+        for stale in [k for k, (until, _) in self._until.items() if until <= now]:
+            del self._until[stale]
+        if (hit := self._until.get(fp)) is None:
+            return
+        until, why = hit
+        log.warning("request_id=%s fingerprint=%s refused: in flight when %s", request_id, fp,
+                    why)
+        raise GatewayError(400, "invalid_request",
+                           f"this request was being processed when {why}; the same request "
+                           f"is refused for another {until - now:.0f} s so that it cannot take "
+                           "the worker down again (crash_quarantine_seconds)")
+
 
 class Broker:
     def __init__(self, config: Config) -> None:
@@ -62,6 +115,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.listeners: list[object] = []
         self._misnamed: set[str] = set()  # links that sent heartbeats naming another worker
+        self.quarantine = Quarantine(config.crash_quarantine_seconds)
 
     def idle(self, worker: str) -> bool:
         """The worker is not loaded (lazy, or unloaded after its keep_alive)."""
@@ -106,6 +160,8 @@ class Broker:
     def open(self, worker: str, request_id: str, msg: msgspec.Struct) -> RequestStream:
         """Send a request and register the stream its frames arrive on."""
         link = self.links[worker]
+        fp = fingerprint(msg)
+        self.quarantine.check(fp, request_id)
         data = encode(msg)
         limit = request_limit(self.config)
         if len(data) > limit:
@@ -117,7 +173,7 @@ class Broker:
                                f"the request grows to {len(data)} bytes once prepared for the "
                                f"worker (tools, schemas, history), over the limit of {limit} "
                                "bytes (2 * max_body_bytes + 1 MiB)")
-        stream = RequestStream(id=request_id, worker=worker)
+        stream = RequestStream(id=request_id, worker=worker, fingerprint=fp)
         link.requests[request_id] = stream
         try:
             self._push_now[worker].send(data, flags=zmq.NOBLOCK)
@@ -233,13 +289,18 @@ class Broker:
         for stream in list(link.requests.values()):
             self._fail(link, stream, ErrorCode.WORKER_LOST, message)
 
-    def worker_lost(self, name: str, reason: str) -> None:
+    def worker_lost(self, name: str, reason: str, crashed: bool = True) -> None:
+        """Fail the worker's requests in flight; if it `crashed` (not ended by the
+        supervisor on an operator's word), each of them is quarantined."""
         link = self.links.get(name)
         if link is None:
             return
         if link.requests:
             log.error("worker %s lost (%s); failing %d request(s)", name, reason,
                       len(link.requests), extra={"worker": name})
+            if crashed:  # NOTE: an operator's stop or restart is no request's fault
+                self.quarantine.add([(s.id, s.fingerprint) for s in link.requests.values()],
+                                    f"worker {name} {reason}")
         self._fail_all(link, f"worker {name} {reason}")
 
     def on_status(self, status: WorkerStatus) -> None:
@@ -290,7 +351,8 @@ class Broker:
                     self.on_status(event)
                     continue
                 if isinstance(event, WorkerExited):
-                    self.worker_lost(event.worker, f"exited (code {event.returncode})")
+                    self.worker_lost(event.worker, f"exited (code {event.returncode})",
+                                     crashed=not event.expected)
                     for listener in self.listeners:
                         callback = getattr(listener, "on_worker_exited", None)
                         if callback is not None:

@@ -18,11 +18,14 @@ class RequestStream:
     request, armed again only when the caller's deadline moves.
     """
 
-    __slots__ = ("_frames", "_timer", "_timer_at", "_waiter", "id", "next_seq", "worker")
+    __slots__ = ("_frames", "_timer", "_timer_at", "_waiter", "fingerprint", "id", "next_seq",
+                 "worker")
 
-    def __init__(self, id: str, worker: str) -> None:
+    def __init__(self, id: str, worker: str, fingerprint: str = "") -> None:
         self.id = id
         self.worker = worker
+        # What identifies the request across retries (gateway/core/broker.py fingerprint).
+        self.fingerprint = fingerprint
         self.next_seq = 0
         self._frames: deque[RequestFrame] = deque()
         self._waiter: asyncio.Future[None] | None = None

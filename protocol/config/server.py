@@ -45,6 +45,10 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     # A worker takes requests up to 2 * max_body_bytes + 1 MiB (protocol/sockets.py).
     max_frame_bytes: int = 64 * 1024 * 1024
     inference_timeout: float = 180.0
+    # A request in flight when its worker crashed (not an operator's restart) is refused with
+    # a 400 for this long if sent again, so retries cannot crash the worker in a loop
+    # (gateway/core/broker.py). 0 = never.
+    crash_quarantine_seconds: float = 300.0
     # A streamed reply that sent nothing for this many seconds (a long prefill, a queue, a
     # tool call held back until it parses) gets the API's harmless keep-alive: an SSE
     # comment (OpenAI chat, completions, Responses), a `ping` event (Anthropic); Ollama's

@@ -175,7 +175,8 @@ class Supervisor(ControlHandlers):
             # NOTE: the new state first, so that a gateway failing the worker's requests on
             # WorkerExited already sees it down (both on one socket: they arrive in order).
             self._publish_status()
-            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code)))
+            self.events.send(encode(WorkerExited(worker=child.name, pid=pid, returncode=code,
+                                                 expected=child.expected_exit)))
 
     def _schedule_restart(self, child: Child, counted: bool) -> None:
         now = time.monotonic()
