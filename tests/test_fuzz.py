@@ -108,3 +108,85 @@ def test_no_fuzzed_body_is_a_5xx_or_restarts_a_worker(base_url: str, routes: lis
     finally:
         client.close()
     assert seen and _restarts(base_url) == before
+
+
+# --- schemas (issue 43): numbers, sizes and patterns the grammar compiler chokes on -------
+
+_HUGE = st.one_of(st.sampled_from([1e19, -1e19, 1e300, -1e300, 2**63, -(2**63) - 1, 2**70,
+                                   0.5, -0.0, 1e-300, 10**20]),
+                  st.integers(-(2**80), 2**80), st.floats(allow_nan=False,
+                                                          allow_infinity=False))
+_PATTERNS = st.sampled_from(["(?:a{0,300}){0,300}", "(a|aa)*b", "[", "\\", "a{99999}",
+                             "^(?=x)", "(?P<x>a)(?P=x)", ".*" * 40, ""])
+_KEYWORDS = {
+    "type": st.sampled_from(["integer", "number", "string", "array", "object", "boolean",
+                             "null", "nope", ["integer", "null"]]),
+    "minimum": _HUGE, "maximum": _HUGE, "exclusiveMinimum": _HUGE, "multipleOf": _HUGE,
+    "minLength": _HUGE, "maxLength": _HUGE, "minItems": _HUGE, "maxItems": _HUGE,
+    "minProperties": _HUGE, "pattern": _PATTERNS, "format": st.sampled_from(
+        ["date-time", "email", "uuid", "regex", "x"]),
+    "enum": st.one_of(st.lists(_HUGE, max_size=8), st.integers(1, 200_000).map(
+        lambda n: list(range(n)))),
+    "const": _SCALARS, "required": st.lists(st.text(max_size=4), max_size=4),
+    "additionalProperties": st.booleans(),
+}
+
+
+def _schema_node(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    nested = st.fixed_dictionaries({}, optional={
+        "properties": st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        "items": inner, "anyOf": st.lists(inner, max_size=3),
+        "allOf": st.lists(inner, max_size=3), "not": inner, "$ref": st.sampled_from(
+            ["#", "#/properties/x", "#/$defs/a", "http://127.0.0.1:1/s"])})
+    return st.one_of(st.booleans(), nested.flatmap(
+        lambda d: st.fixed_dictionaries({}, optional=_KEYWORDS).map(lambda k: {**d, **k})))
+
+
+SCHEMAS = st.recursive(st.fixed_dictionaries({}, optional=_KEYWORDS), _schema_node,
+                       max_leaves=12)
+
+
+def _schema_request(where: str, schema: Any) -> tuple[str, dict[str, Any]]:
+    """The request that carries `schema` where a client of each API puts it."""
+    if where == "response_format":
+        return "/v1/chat/completions", {**SHORT, "messages": [{"role": "user", "content": "x"}],
+                                        "response_format": {"type": "json_schema",
+                                                            "json_schema": {"name": "s",
+                                                                            "schema": schema}}}
+    if where == "ollama format":
+        return "/api/chat", {**SHORT, "messages": [{"role": "user", "content": "x"}],
+                             "format": schema}
+    if where == "responses text.format":
+        return "/v1/responses", {**SHORT, "input": "x", "text": {"format": {
+            "type": "json_schema", "name": "s", "schema": schema}}}
+    choice = "required" if where == "tools, required" else "auto"
+    return "/v1/chat/completions", {**SHORT, "messages": [{"role": "user", "content": "x"}],
+                                    "tool_choice": choice, "tools": [{
+                                        "type": "function", "function": {
+                                            "name": "f", "parameters": schema}}]}
+
+
+def test_no_fuzzed_schema_is_a_5xx_or_restarts_a_worker(base_url: str) -> None:
+    """A schema the grammar compiler rejects natively took the llm worker down with every
+    stream in flight (issue 43): every API's place for a schema, with numbers, sizes and
+    patterns drawn from what compilers choke on, is answered below 500 by a running worker."""
+    before = _restarts(base_url)
+    seen: list[int] = []
+    client = httpx.Client(base_url=base_url, timeout=120)
+
+    @settings(max_examples=FUZZ_EXAMPLES // 3, deadline=None, database=None,
+              derandomize=not RANDOM, suppress_health_check=list(HealthCheck))
+    @given(where=st.sampled_from(["response_format", "ollama format", "responses text.format",
+                                  "tools, auto", "tools, required"]), schema=SCHEMAS)
+    def one(where: str, schema: Any) -> None:
+        path, body = _schema_request(where, schema)
+        r = client.post(path, content=json.dumps(body).encode(),
+                        headers={"content-type": "application/json"})
+        seen.append(r.status_code)
+        assert r.status_code < 500, (where, json.dumps(schema)[:300], r.text[:300])
+
+    try:
+        one()
+    finally:
+        client.close()
+    assert seen and _restarts(base_url) == before

@@ -187,3 +187,23 @@ def test_a_regex_of_nested_repeats_is_refused_before_a_worker_compiles_it(
             "structured_outputs": {"regex": fine}})
         assert r.status_code == 200, (fine, r.text)
     assert server.children()["llm"]["pid"] == before
+
+
+def test_enum_values_are_counted_against_max_schema_enum_values(base_url: str) -> None:
+    """An enum of 200,000 integers compiled for 8 s inside the llm worker's step, every
+    stream on it frozen (issue 43): all the enums of a schema together take at most
+    max_schema_enum_values values (OpenAI's own limit, 1,000), a 400 in each API's shape."""
+    split = {"type": "object", "properties": {
+        "a": {"enum": list(range(600))}, "b": {"enum": [f"v{i}" for i in range(401)]}}}
+    with pytest.raises(GatewayError, match="max_schema_enum_values"):
+        check_schema(json.dumps(split))
+    check_schema(json.dumps({"enum": list(range(1000))}))
+    big = {"enum": list(range(200_000))}
+    r = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+        "model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": big}}})
+    assert r.status_code == 400 and "max_schema_enum_values" in r.json()["error"]["message"]
+    r = httpx.post(base_url + "/api/chat", timeout=60, json={
+        "model": LLM, "stream": False, "messages": [{"role": "user", "content": "x"}],
+        "format": big, "options": {"num_predict": 1}})
+    assert r.status_code == 400 and "max_schema_enum_values" in r.json()["error"]

@@ -280,7 +280,8 @@ class RequestPath:
                   template_vars: dict[str, Any] | None = None) -> Generate:
         """The Generate request, with the request's id and deadline."""
         cfg = self.router.config
-        limits = (cfg.max_schema_nodes, cfg.max_schema_depth, cfg.max_schema_chars)
+        limits = (cfg.max_schema_nodes, cfg.max_schema_depth, cfg.max_schema_chars,
+                  cfg.max_schema_enum_values)
         if params.json_schema is not None:
             check_schema(params.json_schema, *limits)
         if params.regex is not None:

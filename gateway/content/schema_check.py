@@ -49,6 +49,7 @@ MAX_COUNT = 2**31 - 1
 MAX_NODES = 20_000
 MAX_DEPTH = 64
 MAX_CHARS = 15_000
+MAX_ENUM = 1_000
 NAME_CHARS = 64
 
 # A node's place: its parent's place and its own name within it (None: the root, `#`).
@@ -69,12 +70,12 @@ def spell(where: Where) -> str:
 
 
 def check_schema(text: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
-                 max_chars: int = MAX_CHARS) -> None:
+                 max_chars: int = MAX_CHARS, max_enum: int = MAX_ENUM) -> None:
     """Raise a 400 when the schema is one a worker could not compile, or is larger than
-    `max_nodes` subschemas, deeper than `max_depth` or has more than `max_chars` characters
-    of names and literals."""
+    `max_nodes` subschemas, deeper than `max_depth`, has more than `max_chars` characters
+    of names and literals or more than `max_enum` enum values."""
     try:
-        walk(json.loads(text), max_nodes, max_depth, max_chars)
+        walk(json.loads(text), max_nodes, max_depth, max_chars, max_enum)
     except (ValueError, RecursionError) as exc:
         raise invalid(f"invalid JSON schema for structured output: {exc}") from None
 
@@ -84,13 +85,14 @@ def _number(value: Any) -> bool:
 
 
 def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
-         max_chars: int = MAX_CHARS) -> int:
+         max_chars: int = MAX_CHARS, max_enum: int = MAX_ENUM) -> int:
     """Check every subschema of `root`; the number of them."""
     if not isinstance(root, dict):
         raise SchemaError("the schema must be a JSON object")
     stack: list[tuple[Any, Where, int]] = [(root, None, 0)]
     met = 1
     chars = 0
+    values = 0
 
     def spend(n: int) -> None:
         # Names and literals the worker's grammar spells out (OpenAI counts the same ones).
@@ -118,6 +120,13 @@ def walk(root: Any, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH,
         if not isinstance(node, dict):
             raise SchemaError(f"{spell(where)} must be a schema (an object or a boolean)")
         _check_node(root, node, where)
+        if isinstance(node.get("enum"), list):
+            # NOTE: each value is one alternative the worker's grammar compiles while every
+            # stream on it waits (200,000 integers held them 8 s): OpenAI's own limit.
+            values += len(node["enum"])
+            if values > max_enum:
+                raise SchemaError(f"the schema has more than {max_enum} enum values "
+                                  "(max_schema_enum_values)")
         spend(sum(len(v) for v in node.get("enum", ()) if isinstance(v, str))
               + (len(node["const"]) if isinstance(node.get("const"), str) else 0))
         for key in _SCHEMA:

@@ -71,6 +71,10 @@ class RequestLimits(ServerSettings):
     # each into its grammar while every stream on it waits (a 256 KiB property name held
     # them ~1 s).
     max_schema_chars: int = 15_000
+    # Enum values of a JSON schema, all its `enum`s together (OpenAI's own limit): each is an
+    # alternative of the grammar the worker compiles while every stream on it waits (an
+    # enum of 200,000 integers held them 8 s).
+    max_schema_enum_values: int = 1_000
     # Request bodies being received at once (gateway/http/body_gate.py), counted from the
     # first byte read to the last, after the Host, Origin and key checks; one more is 503
     # with Retry-After before its body is read. A body must keep arriving: a read waiting
