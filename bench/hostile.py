@@ -1,9 +1,12 @@
 """Hostile requests against a running server, each while a well-behaved stream runs on the
-same llm worker (issue 27's corpus, and the earlier ones).
+same llm worker (issue 27's corpus, the earlier ones, and issue 43's classes: schemas the
+grammar compiler rejects or takes long over, regex automata, Whisper prompts, audio bombs and
+odd audio headers, dense text to speech, slow encodes).
 
     python bench/hostile.py [--only NAME ...] [--list]
 
-Starts a private server (one llm worker, an API key, a configured alias). First the victim's
+Starts a private server (an llm, an asr and a tts worker, an API key, a configured alias;
+without espeak-ng, no tts worker and no speech attacks). First the victim's
 idle baseline: a streamed `/v1/chat/completions` (`ignore_eos`, long) and its longest gap
 between two chunks. Then per attack: a victim stream starts, the attack is sent once its first
 token arrived, the victim keeps reading for a second after the attack's answer and is closed.
@@ -18,9 +21,12 @@ restart or any 5xx is flagged in the last column.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import shutil
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -89,6 +95,35 @@ class Victim(threading.Thread):
 
 
 # --- the attacks: each returns what the client saw --------------------------------------
+
+
+def wav(samples: int, rate: int = 16_000, channels: int = 1, declared_rate: int = 0) -> bytes:
+    """A 16-bit PCM WAV of silence; `declared_rate` writes another rate into its header."""
+    data = b"\0" * (2 * channels * samples)
+    rate_field = declared_rate or rate
+    fmt = struct.pack("<HHIIHH", 1, channels, rate_field,
+                      (rate_field * 2 * channels) & 0xFFFFFFFF, 2 * channels, 16)
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<I", 16)
+            + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def flac_bomb(seconds: int, rate: int, channels: int) -> bytes:
+    """A small FLAC of silence that decodes to seconds x rate x channels samples."""
+    import numpy as np
+    import soundfile
+
+    out = io.BytesIO()
+    block = np.zeros((rate * 10, channels), dtype="int16")
+    with soundfile.SoundFile(out, "w", rate, channels, format="FLAC") as f:
+        for _ in range(seconds // 10):
+            f.write(block)
+    return out.getvalue()
+
+
+def upload(url: str, audio: bytes, name: str, fields: dict[str, str]) -> str:
+    r = httpx.post(url + "/v1/audio/transcriptions", headers=AUTH, timeout=300,
+                   files={"file": (name, audio)}, data={"model": "whisper-1", **fields})
+    return str(r.status_code)
 
 
 def post(url: str, path: str, content: bytes, headers: dict[str, str] | None = None,
@@ -160,7 +195,9 @@ def attacks(url: str) -> dict[str, Callable[[], str]]:
         data = content if content is not None else json.dumps(body).encode()
         return lambda: post(url, path, content=data, headers=headers, method=method)
 
+    speech = _speech_attacks(url, call) if shutil.which("espeak-ng") else {}
     return {
+        **_grammar_attacks(call), **speech,
         "schema blow-up (format)": call("/api/chat", {
             "model": LLM, "messages": HI, "stream": False, "options": {"num_predict": 1},
             "format": {"type": "object", "properties": {
@@ -222,6 +259,60 @@ def attacks(url: str) -> dict[str, Callable[[], str]]:
                 "role": "user", "content": "x", "images": ["QUFB" * (5 * MIB)]}]}),
         "body without key (16 MiB)": call(
             "/api/chat", content=b" " * (16 * MIB), headers={"Authorization": ""}),
+    }
+
+
+Call = Callable[..., Callable[[], str]]
+
+
+def _grammar_attacks(call: Call) -> dict[str, Callable[[], str]]:
+    """Issue 43: schemas the grammar compiler rejects natively (it took the worker down
+    inside its step), regexes with huge automata, and compiles that take long."""
+    def chat(**extra: Any) -> Callable[[], str]:
+        return call("/v1/chat/completions", {"model": LLM, "max_tokens": 4, "messages": HI,
+                                             **extra})
+
+    def schema(value: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": value}}
+
+    huge = {"type": "integer", "minimum": 1e19}
+    return {
+        "schema minimum 1e19 (response_format)": chat(response_format=schema(huge)),
+        "schema minimum 1e19 (ollama format)": call("/api/chat", {
+            "model": LLM, "messages": HI, "stream": False, "format": huge,
+            "options": {"num_predict": 4}}),
+        "schema minimum 1e19 (tools, auto)": chat(tools=[{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"n": huge}}}}]),
+        "schema minimum 1e19 (responses text.format)": call("/v1/responses", {
+            "model": LLM, "input": "hi", "max_output_tokens": 16, "text": {"format": {
+                "type": "json_schema", "name": "x", "schema": huge}}}),
+        "regex (?:a{0,300}){0,300}": chat(structured_outputs={"regex": "(?:a{0,300}){0,300}"}),
+        "schema enum of 200k integers": chat(response_format=schema(
+            {"enum": list(range(200_000))})),
+        "schema maxLength 1e9": chat(response_format=schema(
+            {"type": "string", "maxLength": 1_000_000_000})),
+    }
+
+
+def _speech_attacks(url: str, call: Call) -> dict[str, Callable[[], str]]:
+    """Issue 43: Whisper prompts without a limit, decompression bombs, odd headers, dense text
+    to speech and slow encodes."""
+    second = wav(16_000)
+    bomb = flac_bomb(600, 96_000, 8)
+    return {
+        "whisper prompt of 500 KB": lambda: upload(url, second, "a.wav",
+                                                   {"prompt": "word " * 100_000}),
+        f"FLAC bomb ({len(bomb) // 1024} KiB: 600 s, 96 kHz, 8 ch)": lambda: upload(
+            url, bomb, "bomb.flac", {}),
+        "WAV of 199 samples": lambda: upload(url, wav(199), "short.wav", {}),
+        "WAV at 4294967295 Hz": lambda: upload(url, wav(16_000, declared_rate=4_294_967_295),
+                                               "rate.wav", {}),
+        "speech of 4096 emoji": call("/v1/audio/speech", {
+            "model": "tts-1", "voice": "alloy", "input": "\U0001F600" * 4096,
+            "response_format": "wav"}),
+        "speech: 1000 characters as opus at speed 0.5": call("/v1/audio/speech", {
+            "model": "tts-1", "voice": "alloy", "input": "The quick brown fox. " * 48,
+            "response_format": "opus", "speed": 0.5}),
     }
 
 
@@ -296,7 +387,12 @@ def main() -> None:
         return
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
-        server = Server(Path(tmp), workers=[{"name": "llm", "role": "llm"}], api_key=KEY,
+        # NOTE: resident, so that a first use's start does not read as a restart.
+        workers = [{"name": "llm", "role": "llm"},
+                   {"name": "asr", "role": "asr", "lazy": False}]
+        if shutil.which("espeak-ng"):
+            workers.append({"name": "tts", "role": "tts", "lazy": False})
+        server = Server(Path(tmp), workers=workers, api_key=KEY,
                         model_aliases={"aliasx": LLM}).start()
         rows = []
         try:

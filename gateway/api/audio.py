@@ -149,7 +149,9 @@ class AudioRoutes(DialectRoutes):
                      request_id(request), len(prompt), PROMPT_CHARS)
             headers["X-NPU-Proxy-Truncated-Prompt"] = str(len(prompt) - PROMPT_CHARS)
             prompt = prompt[-PROMPT_CHARS:]
-        msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
+        pcm = audio.pcm()
+        del audio  # NOTE: the samples, now in `pcm`: not held twice while the worker hears it
+        msg = Transcribe(id=request_key(request), model=model.name, audio=pcm,
                          deadline=self.requests.deadline(), task=task, language=language,
                          prompt=prompt, temperature=temperature,
                          timestamps=timed, stream=stream, log_id=request_id(request),
