@@ -50,16 +50,18 @@ from npu_proxy.gateway.api.anthropic_input import (
     tool_request,
 )
 from npu_proxy.gateway.api.dispatch import Dispatch
-from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.api.request_path import (
+    DialectRoutes,
+    Generation,
+    ModelFacts,
+    invalid,
+    new_id,
+)
 from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.params import anthropic_params
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts, template_vars
 from npu_proxy.gateway.content.stops import StopMatcher
 from npu_proxy.gateway.content.tools import CallParser, ToolCall, fragments
-from npu_proxy.gateway.core.catalog import ModelFacts
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.generation import Generation
-from npu_proxy.gateway.core.ids import new_id
 
 __all__ = ["AnthropicRoutes", "CountRequest", "InMessage", "MessagesRequest", "chat_messages",
            "model_info", "models_page"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from npu_proxy.gateway.api.request_path import invalid, require
 from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.params import json_schema_text
@@ -29,8 +30,6 @@ from npu_proxy.gateway.content.tools import (
     anthropic_tools,
     history_call,
 )
-from npu_proxy.gateway.core.catalog import require
-from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.models.capabilities import VISION, Capabilities
 from npu_proxy.protocol.messages import ChatMessage
 

@@ -26,11 +26,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.api.request_path import DialectRoutes, Frames, invalid
 from npu_proxy.gateway.content import transcript
 from npu_proxy.gateway.content.audio import AudioLimits, decode, too_large
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.generation import Frames
 from npu_proxy.gateway.http.util import dumps, request_id, request_key
 from npu_proxy.protocol.messages import Delta
 from npu_proxy.protocol.speech import Transcribe, Transcription
@@ -149,9 +147,7 @@ class AudioRoutes(DialectRoutes):
                      request_id(request), len(prompt), PROMPT_CHARS)
             headers["X-NPU-Proxy-Truncated-Prompt"] = str(len(prompt) - PROMPT_CHARS)
             prompt = prompt[-PROMPT_CHARS:]
-        pcm = audio.pcm()
-        del audio  # NOTE: the samples, now in `pcm`: not held twice while the worker hears it
-        msg = Transcribe(id=request_key(request), model=model.name, audio=pcm,
+        msg = Transcribe(id=request_key(request), model=model.name, audio=audio.pcm(),
                          deadline=self.requests.deadline(), task=task, language=language,
                          prompt=prompt, temperature=temperature,
                          timestamps=timed, stream=stream, log_id=request_id(request),

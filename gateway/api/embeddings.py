@@ -18,11 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes, RequestPath
-from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.generation import Embedded
-from npu_proxy.gateway.core.keep_alive import parse_keep_alive
-from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.api.request_path import (
+    DialectRoutes,
+    Embedded,
+    GatewayError,
+    RequestPath,
+    ServedModel,
+    invalid,
+    parse_keep_alive,
+)
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import dumps, request_id, request_key
 from npu_proxy.protocol.messages import Embed, Embeddings

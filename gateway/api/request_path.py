@@ -53,9 +53,11 @@ from npu_proxy.gateway.content.params import OLLAMA_DEFAULTS
 from npu_proxy.gateway.content.reasoning import Thinking
 from npu_proxy.gateway.content.schema_check import check_regex, check_schema
 from npu_proxy.gateway.content.tools import CallParser, ToolRequest, prepare_chat
-from npu_proxy.gateway.core.catalog import ModelCatalog, ModelFacts, require
+from npu_proxy.gateway.core.catalog import ModelCatalog, ModelFacts, display_name, require
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.generation import Embedded, Frames, Scored
+from npu_proxy.gateway.core.generation import Embedded, Frames, Generation, Scored
+from npu_proxy.gateway.core.ids import new_id, now
+from npu_proxy.gateway.core.keep_alive import parse_keep_alive
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Router
 from npu_proxy.gateway.http.util import decode_body, request_id, request_key, unless_disconnected
@@ -74,6 +76,13 @@ from npu_proxy.protocol.messages import (
     Tokenize,
 )
 from npu_proxy.protocol.speech import Speech, SpeechChunk, Synthesize, Transcribe, Transcription
+
+# NOTE: what a dialect names of the server's core (its errors, ids, answers, models and their
+# facts) it takes from here, with the path itself: the path is a dialect's one door to
+# gateway/core/ (tests/test_layers.py).
+__all__ = ["DialectRoutes", "Embedded", "Frames", "GatewayError", "Generation", "ModelCatalog",
+           "ModelFacts", "RequestPath", "ServedModel", "display_name", "invalid", "new_id",
+           "now", "parse_keep_alive", "require"]
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes
-from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.api.request_path import DialectRoutes, GatewayError, invalid
 from npu_proxy.gateway.http.util import dumps, request_id, request_key
 from npu_proxy.protocol.messages import Rerank
 

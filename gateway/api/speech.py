@@ -30,10 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.api.request_path import DialectRoutes, Frames, GatewayError, invalid
 from npu_proxy.gateway.content.speech import MEDIA, Encoder
-from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.generation import Frames
 from npu_proxy.gateway.http.preload import numpy_ready
 from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.protocol.config import speech_missing

@@ -22,9 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.openai import chat as openai_chat
-from npu_proxy.gateway.api.request_path import DialectRoutes
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.api.request_path import DialectRoutes, ServedModel, invalid
 from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.protocol.messages import Detokenize
 

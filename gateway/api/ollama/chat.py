@@ -12,6 +12,7 @@ from starlette.responses import Response
 from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.ollama.turn import TurnRequest, TurnRoutes, logprobs_top
+from npu_proxy.gateway.api.request_path import invalid, require
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.tools import (
     ToolBudget,
@@ -20,8 +21,6 @@ from npu_proxy.gateway.content.tools import (
     ollama_choice,
     openai_tools,
 )
-from npu_proxy.gateway.core.catalog import require
-from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.models.capabilities import VISION, Capabilities
 from npu_proxy.protocol.messages import ChatMessage
 

@@ -12,8 +12,7 @@ from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.ollama.template import render, supported
 from npu_proxy.gateway.api.ollama.turn import TurnRequest, TurnRoutes, logprobs_top
-from npu_proxy.gateway.core.catalog import require
-from npu_proxy.gateway.core.errors import invalid
+from npu_proxy.gateway.api.request_path import invalid, require
 from npu_proxy.gateway.http.util import request_id
 from npu_proxy.models.capabilities import INSERT, VISION
 from npu_proxy.protocol.messages import ChatMessage

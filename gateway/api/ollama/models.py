@@ -10,8 +10,7 @@ from typing import Any
 
 import msgspec
 
-from npu_proxy.gateway.core.catalog import ModelCatalog, display_name
-from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.api.request_path import ModelCatalog, ServedModel, display_name
 from npu_proxy.models.created import CreatedModel, modelfile, parameter_lines
 from npu_proxy.models.facts import ModelDetails
 from npu_proxy.protocol.config import WorkerSpec

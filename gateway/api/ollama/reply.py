@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from npu_proxy.gateway.api.ollama.models import utc_now
+from npu_proxy.gateway.api.request_path import Generation
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, split_parts
 from npu_proxy.gateway.content.tools import (
@@ -14,7 +15,6 @@ from npu_proxy.gateway.content.tools import (
     ToolCall,
     split_calls,
 )
-from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.protocol.messages import Finished
 
 DONE_REASON = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "timeout"}

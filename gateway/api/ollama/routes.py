@@ -44,8 +44,7 @@ from starlette.routing import Route
 from npu_proxy.gateway.api.ollama import models as ollama_models
 from npu_proxy.gateway.api.ollama.chat import ChatRequest, OllamaChatRoutes
 from npu_proxy.gateway.api.ollama.generate import GenerateRequest, GenerateRoutes
-from npu_proxy.gateway.api.request_path import Handler, RequestPath
-from npu_proxy.gateway.core.catalog import ModelCatalog
+from npu_proxy.gateway.api.request_path import Handler, ModelCatalog, RequestPath
 from npu_proxy.gateway.http.util import dumps, wants_html
 
 # The Ollama release whose API surface this server implements (docs/api.md "Ollama's

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.api.request_path import GatewayError, invalid
 
 _SPACE = " \t\r\n"
 

@@ -10,14 +10,16 @@ from starlette.responses import Response
 
 from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.reply import OllamaReply, chunk
-from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.api.request_path import (
+    DialectRoutes,
+    ModelFacts,
+    ServedModel,
+    invalid,
+    parse_keep_alive,
+)
 from npu_proxy.gateway.content import logprobs as lp
 from npu_proxy.gateway.content.params import json_schema_text, ollama_params
 from npu_proxy.gateway.content.reasoning import Thinking, template_vars
-from npu_proxy.gateway.core.catalog import ModelFacts
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.keep_alive import parse_keep_alive
-from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.http.util import dumps
 from npu_proxy.protocol.messages import Generate, SamplingParams
 

@@ -19,12 +19,8 @@ from npu_proxy.gateway.api.openai.shared import (
     usage_json,
     wants_usage,
 )
-from npu_proxy.gateway.api.request_path import DialectRoutes
+from npu_proxy.gateway.api.request_path import DialectRoutes, Generation, invalid, now, require
 from npu_proxy.gateway.content import logprobs as lp
-from npu_proxy.gateway.core.catalog import require
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.generation import Generation
-from npu_proxy.gateway.core.ids import now
 from npu_proxy.models.capabilities import INSERT
 
 

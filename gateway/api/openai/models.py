@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from npu_proxy.gateway.api import anthropic as anthropic_api
-from npu_proxy.gateway.api.request_path import DialectRoutes
-from npu_proxy.gateway.core.model_table import ServedModel
+from npu_proxy.gateway.api.request_path import DialectRoutes, ServedModel
 from npu_proxy.gateway.http.wire import ANTHROPIC, dialect_for
 
 

@@ -7,10 +7,8 @@ from typing import Any
 
 import msgspec
 
+from npu_proxy.gateway.api.request_path import Generation, invalid, new_id, now
 from npu_proxy.gateway.content.params import openai_params
-from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.generation import Generation
-from npu_proxy.gateway.core.ids import new_id, now
 from npu_proxy.protocol.messages import SamplingParams
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop", "timeout": "length"}

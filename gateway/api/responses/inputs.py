@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from npu_proxy.gateway.api.request_path import invalid, require
 from npu_proxy.gateway.api.responses.sealed import Sealer
 from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.images import Images
 from npu_proxy.gateway.content.tools import CUSTOM_INPUT, history_call
-from npu_proxy.gateway.core.catalog import require
-from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.models.capabilities import VISION, Capabilities
 from npu_proxy.protocol.messages import ChatMessage
 

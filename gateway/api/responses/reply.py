@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from npu_proxy.gateway.api.request_path import GatewayError, Generation, new_id, now
 from npu_proxy.gateway.api.responses.sealed import Sealer
 from npu_proxy.gateway.api.responses.store import ResponseStore
 from npu_proxy.gateway.content.reasoning import Thinking, pieces, reasoning_tokens, split_parts
@@ -40,9 +41,6 @@ from npu_proxy.gateway.content.tools import (
     history_call,
     split_calls,
 )
-from npu_proxy.gateway.core.errors import GatewayError
-from npu_proxy.gateway.core.generation import Generation
-from npu_proxy.gateway.core.ids import new_id, now
 from npu_proxy.protocol.messages import ChatMessage
 
 Event = dict[str, Any]

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from npu_proxy.gateway.api.dispatch import Dispatch
-from npu_proxy.gateway.api.request_path import DialectRoutes, RequestPath
+from npu_proxy.gateway.api.request_path import DialectRoutes, GatewayError, RequestPath, invalid
 from npu_proxy.gateway.api.responses.inputs import InputReader
 from npu_proxy.gateway.api.responses.reply import ResponseReply
 from npu_proxy.gateway.api.responses.sealed import Sealer
@@ -37,7 +37,6 @@ from npu_proxy.gateway.content.ignored import Ignored
 from npu_proxy.gateway.content.params import json_schema_text, openai_params
 from npu_proxy.gateway.content.reasoning import template_vars
 from npu_proxy.gateway.content.tools import ToolRequest, responses_choice, responses_tools
-from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams
 
 EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
