@@ -28,6 +28,13 @@ LLM = "smollm2:135m"
 ANSWER = "ok"
 COMMENT = b": keep-alive\n\n"
 PING = b"event: ping\n"
+# The chat keep-alive: a chunk whose delta adds nothing (the stream's first chunk also names
+# the role, so this is a keep-alive alone).
+CHAT_KEEPALIVE = b'"delta":{"content":""}'
+TEXT_KEEPALIVE = b'"text":"","logprobs":null,"finish_reason":null'
+# What each agent client counts as activity (tests/fixtures/keepalive.json).
+CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "keepalive.json").read_text())[
+    "clients"]
 
 
 @pytest.fixture(scope="module")
@@ -98,42 +105,54 @@ def _before_first(seen: bytes, marker: bytes, token: bytes) -> None:
     assert seen.index(marker) < first.start(), seen[:2000]
 
 
-def test_openai_chat_stream_keeps_alive_while_prefilling(srv: Server) -> None:
-    http, tee = _client(srv, "ka-chat-raw", COMMENT)
+def test_openai_chat_stream_keeps_alive_with_chunks_its_clients_count(srv: Server) -> None:
+    """Qwen Code's stream idle timer (240 s) counts only chunks its SDK parsed, not SSE
+    comments (issue 42: it closed its first request during a long prefill): the chat
+    keep-alive is a chunk whose delta adds nothing, which the SDKs parse as such."""
+    chat = {c["client"] for c in CLIENTS if c["api"] == "chat-completions"}
+    assert {"qwen-code", "opencode", "continue"} <= chat
+    assert all("delta" in c["server_sends"] for c in CLIENTS if c["client"] in chat)
+    http, tee = _client(srv, "ka-chat-raw", CHAT_KEEPALIVE)
     with http, http.stream("POST", srv.url + "/v1/chat/completions", json={
             "model": LLM, "stream": True, "max_tokens": 8,
             "messages": [{"role": "user", "content": "Say ok"}]}) as r:
         assert r.status_code == 200
         body = r.read()
-    _before_first(body, COMMENT, rb'"content":"[^"]')
-    assert body.endswith(b"data: [DONE]\n\n")
+    _before_first(body, CHAT_KEEPALIVE, rb'"content":"[^"]')
+    assert body.endswith(b"data: [DONE]\n\n") and COMMENT not in body
+    kept = [json.loads(line[6:]) for line in body.split(b"\n\n")
+            if line.startswith(b"data: {") and CHAT_KEEPALIVE in line]
+    assert kept and all(k["object"] == "chat.completion.chunk" and
+                        k["choices"][0]["finish_reason"] is None for k in kept)
 
-    http, tee = _client(srv, "ka-chat-sdk", COMMENT)
+    http, tee = _client(srv, "ka-chat-sdk", CHAT_KEEPALIVE)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
     stream = client.chat.completions.create(
-        model=LLM, stream=True, max_tokens=8,
+        model=LLM, stream=True, max_tokens=8, stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "Say ok"}])
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == ANSWER
-    assert chunks[-1].choices[0].finish_reason == "stop"
-    assert COMMENT in tee.seen
+    assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    assert CHAT_KEEPALIVE in tee.seen
 
 
-def test_openai_completions_and_responses_keep_alive(srv: Server) -> None:
-    http, tee = _client(srv, "ka-completions", COMMENT)
+def test_openai_completions_keep_alive(srv: Server) -> None:
+    http, tee = _client(srv, "ka-completions", TEXT_KEEPALIVE)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", http_client=http)
     text = "".join(c.choices[0].text for c in client.completions.create(
         model=LLM, prompt="Say ok", max_tokens=8, stream=True) if c.choices)
     assert text == ANSWER
-    _before_first(bytes(tee.seen), COMMENT, rb'"text":"[^"]')
-
+    _before_first(bytes(tee.seen), TEXT_KEEPALIVE, rb'"text":"[^"]')
 
 
 def test_responses_stream_keeps_alive_with_events_codex_counts(srv: Server) -> None:
     """Codex's stream idle timeout (300 s) is reset by SSE events only, not by comments, and
     it ignores a repeated response.in_progress: that is the Responses keep-alive, numbered in
     turn with the other events (issue 42: Codex gave up during a long prefill)."""
+    codex = next(c for c in CLIENTS if c["client"] == "codex")
+    assert codex["server_sends"] == "event: response.in_progress"
     in_progress = b"event: response.in_progress\n"
     # NOTE: the first in_progress follows response.created at once; the gate opens on the
     # second, which only a keep-alive sends.
@@ -151,7 +170,9 @@ def test_responses_stream_keeps_alive_with_events_codex_counts(srv: Server) -> N
 
 def test_anthropic_stream_pings_while_prefilling(srv: Server) -> None:
     # NOTE: every Anthropic stream has one ping after message_start; a second one before the
-    # first text delta is the keep-alive.
+    # first text delta is the keep-alive. Claude Code's byte watchdog counts any bytes.
+    claude = next(c for c in CLIENTS if c["client"] == "claude-code")
+    assert claude["server_sends"] == "event: ping"
     http, tee = _client(srv, "ka-anthropic", PING, count=2, mod=httpx2)
     client = anthropic.Anthropic(base_url=srv.url, api_key="x", http_client=http)
     with client.messages.stream(model=LLM, max_tokens=8,

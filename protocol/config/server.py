@@ -50,8 +50,9 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     # (gateway/core/broker.py). 0 = never.
     crash_quarantine_seconds: float = 300.0
     # A streamed reply that sent nothing for this many seconds (a long prefill, a queue, a
-    # tool call held back until it parses) gets the API's harmless keep-alive: an SSE
-    # comment (OpenAI chat, completions, Responses), a `ping` event (Anthropic); Ollama's
+    # tool call held back until it parses) gets the API's harmless keep-alive: an empty
+    # chunk (OpenAI chat, completions), response.in_progress (Responses), a `ping` event
+    # (Anthropic), each what its agent clients count (tests/fixtures/keepalive.json); Ollama's
     # NDJSON gets none (gateway/http/wire.py). Proxies (nginx: 60 s) and client read
     # timeouts would otherwise drop it. 0 = never.
     stream_keepalive_seconds: float = 15.0

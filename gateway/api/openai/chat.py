@@ -208,6 +208,14 @@ class ChatReply(Reply):
         self.logprobs = logprobs  # None: not asked; else top_logprobs
         self.thinking = thinking
 
+    def keepalive(self) -> dict[str, Any]:
+        """A silent stream's keep-alive (a long prefill, a call held back until it parses):
+        a chunk whose delta adds nothing. Qwen Code's stream idle timer (240 s) counts only a
+        chunk its SDK parsed (it skips SSE comments); OpenCode, Continue and the SDKs take it
+        as the empty delta it is (tests/fixtures/keepalive.json)."""
+        return self.chunk("chat.completion.chunk", now(), {
+            "index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": None})
+
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
         parser = self.parser
@@ -296,4 +304,4 @@ class OpenAIChatRoutes(DialectRoutes):
                                                                        req.chat_template_kwargs))
         reply = ChatReply(req.model, wants_usage(req), parser,
                           tools is not None and tools.named, top, thinking)
-        return Dispatch(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)

@@ -49,6 +49,11 @@ class CompletionReply(Reply):
         self.prefix = prefix  # the prompt, echoed
         self.logprobs = logprobs  # None: not asked; else the alternatives asked for
 
+    def keepalive(self) -> dict[str, Any]:
+        """A silent stream's keep-alive: a chunk of no text (as for chat, ChatReply)."""
+        return self.chunk("text_completion", now(), {"index": 0, "text": "", "logprobs": None,
+                                                     "finish_reason": None})
+
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
         top = self.logprobs
@@ -99,4 +104,4 @@ class CompletionRoutes(DialectRoutes):
                                        prompt=prompts[0])
         reply = CompletionReply(req.model, wants_usage(req), prompts[0] if req.echo else "",
                                 top)
-        return Dispatch(model, msg, bool(req.stream), reply)
+        return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)
