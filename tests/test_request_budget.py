@@ -126,10 +126,11 @@ BODY_LIMIT = 512 * 1024
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Bodies up to 512 KiB, so a worker takes messages up to 2 MiB (2 * max_body_bytes +
-    1 MiB); prompts up to 8 M characters, so the tools below pass that socket limit while
-    within every limit of the request itself."""
+    1 MiB); prompts up to 8 M characters and enums of any size, so the tools below pass that
+    socket limit while within every limit of the request itself."""
     srv = Server(tmp_path_factory.mktemp("budget"), workers=[{"name": "llm", "role": "llm"}],
-                 max_body_bytes=BODY_LIMIT, max_prompt_chars=8_000_000).start()
+                 max_body_bytes=BODY_LIMIT, max_prompt_chars=8_000_000,
+                 max_schema_enum_values=1_000_000).start()
     yield srv
     srv.stop()
 
