@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import fcntl
 import io
+import os
 import shutil
+import struct
 import subprocess
 import wave
 from collections.abc import Iterator
@@ -26,6 +28,8 @@ import openai
 import pytest
 import soundfile
 from capcheck import check_capabilities
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from serverctl import MODEL_CACHE, Server
 
 from npu_proxy.models.locate import WHISPER_IR_FOLDER
@@ -433,3 +437,63 @@ def test_what_a_header_declares_is_budgeted_before_decoding(srv: Server) -> None
     for samples in (1, 100, 199, 1599):  # NOTE: under 0.1 s: OpenAI's 400 (a 500 before)
         error = assert_error(post(srv, silent_wav(samples / 16_000)), 400, "file")
         assert "too short" in error["message"]
+
+
+# --- fuzzed headers and forms (issue 43): none is a 5xx, none restarts the worker -----------
+
+FUZZ_EXAMPLES = int(os.environ.get("NPU_PROXY_FUZZ_EXAMPLES", "120")) // 4
+
+
+def _wav_header(rate: int, channels: int, bits: int, tag: int, frames: int,
+                declared: int) -> bytes:
+    """A RIFF/WAVE file whose header says what it is told, over `frames` frames of zeros
+    (`declared` bytes written in its data chunk's size field)."""
+    align = (channels * bits // 8) & 0xFFFF
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, (rate * align) & 0xFFFFFFFF, align, bits)
+    data = b"\0" * min(frames * max(align, 1), 64_000)
+    return (b"RIFF" + struct.pack("<I", (36 + len(data)) & 0xFFFFFFFF) + b"WAVEfmt "
+            + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", declared) + data)
+
+
+_U32 = st.one_of(st.sampled_from([0, 1, 8_000, 16_000, 44_100, 384_001, 2**31, 2**32 - 1]),
+                 st.integers(0, 2**32 - 1))
+HEADERS = st.builds(_wav_header, rate=_U32,
+                    channels=st.one_of(st.sampled_from([0, 1, 2, 8, 255, 65_535]),
+                                       st.integers(0, 65_535)),
+                    bits=st.sampled_from([0, 1, 8, 12, 16, 24, 32, 64, 65_535]),
+                    tag=st.sampled_from([1, 3, 0xFFFE, 0, 2, 85]),
+                    frames=st.integers(0, 40_000), declared=_U32)
+FORMS = st.fixed_dictionaries({}, optional={
+    "language": st.one_of(st.text(max_size=8), st.sampled_from(["en", "xx", "", "e\x00"])),
+    "prompt": st.one_of(st.text(max_size=64), st.integers(1, 20_000).map(lambda n: "w " * n)),
+    "temperature": st.sampled_from(["0", "-1", "1e309", "nan", "x", "0.2"]),
+    "response_format": st.sampled_from(["json", "text", "srt", "vtt", "verbose_json", "x"]),
+    "timestamp_granularities[]": st.sampled_from(["word", "segment", "x"]),
+    "stream": st.sampled_from(["true", "false", "x"]),
+    "model": st.sampled_from([MODEL, "", "x", "whisper-1"]),
+})
+
+
+def test_no_fuzzed_header_or_form_is_a_5xx_or_restarts_the_worker(srv: Server) -> None:
+    """WAV headers with any rate, channels, sample size, format tag and data size, beside
+    the form's other fields with odd values: answered below 500 by a worker that lives."""
+    before = srv.children()["asr"]["restarts"]
+    client = httpx.Client(base_url=srv.url, timeout=120)
+    seen: list[int] = []
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+              derandomize="NPU_PROXY_FUZZ_EXAMPLES" not in os.environ,
+              suppress_health_check=list(HealthCheck))
+    @given(audio=HEADERS, form=FORMS)
+    def one(audio: bytes, form: dict[str, str]) -> None:
+        fields = {"model": MODEL, **form}
+        r = client.post("/v1/audio/transcriptions", data=fields,
+                        files={"file": ("x.wav", audio, "application/octet-stream")})
+        seen.append(r.status_code)
+        assert r.status_code < 500, (audio[:44].hex(), form, r.text[:300])
+
+    try:
+        one()
+    finally:
+        client.close()
+    assert seen and srv.children()["asr"]["restarts"] == before
