@@ -16,11 +16,11 @@ import pytest
 from starlette.requests import Request
 
 from npu_proxy.gateway.api.anthropic import AnthropicRoutes, MessagesRequest
+from npu_proxy.gateway.api.dispatch import Dispatch
 from npu_proxy.gateway.api.ollama.chat import ChatRequest as OllamaChat
 from npu_proxy.gateway.api.ollama.routes import OllamaRoutes
 from npu_proxy.gateway.api.openai.chat import ChatRequest
 from npu_proxy.gateway.api.openai.routes import OpenAIRoutes
-from npu_proxy.gateway.api.request_path import Dispatch
 from npu_proxy.gateway.api.responses.routes import ResponsesRequest, ResponsesRoutes
 from npu_proxy.gateway.app import Gateway
 from npu_proxy.gateway.core.catalog import ModelCatalog

@@ -22,9 +22,9 @@ import openai
 import zmq
 from fakeworker import LOCAL, until_heard, worker_sockets
 
+from npu_proxy.gateway.api.dispatch import Dispatch, _stream
 from npu_proxy.gateway.api.ollama.reply import OllamaReply
 from npu_proxy.gateway.api.openai.chat import ChatReply
-from npu_proxy.gateway.api.request_path import Dispatch, _stream
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.generation import Generation
 from npu_proxy.gateway.core.model_table import ServedModel
