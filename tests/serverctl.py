@@ -184,6 +184,17 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def kill_all(proc: subprocess.Popen[bytes], pids: set[int]) -> None:
+    """`proc` and the processes it started (`pids`), killed if still alive: what a failing
+    test leaves, so that none outlives it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 class Server:
     def __init__(self, tmp: Path, workers: list[dict[str, Any]] | None = None,
                  **settings: Any) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from reaper import RUN_ENV
-from serverctl import alive, descendants, wait_for
+from serverctl import alive, descendants, kill_all, wait_for
 
 TESTS = Path(__file__).parent
 
@@ -44,12 +44,7 @@ def test_a_killed_test_process_leaves_no_server(tmp_path: Path) -> None:
         wait_for(lambda: not any(alive(pid) for pid in tree), timeout=60,
                  what=f"processes left after the test process was killed: {tree}")
     finally:
-        if starter.poll() is None:
-            starter.kill()
-            starter.wait()
-        for pid in tree:  # NOTE: what a failure left, so it does not outlive this test
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(starter, tree)
 
 
 _INNER_TEST = """
@@ -97,9 +92,4 @@ def test_a_killed_pytest_run_leaves_no_process_and_no_folder(tmp_path: Path) -> 
         wait_for(lambda: not base.exists() and not Path(made["scratch"]).exists(),
                  timeout=90, what="the killed run's temporary folders removed")
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-        for pid in tree:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(run, tree)

@@ -8,7 +8,6 @@ The PyInstaller build is slow (minutes): it runs in CI (`CI` set) or with
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 import tomli_w
 import yaml
 from installed import SLOW, chat_and_embed, clean_env, source_copy, workers_ready
-from serverctl import MODEL_CACHE, alive, descendants, free_port, wait_for
+from serverctl import MODEL_CACHE, alive, descendants, free_port, kill_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "models", "gateway", "workers", "supervisor")
@@ -104,12 +103,7 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
                  what="processes outlived the supervisor")
     finally:
         kids |= descendants(proc.pid) if proc.poll() is None else set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in kids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(proc, kids)
 
 
 @pytest.mark.timeout(1200)
