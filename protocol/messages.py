@@ -34,15 +34,29 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED = 10
 
 
-class ToolTags(msgspec.Struct, omit_defaults=True):
-    """Tool calls under tool_choice auto: the output is free, but once the model writes `begin`
-    (its chat template's call marker) what follows must be one call matching `schema` (a JSON
-    schema, gateway/content/tools/forcing.py `auto_call_schema`), then `end`; after it the
-    output is free again (OpenVINO GenAI's triggered structural tags)."""
+class ToolTag(msgspec.Struct, frozen=True):
+    """One way a call is written: `begin`, then a value matching `schema` (a JSON schema),
+    then `end`."""
 
     begin: str
-    end: str
     schema: str
+    end: str
+
+
+class ToolTags(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Tool calls under tool_choice auto: the output is free, but once the model writes
+    `trigger` what follows must complete one of `tags` (OpenVINO GenAI's triggered structural
+    tags); after it the output is free again.
+
+    A template with call markers (`<tool_call>`): the trigger is the marker and one tag holds
+    a call of any offered tool (gateway/content/tools/forcing.py `auto_call_schema`) up to the
+    closing marker. A template that writes bare JSON (Llama 3.x): the trigger is `{"name"` and
+    each tool has its tag, `{"name": "<tool>", "parameters": ` + its parameters + `}`."""
+
+    trigger: str
+    tags: tuple[ToolTag, ...]
+    # A newline may come before and after the value (a call between marker lines).
+    padded: bool = False
     # At most one call (parallel tool calls off): the output ends after it.
     single: bool = False
 

@@ -297,7 +297,8 @@ class RequestPath:
             check_regex(params.regex)
         if params.tool_tags is not None:
             try:
-                check_schema(params.tool_tags.schema, *limits)
+                for tag in params.tool_tags.tags:
+                    check_schema(tag.schema, *limits)
             except GatewayError as exc:
                 # NOTE: the client asked for no constraint (tool_choice auto): tools whose
                 # schemas a worker could not compile, or too large to, leave calls

@@ -38,26 +38,39 @@ def structured_output(params: SamplingParams) -> ov_genai.StructuredOutputConfig
 
 
 def _tool_tags(tags: ToolTags) -> ov_genai.StructuredOutputConfig | None:
-    """Free text until the model writes `tags.begin`; then one call (the schema, a newline
-    allowed either side, as templates write it) and `tags.end`; then free text again.
+    """Free text until the model writes `tags.trigger`; then one of the tags (its begin, a
+    value of its schema, its end); then free text again.
 
     NOTE: compiled by GenAI per request, and kept by it: measured with 20 tools of 3 to 8
     arguments (SmolLM2, CPU), +0.3 s to the first request with that tool set, a few ms to the
     next; a new tool set's prompt took seconds more to read. So no cache or size cut here.
     """
-    grammar = schema_grammar(tags.schema, padded=True)
-    content: ov_genai.StructuredOutputConfig.EBNF | ov_genai.StructuredOutputConfig.Concat
+    out_tags = []
+    for tag in tags.tags:
+        content = _tag_content(tag.schema, tags.padded)
+        if content is None:
+            return None
+        out_tags.append(SOC.Tag(tag.begin, content, tag.end))
+    out = SOC()
+    out.structural_tags_config = SOC.TriggeredTags(
+        triggers=[tags.trigger], tags=out_tags, at_least_one=False,
+        stop_after_first=tags.single)
+    return out
+
+
+def _tag_content(schema: str, padded: bool) -> (
+        ov_genai.StructuredOutputConfig.EBNF | ov_genai.StructuredOutputConfig.Concat
+        | ov_genai.StructuredOutputConfig.JSONSchema | None):
+    """What a tag holds: a value of `schema` (a newline either side if `padded`), or None
+    when GenAI cannot compile the schema."""
+    grammar = schema_grammar(schema, padded=padded)
     if grammar is not None:
-        content = SOC.EBNF(grammar)
-    elif garbled_name(tags.schema) is not None:
+        return SOC.EBNF(grammar)
+    if garbled_name(schema) is not None:
         # NOTE: GenAI's compiler fails the whole step on such a name (json_grammar.py); the
         # client asked for no constraint, so the calls go unconstrained instead of a 400.
         log.info("tool calls left unconstrained: a tool's property name GenAI cannot compile")
         return None
-    else:
-        content = SOC.Concat(SOC.Regex("\n?"), SOC.JSONSchema(tags.schema), SOC.Regex("\n?"))
-    tag = SOC.Tag(tags.begin, content, tags.end)
-    out = SOC()
-    out.structural_tags_config = SOC.TriggeredTags(
-        triggers=[tags.begin], tags=[tag], at_least_one=False, stop_after_first=tags.single)
-    return out
+    if padded:
+        return SOC.Concat(SOC.Regex("\n?"), SOC.JSONSchema(schema), SOC.Regex("\n?"))
+    return SOC.JSONSchema(schema)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from npu_proxy.gateway.content.tools.definitions import MAX_PARALLEL, ToolRequest
+from npu_proxy.gateway.content.tools.definitions import MAX_PARALLEL, Tool, ToolRequest
 
 # Moved to the root (the definitions) or left out (`$schema`) of a tool's parameters.
 _MOVED = ("$defs", "definitions", "$schema")
@@ -79,6 +79,13 @@ def call_schema(req: ToolRequest) -> str | None:
     else:
         schema = dict(one)
     return _dumps(schema, defs)
+
+
+def tool_parameters(tool: Tool) -> str:
+    """The JSON schema of one tool's arguments alone, with its own definitions (a call written
+    as bare JSON: the tag's begin names the tool)."""
+    params = {k: v for k, v in tool.parameters.items() if k != "$schema"}
+    return json.dumps(params, ensure_ascii=False)
 
 
 def auto_call_schema(req: ToolRequest) -> str | None:

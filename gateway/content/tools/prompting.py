@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
-from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema
+from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema, tool_parameters
 from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
 from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTags
+from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTag, ToolTags
 
 
 def _call_text(name: str, arguments: Any) -> str:
@@ -115,6 +115,29 @@ def call_markers(native: bool, chat_template: str) -> tuple[str, str] | None:
     return None
 
 
+# How a call written as bare JSON begins: the trigger of its constraint.
+BARE_CALL = '{"name"'
+
+
+def auto_tags(req: ToolRequest, native: bool, chat_template: str) -> ToolTags | None:
+    """Under tool_choice auto, what holds a call once the model begins one: between its
+    template's markers, one call of any offered tool; for a template without markers (Llama
+    3.x, Mistral), from `{"name"` on, one tool's name, its arguments' key as the template
+    writes it, its arguments and the closing brace. None when no tool is offered."""
+    schema = auto_call_schema(req)
+    if schema is None:
+        return None
+    single = not req.parallel
+    markers = call_markers(native, chat_template)
+    if markers is not None:
+        return ToolTags(markers[0], (ToolTag(markers[0], schema, markers[1]),), padded=True,
+                        single=single)
+    key = "parameters" if '"parameters"' in chat_template else "arguments"
+    tags = tuple(ToolTag(f"{BARE_CALL}: {json.dumps(t.name, ensure_ascii=False)}, "
+                         f'"{key}": ', tool_parameters(t), "}") for t in req.offered)
+    return ToolTags(BARE_CALL, tags, single=single)
+
+
 def _has_tool_history(messages: list[ChatMessage]) -> bool:
     return any(m.tool_calls or m.role in ("tool", "function") for m in messages)
 
@@ -166,9 +189,6 @@ def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolReques
     # it is the client's contract for the whole output (GenAI takes one constraint per
     # request), and a call it lets through is still parsed, only unconstrained.
     if req is not None and params.json_schema is None and params.regex is None and \
-            (auto := auto_call_schema(req)) is not None:
-        markers = call_markers(native, facts.chat_template)
-        if markers is not None:
-            params = msgspec.structs.replace(
-                params, tool_tags=ToolTags(*markers, auto, single=not req.parallel))
+            (tags := auto_tags(req, native, facts.chat_template)) is not None:
+        params = msgspec.structs.replace(params, tool_tags=tags)
     return PreparedChat(out, tools, req, params)

@@ -1,0 +1,120 @@
+"""Tool calls under tool_choice auto for a model whose chat template writes calls as bare JSON
+(Llama 3.x: `{"name": ..., "parameters": {...}}`, no `<tool_call>` markers): once the model
+writes `{"name"`, the rest of the call is held to one offered tool's name and schema (issue
+42, point 2; SamplingParams.tool_tags with one tag per tool).
+
+A private server serves SmolLM2-135M under a Llama-3-like template of our own. As in
+test_tools_auto.py, a history of calls makes the greedy model begin one, and the schema (an
+integer enum, a patterned string) is one the 135M model does not meet on its own; only what
+the grammar forces is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from serverctl import Server
+
+from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest
+from npu_proxy.gateway.content.tools.prompting import BARE_CALL, auto_tags
+from npu_proxy.models.locate import locate
+
+LLM = "smollm2:135m"
+BARE = "llama-style:135m"
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou can call these functions:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    'To call one, respond with {"name": function name, "parameters": dictionary of argument '
+    "name and its value}.<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LEVEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "level": {"type": "integer", "enum": [3, 7]},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+    },
+    "required": ["level", "code"],
+}
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "set_level", "description": "Set the level",
+                                      "parameters": LEVEL_SCHEMA}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+EARLIER = '{"name": "set_level", "parameters": {}}'
+CALLING: list[dict[str, Any]] = [
+    {"role": "user", "content": "Set the level to high."},
+    {"role": "assistant", "content": EARLIER},
+    {"role": "user", "content": "Set the level to low."},
+    {"role": "assistant", "content": EARLIER},
+    {"role": "user", "content": "Set the level to 5, code abc."},
+]
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("tools-unmarked")
+    gguf = locate(Server(tmp / "probe").config, LLM).path
+    srv = Server(tmp, workers=[{"name": "llm", "role": "llm", "model": BARE}],
+                 models={BARE: {"path": str(gguf), "chat_template": TEMPLATE}}).start()
+    yield srv.url
+    srv.stop()
+
+
+def test_a_template_without_markers_gets_one_tag_per_tool() -> None:
+    tools = [Tool("a", "", {"type": "object", "properties": {"x": {"type": "integer"}}}),
+             Tool('b"q', "", {"type": "object", "properties": {}})]
+    tags = auto_tags(ToolRequest(tools, ToolChoice("auto")), True, TEMPLATE)
+    assert tags is not None and tags.trigger == BARE_CALL and not tags.padded
+    assert [t.begin for t in tags.tags] == ['{"name": "a", "parameters": ',
+                                            '{"name": "b\\"q", "parameters": ']
+    assert all(t.begin.startswith(tags.trigger) and t.end == "}" for t in tags.tags)
+    assert json.loads(tags.tags[0].schema) == tools[0].parameters
+    # A template that names the key "arguments", or has none, gets "arguments".
+    other = auto_tags(ToolRequest(tools, ToolChoice("auto")), True, "{{ tools }}")
+    assert other is not None and other.tags[0].begin == '{"name": "a", "arguments": '
+    # Markers in the template: one tag between them, whatever the tool.
+    marked = auto_tags(ToolRequest(tools, ToolChoice("auto")), True,
+                       "{{ tools }}<tool_call></tool_call>")
+    assert marked is not None and marked.trigger == "<tool_call>" and marked.padded
+    assert [(t.begin, t.end) for t in marked.tags] == [("<tool_call>", "</tool_call>")]
+    assert auto_tags(ToolRequest(tools, ToolChoice("required")), True, TEMPLATE) is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bare_call_is_held_to_the_tool_schema(bare: str, stream: bool) -> None:
+    oai = openai.OpenAI(base_url=bare + "/v1", api_key="x", max_retries=0)
+    kwargs: dict[str, Any] = {"model": BARE, "messages": CALLING, "tools": TOOLS,
+                              "temperature": 0, "max_tokens": 80}
+    if stream:
+        names, args = [], ""
+        for chunk in oai.chat.completions.create(stream=True, **kwargs):
+            for delta in (c.delta.tool_calls or [] for c in chunk.choices):
+                for call in delta:
+                    if call.function and call.function.name:
+                        names.append(call.function.name)
+                    args += (call.function.arguments or "") if call.function else ""
+    else:
+        reply = oai.chat.completions.create(**kwargs)
+        calls = reply.choices[0].message.tool_calls or []
+        assert reply.choices[0].finish_reason == "tool_calls", reply
+        names = [c.function.name for c in calls]  # type: ignore[union-attr]
+        args = "".join(c.function.arguments for c in calls)  # type: ignore[union-attr]
+    assert names == ["set_level"]
+    jsonschema.validate(json.loads(args), LEVEL_SCHEMA)
+
+
+def test_on_ollama_too(bare: str) -> None:
+    body = {"model": BARE, "messages": CALLING, "stream": False, "tools": TOOLS,
+            "options": {"temperature": 0, "num_predict": 80}}
+    reply = httpx.post(bare + "/api/chat", json=body, timeout=120).json()
+    calls = reply["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["set_level"]
+    jsonschema.validate(calls[0]["function"]["arguments"], LEVEL_SCHEMA)
