@@ -133,6 +133,10 @@ class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # (not the system messages, not the last user turn) until they do, instead of failing
     # with PROMPT_TOO_LONG (Ollama's chat `truncate`, the Responses API's truncation "auto").
     truncate: bool = False
+    # The tokens this request already generated (and the client received) on a worker that
+    # died: the worker reads them after the prompt and generates what follows, counting them
+    # in completion_tokens and against max_tokens (gateway/core/resume.py).
+    resume: list[int] = []
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -236,6 +240,9 @@ class Delta(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # Only when the request asked (SamplingParams.logprobs): one entry per token of this
     # frame, whose pieces concatenate to `text`.
     logprobs: list[TokenLogprob] | None = None
+    # The ids of this frame's tokens, whose text is `text`: what a resumption continues
+    # from (Generate.resume).
+    ids: list[int] = []
 
 
 class Finished(msgspec.Struct, tag=True, array_like=True):

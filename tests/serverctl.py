@@ -210,6 +210,9 @@ class Server:
             # NOTE: many tests kill a worker mid-request and send that request again; the
             # crash quarantine (gateway/core/broker.py) is tested where it is turned on.
             "crash_quarantine_seconds": 0.0,
+            # NOTE: and expect the error a worker's death gives a stream; resumption is
+            # tested where it is turned on (test_resume.py).
+            "stream_resumes": 0,
             **settings,
         }
         if "transport" not in settings and TRANSPORT == "tcp":

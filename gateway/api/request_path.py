@@ -56,7 +56,6 @@ from npu_proxy.gateway.content.tools import CallParser, ToolRequest, prepare_cha
 from npu_proxy.gateway.core.catalog import ModelCatalog, ModelFacts, display_name, require
 from npu_proxy.gateway.core.errors import GatewayError, invalid
 from npu_proxy.gateway.core.generation import Embedded, Frames, Generation, Scored
-from npu_proxy.gateway.core.ids import new_id, now
 from npu_proxy.gateway.core.keep_alive import parse_keep_alive
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Router
@@ -64,6 +63,7 @@ from npu_proxy.gateway.http.util import decode_body, request_id, request_key, un
 from npu_proxy.gateway.http.wire import OLLAMA, dialect_for
 from npu_proxy.models.capabilities import THINKING, TOOLS
 from npu_proxy.protocol.config import Config
+from npu_proxy.protocol.ids import new_id, now
 from npu_proxy.protocol.messages import (
     ChatMessage,
     Delta,

@@ -299,8 +299,11 @@ class Broker:
             log.error("worker %s lost (%s); failing %d request(s)", name, reason,
                       len(link.requests), extra={"worker": name})
             if crashed:  # NOTE: an operator's stop or restart is no request's fault
-                self.quarantine.add([(s.id, s.fingerprint) for s in link.requests.values()],
-                                    f"worker {name} {reason}")
+                why = f"worker {name} {reason}"
+                for stream in link.requests.values():
+                    stream.crashed = why
+                self.quarantine.add([(s.id, s.fingerprint) for s in link.requests.values()
+                                     if not s.resumable], why)
         self._fail_all(link, f"worker {name} {reason}")
 
     def on_status(self, status: WorkerStatus) -> None:

@@ -6,6 +6,7 @@ the same for a request answered by several frames and one last one (speech in an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -14,17 +15,22 @@ from typing import Generic, Protocol, TypeVar
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.errors import GatewayError, from_failed
 from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.core.resume import Diverged, Replay, Resumption
 from npu_proxy.protocol.messages import (
     Abort,
     Accepted,
     Delta,
     Embeddings,
+    ErrorCode,
     Failed,
     Finished,
     RequestFrame,
     Reranked,
     TokenLogprob,
 )
+from npu_proxy.protocol.timings import Timings
+
+log = logging.getLogger(__name__)
 
 # Past a request's deadline, how long a worker may still send before it counts as stalled.
 STALL_GRACE_S = 5.0
@@ -69,6 +75,8 @@ class GenerationObserver(Protocol):
 
     def on_audio(self, worker: str, seconds: float) -> None: ...
 
+    def on_resume(self, gen: Generation) -> None: ...
+
 
 class Generation:
     """A request accepted by a worker: its route, then its Delta frames and the Finished one.
@@ -80,8 +88,14 @@ class Generation:
     def __init__(self, broker: Broker, stream: RequestStream, accepted: Accepted,
                  reason: str, started: float | None = None,
                  observers: Sequence[GenerationObserver] = (),
-                 deadline: float = float("inf"), load_wait_ns: int = 0) -> None:
+                 deadline: float = float("inf"), load_wait_ns: int = 0,
+                 resumption: Resumption | None = None) -> None:
         self.broker = broker
+        self.resumption = resumption
+        # The ids and text delivered so far, which a resumption continues from.
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.replay: Replay | None = None
         # Nanoseconds the request waited in the gateway for a load or a switch before
         # dispatch (Router._loaded): Ollama's load_duration counts it.
         self.load_wait_ns = load_wait_ns
@@ -89,6 +103,9 @@ class Generation:
         # catches a worker that stalled (still heartbeating, no longer generating).
         self.give_up_at = deadline + STALL_GRACE_S
         self.stream = stream
+        # The request as the client sent it, which a crash quarantines (a resumed stream's
+        # own fingerprint has its resumed tokens).
+        self.fingerprint = stream.fingerprint
         self.accepted = accepted
         self.reason = reason
         self.finished: Finished | None = None
@@ -136,20 +153,104 @@ class Generation:
                     raise GatewayError(
                         504, "timeout", f"worker {self.stream.worker} stopped producing output "
                         "past the request's deadline") from None
+                if isinstance(frame, Delta) and self.replay is not None:
+                    try:
+                        trimmed = self.replay.take(frame)
+                    except Diverged as exc:
+                        await self._diverged(exc)
+                        continue
+                    if trimmed is None:
+                        continue
+                    frame = trimmed
                 if isinstance(frame, Delta):
+                    if self.resumption is not None:
+                        self.ids += frame.ids
+                        self.text.append(frame.text)
                     self._count(frame.tokens)
                     self.ends.append(frame.tokens)
                     if frame.logprobs:
                         self.logprobs.extend(frame.logprobs)
                     yield frame
                 elif isinstance(frame, Finished):
+                    if self.replay is not None:
+                        try:
+                            self.replay.check_end(frame)
+                        except Diverged as exc:
+                            await self._diverged(exc)
+                            continue
                     self.finished = frame
                     self._count(frame.completion_tokens)
                     return
                 elif isinstance(frame, Failed):
+                    if frame.code == ErrorCode.WORKER_LOST and await self._resume(frame):
+                        if self.finished is not None:
+                            return
+                        continue
+                    if self.stream.crashed:
+                        self.broker.quarantine.add([(self.stream.id, self.fingerprint)],
+                                                   self.stream.crashed)
                     raise from_failed(frame)
         finally:
             self.close()
+
+    async def _resume(self, lost: Failed) -> bool:
+        """Go on after the worker died (`lost`), if the request may: True once it runs again
+        (or had nothing left to generate: `finished` is then set)."""
+        plan = self.resumption
+        text = "".join(self.text)
+        if plan is None or plan.left <= 0:
+            return False
+        replay = plan.replays(self.stream.worker, self.ids, text)
+        if not replay and not plan.allows(self.ids, text):
+            return False
+        plan.left -= 1
+        log.warning("request_id=%s resumes (%s) after %d tokens: %s", self.stream.id,
+                    "replayed" if replay else "continued", len(self.ids), lost.message)
+        for observer in self.observers:
+            observer.on_resume(self)
+        return await self._send_again(replay, text)
+
+    async def _diverged(self, exc: Diverged) -> None:
+        """A replay that did not give the client's tokens again: continued after them
+        instead, if it can be; else the request fails."""
+        log.warning("request_id=%s replay diverged (%s); continuing after its %d tokens "
+                    "instead", self.stream.id, exc, len(self.ids))
+        self.broker.send(self.stream.worker, Abort(id=self.stream.id))
+        plan = self.resumption
+        if plan is None or not plan.allows(self.ids, "".join(self.text)) or \
+                not await self._send_again(False, ""):
+            raise GatewayError(503, "worker_lost", "the worker died and the generation could "
+                               f"not be resumed: its replay diverged ({exc})")
+
+    async def _send_again(self, replay: bool, text: str) -> bool:
+        """The request sent again (replayed or continued); False when it cannot be."""
+        assert self.resumption is not None
+        old = self.stream
+        self.broker.close(old)
+        try:
+            again = await self.resumption(self.ids, replay)
+        except GatewayError as exc:
+            log.warning("request_id=%s cannot resume: %s", old.id, exc.message)
+            return False
+        self.replay = Replay(list(self.ids), len(text)) if replay and again else None
+        if again is None:
+            self.finished = self._ended_at_length()
+            return True
+        self.stream, self.accepted = again.stream, again.accepted
+        self.stream.resumable = True
+        self.give_up_at = again.deadline + STALL_GRACE_S
+        return True
+
+    def _ended_at_length(self) -> Finished:
+        """The end of a generation whose worker died after its last token (its max_tokens)
+        but before its Finished frame: timed from what the gateway saw."""
+        now = time.monotonic()
+        first = self.first_token_at or now
+        return Finished(id=self.stream.id, seq=self.stream.next_seq, finish_reason="length",
+                        prompt_tokens=self.accepted.prompt_tokens, completion_tokens=self.tokens,
+                        timings=Timings(prompt_ns=int((first - self.started) * 1e9),
+                                        decode_ns=int((now - first) * 1e9),
+                                        total_ns=int((now - self.started) * 1e9)))
 
     def _count(self, tokens: int) -> None:
         # NOTE: Delta.tokens and Finished.completion_tokens are cumulative counts.

@@ -173,6 +173,10 @@ class Metrics:
             "npu_proxy_worker_restarts_total",
             "Worker processes replaced by a new one, by how the previous one ended",
             ["worker", "reason"], registry=reg)
+        self.resumptions = Counter(
+            "npu_proxy_stream_resumptions_total",
+            "Generations sent again after their worker died, from the tokens already sent",
+            ["worker"], registry=reg)
         self.load_time = Histogram(
             "npu_proxy_model_load_seconds",
             "Time from worker start until its model was loaded and warmed up",
@@ -342,6 +346,10 @@ class Metrics:
         first = gen.first_token_at
         self.recent.finished(gen.stream.worker,
                              first - gen.started if first is not None else None, gen.tokens)
+
+    @_guarded
+    def on_resume(self, gen: Generation) -> None:
+        self.resumptions.labels(gen.stream.worker).inc()
 
     @_guarded
     def on_audio(self, worker: str, seconds: float) -> None:

@@ -18,14 +18,18 @@ class RequestStream:
     request, armed again only when the caller's deadline moves.
     """
 
-    __slots__ = ("_frames", "_timer", "_timer_at", "_waiter", "fingerprint", "id", "next_seq",
-                 "worker")
+    __slots__ = ("_frames", "_timer", "_timer_at", "_waiter", "crashed", "fingerprint", "id",
+                 "next_seq", "resumable", "worker")
 
     def __init__(self, id: str, worker: str, fingerprint: str = "") -> None:
         self.id = id
         self.worker = worker
         # What identifies the request across retries (gateway/core/broker.py fingerprint).
         self.fingerprint = fingerprint
+        # A generation that resumes if its worker dies (gateway/core/generation.py): a crash
+        # quarantines it only if it gives up (`crashed` then says why).
+        self.resumable = False
+        self.crashed = ""
         self.next_seq = 0
         self._frames: deque[RequestFrame] = deque()
         self._waiter: asyncio.Future[None] | None = None

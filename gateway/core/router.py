@@ -12,6 +12,7 @@ switches a worker to it first (gateway/core/switching.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TypeVar
@@ -38,6 +39,7 @@ from npu_proxy.gateway.core.generation import (
 )
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.core.resume import Resumed, Resumer
 from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.gateway.core.worker_link import WorkerLink, WorkerUnavailable
 from npu_proxy.protocol.config import Config
@@ -244,8 +246,38 @@ class Router:
         if not isinstance(frame, Accepted):
             self.broker.close(stream)
             raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
+        resumption = None
+        if self.config.stream_resumes > 0:
+            resumption = Resumer(functools.partial(self.send_again, model), self.broker, msg,
+                                 self.config.stream_resumes)
+            stream.resumable = True
         return Generation(self.broker, stream, frame, reason, started, self.observers,
-                          deadline=msg.deadline, load_wait_ns=waited)
+                          deadline=msg.deadline, load_wait_ns=waited, resumption=resumption)
+
+    async def send_again(self, model: ServedModel, msg: Generate) -> Resumed:
+        """A generation sent again after its worker died (gateway/core/resume.py), once a
+        worker serves its model; the wait moves its deadline, as a load's does."""
+        began = time.monotonic()
+        await self.serving(model)
+        msg.deadline += time.monotonic() - began
+        stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)
+        if not isinstance(frame, Accepted):
+            self.broker.close(stream)
+            if isinstance(frame, Failed):
+                raise from_failed(frame)
+            raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
+        return Resumed(stream, frame, msg.deadline)
+
+    async def serving(self, model: ServedModel) -> None:
+        """Wait until a worker of `model` serves (one restarting after a crash), within the
+        longest load_timeout of its workers; a 503 after it."""
+        links = [self.broker.links[w] for w in model.workers if w in self.broker.links]
+        give_up = time.monotonic() + max((link.spec.load_timeout for link in links), default=0)
+        # NOTE: polled, a tenth of a second at most: this waits for a process to restart.
+        while not any(link.serving for link in links):
+            if time.monotonic() > give_up:
+                raise unavailable(f"no worker of '{model.name}' serves again in time")
+            await asyncio.sleep(0.1)
 
     async def embed(self, model: ServedModel, msg: Embed) -> Embedded:
         frame, headers, waited = await self._one_reply(model, msg, Embeddings)

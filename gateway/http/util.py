@@ -12,7 +12,7 @@ import msgspec
 from starlette.requests import Request
 
 from npu_proxy.gateway.core.errors import GatewayError, invalid
-from npu_proxy.gateway.core.ids import new_id
+from npu_proxy.protocol.ids import new_id
 
 T = TypeVar("T")
 

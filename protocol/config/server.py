@@ -49,6 +49,11 @@ class ServerSettings(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=T
     # a 400 for this long if sent again, so retries cannot crash the worker in a loop
     # (gateway/core/broker.py). 0 = never.
     crash_quarantine_seconds: float = 300.0
+    # A generation in flight when its worker died (crashed, was killed as hung, restarted by
+    # an operator) resumes on the worker once it serves again, from its prompt and the tokens
+    # already sent, this many times at most; then the client gets the error. 0 = never
+    # (gateway/core/resume.py).
+    stream_resumes: int = 1
     # A streamed reply that sent nothing for this many seconds (a long prefill, a queue, a
     # tool call held back until it parses) gets the API's harmless keep-alive: an empty
     # chunk (OpenAI chat, completions), response.in_progress (Responses), a `ping` event

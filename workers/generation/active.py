@@ -27,15 +27,17 @@ class TokenizedRequest:
     received: float
     context: int = 0  # the context it runs in (Accepted.context)
     dropped: int = 0  # messages dropped to fit it (Accepted.dropped)
+    # Tokens at the end of `ids` generated before a worker died (Generate.resume).
+    resumed: int = 0
 
     @property
     def prompt_tokens(self) -> int:
-        return int(self.ids.shape[1])
+        return int(self.ids.shape[1]) - self.resumed
 
 
-# What a request's next Delta carries: its text, the tokens sent with it, and their logprobs
-# (None when the request did not ask).
-Pending = tuple[str, int, list[TokenLogprob] | None]
+# What a request's next Delta carries: its text, the tokens sent with it, their logprobs
+# (None when the request did not ask) and their ids.
+Pending = tuple[str, int, list[TokenLogprob] | None, list[int]]
 
 
 @dataclass
@@ -60,6 +62,14 @@ class Active:
     # Tokens not sent yet with their logprobs, when the request asked (else None); the last
     # ones wait while their character is incomplete.
     logprobs: list[TokenLogprob] | None = None
+    # How many of the streamer's ids have been sent (a resumed request's start sent).
+    sent: int = 0
+
+    def resume(self, ids: list[int]) -> None:
+        """Continue after `ids`, generated and sent before a worker died: the detokenizer
+        reads them (their text is not sent again) and they count as generated."""
+        self.streamer.prime(ids)
+        self.completion_tokens = self.sent = len(ids)
 
     def cancel(self, reason: str) -> None:
         self.cancelled = reason
@@ -108,13 +118,19 @@ class Active:
                 return None
             chunk = "".join(self.text)
             self.text.clear()
-            return chunk, self.completion_tokens, None
+            return chunk, self.completion_tokens, None, self._ids(self.streamer.released)
         waiting = len(self.streamer.ids) - self.streamer.released
         ready = len(self.logprobs) - waiting
         if ready <= 0:
             return None
         entries, self.logprobs = self.logprobs[:ready], self.logprobs[ready:]
-        return "".join(e.text for e in entries), self.completion_tokens - waiting, entries
+        return ("".join(e.text for e in entries), self.completion_tokens - waiting, entries,
+                self._ids(self.sent + ready))
+
+    def _ids(self, until: int) -> list[int]:
+        """The ids not sent yet up to `until`, now sent."""
+        ids, self.sent = self.streamer.ids[self.sent:until], until
+        return ids
 
     def close(self) -> None:
         """The text the detokenizer still holds, added to what is pending."""

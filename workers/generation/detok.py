@@ -105,6 +105,11 @@ class ByteDetokenizer:
         """How many of the tokens pushed have had their text released."""
         return self.read
 
+    def prime(self, ids: list[int]) -> None:
+        """Tokens whose text was released elsewhere (a resumed generation's start)."""
+        self.push(ids)
+        self.read = len(self.ids)
+
     def push(self, new_ids: list[int]) -> str:
         """New text for these tokens ("" while a character is incomplete)."""
         self.ids.extend(new_ids)
@@ -146,6 +151,14 @@ class Detokenizer:
     def released(self) -> int:
         """How many of the tokens pushed have had their text released."""
         return self.read
+
+    def prime(self, ids: list[int]) -> None:
+        """Tokens whose text was released elsewhere (a resumed generation's start): the
+        window's context for the next ones."""
+        self.ids.extend(ids)
+        self.read = self.last = len(self.ids)
+        self.prefix = max(0, self.read - self.WINDOW)
+        self.shown = self._text(self.ids[self.prefix:self.read])
 
     def push(self, new_ids: list[int]) -> str:
         """New text for these tokens ("" while a character is incomplete)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import numpy as np
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
@@ -28,6 +29,7 @@ from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
     Generate,
+    SamplingParams,
     TokenCount,
     Tokenize,
     TokenLogprob,
@@ -37,7 +39,7 @@ from npu_proxy.workers.faults import FaultInjector
 from npu_proxy.workers.generation import prompt_fit
 from npu_proxy.workers.generation.active import Active, TokenizedRequest
 from npu_proxy.workers.generation.prompting import Prompting
-from npu_proxy.workers.generation.sampling import generation_config
+from npu_proxy.workers.generation.sampling import generation_config, wanted_tokens
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +264,15 @@ class EngineBase:
             self._refuse(fitted)
             return None
         req, ids, dropped = fitted
-        n = int(ids.shape[1])
         params = req.params
+        if req.resume:
+            ids, params = _resumed(ids, req.resume, params, limit)
+            if ids is None:
+                self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
+                                    message="the prompt and the tokens generated before the "
+                                    "worker died no longer fit the context"))
+                return None
+        n = int(ids.shape[1])
         forced = self.spec.faults.force_regex
         if forced and params.json_schema is None and params.regex is None:
             log.warning("fault hook: request_id=%s constrained to %r", req.log_id, forced)
@@ -274,7 +283,7 @@ class EngineBase:
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc)))
             return None
         return TokenizedRequest(req=req, ids=ids, config=cfg, received=received, context=context,
-                                dropped=dropped)
+                                dropped=dropped, resumed=len(req.resume))
 
     def _accept(self, ready: TokenizedRequest) -> None:
         """Tell the gateway the request will run here, before its first token."""
@@ -289,6 +298,8 @@ class EngineBase:
                         prompt_tokens=ready.prompt_tokens, received=ready.received,
                         added=time.time(),
                         logprobs=[] if ready.req.params.logprobs else None)
+        if ready.resumed:
+            active.resume(ready.req.resume)
         self._active[ready.req.id] = active
         return active
 
@@ -308,11 +319,11 @@ class EngineBase:
             self._emit_delta(active, *pending)
 
     def _emit_delta(self, active: Active, text: str, tokens: int,
-                    logprobs: list[TokenLogprob] | None) -> None:
+                    logprobs: list[TokenLogprob] | None, ids: list[int]) -> None:
         if self.faults.gap_due(active.req.id, active.completion_tokens):
             active.seq += 1
         self.emit(Delta(id=active.req.id, seq=active.seq, text=text, tokens=tokens,
-                        logprobs=logprobs))
+                        logprobs=logprobs, ids=ids))
         active.seq += 1
 
     def _finish(self, active: Active) -> None:
@@ -326,6 +337,17 @@ class EngineBase:
                  shown, finished.finish_reason, active.prompt_tokens, active.completion_tokens,
                  extra={"request_id": shown})
         self.emit(finished)
+
+
+def _resumed(ids: np.ndarray[Any, Any], resume: list[int], params: SamplingParams,
+             limit: int) -> tuple[np.ndarray[Any, Any] | None, SamplingParams]:
+    """The prompt's ids followed by the tokens generated before a worker died, and the
+    parameters with what is left of max_tokens; None when they no longer fit `limit`."""
+    if int(ids.shape[1]) + len(resume) > limit:
+        return None, params
+    joined = np.concatenate([ids, np.asarray([resume], dtype=ids.dtype)], axis=1)
+    left = max(1, wanted_tokens(params.max_tokens) - len(resume))
+    return joined, msgspec.structs.replace(params, max_tokens=left)
 
 
 class TokenStreamer(ov_genai.StreamerBase):  # type: ignore[misc]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from npu_proxy.gateway.core.errors import invalid
-from npu_proxy.gateway.core.ids import new_id
+from npu_proxy.protocol.ids import new_id
 
 Mode = Literal["none", "auto", "required"]
 Kind = Literal["function", "custom"]

@@ -1,0 +1,164 @@
+"""A worker's death loses no stream (issue 43, point 5): streams in flight when their worker is
+SIGKILLed resume on the restarted worker from their prompt and the tokens already sent
+(Generate.resume); the client sees a pause, then the rest of the text it would have had.
+
+The server runs `stream_resumes = 1` (the default; the other test servers turn it off) and
+a deterministic llm worker (one sequence per step, no prefix cache), so each greedy text is
+the text it gets alone: comparing free texts is allowed here for the reason
+test_deterministic.py gives.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from serverctl import Server, wait_for
+
+from npu_proxy.gateway.core.resume import Resumer
+from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, ToolTag, ToolTags
+
+LLM = "smollm2:135m"
+TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a river town",
+          "an old clockmaker", "a night market", "a desert caravan", "a mountain school"]
+TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("resume"), workers=[
+        {"name": "llm", "role": "llm", "deterministic": True, "max_queue": 16}],
+        stream_resumes=1, crash_quarantine_seconds=300.0, backoff_initial=0.2).start()
+    yield server
+    server.stop()
+
+
+def _body(topic: str) -> dict[str, Any]:
+    return {"model": LLM, "temperature": 0, "max_tokens": TOKENS,
+            "messages": [{"role": "user", "content": f"Write a short story about {topic}."}],
+            "extra_body": {"ignore_eos": True}}
+
+
+class Reader:
+    """One streamed chat read with the OpenAI SDK in a thread."""
+
+    def __init__(self, client: openai.OpenAI, topic: str,
+                 pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.chunks: list[str] = []
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.started = threading.Event()
+        self.future = pool.submit(self._run, client, topic)
+
+    def _run(self, client: openai.OpenAI, topic: str) -> None:
+        stream = client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **_body(topic))
+        for chunk in stream:
+            if chunk.usage is not None:
+                self.usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    self.chunks.append(choice.delta.content)
+                    if len(self.chunks) >= 3:
+                        self.started.set()
+                if choice.finish_reason:
+                    self.finish = choice.finish_reason
+
+
+def _resumptions(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("npu_proxy_stream_resumptions_total{"))
+
+
+def test_greedy_streams_killed_mid_way_end_with_their_own_texts(srv: Server) -> None:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    alone = {}
+    for topic in TOPICS:
+        reply = client.chat.completions.create(**_body(topic))
+        assert reply.usage is not None and reply.usage.completion_tokens == TOKENS
+        alone[topic] = reply.choices[0].message.content
+    old_pid = int(srv.children()["llm"]["pid"])
+    with concurrent.futures.ThreadPoolExecutor(len(TOPICS)) as pool:
+        readers = [Reader(client, topic, pool) for topic in TOPICS]
+        # NOTE: the worker runs one sequence at a time: it dies in the middle of the first
+        # stream's text, with the other seven accepted and waiting behind it.
+        assert readers[0].started.wait(120), "the first stream sent no text"
+        os.kill(old_pid, signal.SIGKILL)
+        for reader in readers:
+            reader.future.result(timeout=600)
+    for topic, reader in zip(TOPICS, readers, strict=True):
+        assert "".join(reader.chunks) == alone[topic], topic
+        assert reader.finish == "length"
+        assert reader.usage is not None and reader.usage.completion_tokens == TOKENS
+    assert int(srv.children()["llm"]["pid"]) != old_pid
+    assert _resumptions(srv.url) >= 1
+    # NOTE: the gateway logs through a queue: waited for, not read at once.
+    wait_for(lambda: "resumes (replayed) after" in srv.worker_log("gateway"), timeout=30,
+             what="the replay in the gateway's log")
+    # A resumed request was no crash's suspect: sent again, it is served, not quarantined.
+    again = client.chat.completions.create(**_body(TOPICS[0]))
+    assert again.choices[0].message.content == alone[TOPICS[0]]
+
+
+@pytest.fixture(scope="module")
+def batching(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("resume-batching"), workers=[
+        {"name": "llm", "role": "llm"}], stream_resumes=1, backoff_initial=0.2).start()
+    yield server
+    server.stop()
+
+
+def test_a_stream_on_a_batching_worker_continues_after_its_tokens(batching: Server) -> None:
+    """Not deterministic: the stream is continued from its prompt and the tokens it sent (one
+    prompt pass), so its text is not compared, only its shape: no error, every token asked
+    for, the prompt counted as the client sent it."""
+    client = openai.OpenAI(base_url=batching.url + "/v1", api_key="x", max_retries=0,
+                           timeout=300)
+    alone = client.chat.completions.create(**_body(TOPICS[0]))
+    assert alone.usage is not None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reader = Reader(client, TOPICS[0], pool)
+        assert reader.started.wait(120), "the stream sent no text"
+        os.kill(int(batching.children()["llm"]["pid"]), signal.SIGKILL)
+        reader.future.result(timeout=600)
+    assert reader.finish == "length" and len(reader.chunks) > 3
+    assert reader.usage is not None and reader.usage.completion_tokens == TOKENS
+    assert reader.usage.prompt_tokens == alone.usage.prompt_tokens
+    wait_for(lambda: "resumes (continued) after" in batching.worker_log("gateway"),
+             timeout=30, what="the continuation in the gateway's log")
+    assert _resumptions(batching.url) == 1
+
+
+def _plan(params: SamplingParams, images: bool = False) -> Resumer:
+    msg = Generate(id="g", model=LLM, params=params, deadline=time.time() + 60,
+                   messages=[ChatMessage(role="user", content="hi",
+                                         images=[b"x"] if images else [])])
+    return Resumer(None, None, msg, 1)  # type: ignore[arg-type]
+
+
+def test_what_can_resume() -> None:
+    """Free text resumes anywhere; a constrained output only before its first token (its
+    grammar would start again mid-value); a call under tool_choice auto only while none is
+    open; images only before the first token (the vlm pipeline reads no token ids)."""
+    free = _plan(SamplingParams())
+    assert free.allows([], "") and free.allows([1, 2], "Once upon")
+    for held in (_plan(SamplingParams(json_schema='{"type": "object"}')),
+                 _plan(SamplingParams(regex="[a-z]+")), _plan(SamplingParams(), images=True)):
+        assert held.allows([], "") and not held.allows([1], "{")
+    tags = ToolTags("<tool_call>", (ToolTag("<tool_call>", "{}", "</tool_call>"),), padded=True)
+    marked = _plan(SamplingParams(tool_tags=tags))
+    assert marked.allows([1], "Let me look.")
+    assert not marked.allows([1], 'Let me look.<tool_call>\n{"name": "re')
+    assert marked.allows([1], '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\nOk')
+    bare = _plan(SamplingParams(tool_tags=ToolTags('{"name"', (
+        ToolTag('{"name": "a", "parameters": ', "{}", "}"),))))
+    assert bare.allows([1], "Sure.") and not bare.allows([1], '{"name": "a", "parameters": {}}')
