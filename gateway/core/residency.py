@@ -178,14 +178,15 @@ class Residency:
 
     def first_loading(self, workers: list[str]) -> str | None:
         """The worker of `workers` to wait for when none serves: one loading for the first
-        time (WorkerLink.first_load), or one this gateway has not heard yet (`unheard`)."""
+        time (WorkerLink.first_load) or after a crash (`reloading`), or one this gateway has
+        not heard yet (`unheard`)."""
         links = [self.broker.links[w] for w in workers if w in self.broker.links]
         if any(self.usable(link) for link in links):
             return None
         # NOTE: not a worker being switched to another model (the Switcher waits for those):
         # until its new process reports, the table still lists it under its old model.
         return next((link.name for link in links
-                     if (link.first_load or self.unheard(link))
+                     if (link.first_load or link.reloading or self.unheard(link))
                      and link.name not in self.pending), None)
 
     async def ready(self, workers: list[str]) -> None:
@@ -228,17 +229,18 @@ class Residency:
                      time.monotonic() - began, extra={"worker": name})
 
     async def _wait_first_load(self, name: str) -> None:
-        """Wait for a worker loading for the first time to serve, within its load_timeout,
-        or for the first heartbeat of one not heard yet, within its heartbeat_timeout.
+        """Wait for a worker loading for the first time or after a crash to serve, within
+        its load_timeout, or for the first heartbeat of one not heard yet, within its
+        heartbeat_timeout.
 
-        NOTE: one wait per worker, shared like a start; a crash meanwhile (backoff: the
-        restart is not waited for, see WorkerLink.first_load) ends it with a 503."""
+        NOTE: one wait per worker, shared like a start; a crash during a first load ends it
+        with a 503, as does a crash loop (failed) during a restart."""
         task = self.loading.get(name)
         if task is None:
             link = self.broker.links[name]
             what = (f"{link.state.label} for the first time" if link.first_load else
-                    f"not heard yet (up to {link.spec.heartbeat_timeout:g} s, "
-                    "heartbeat_timeout)")
+                    "restarting after a crash" if link.reloading else
+                    f"not heard yet (up to {link.spec.heartbeat_timeout:g} s, heartbeat_timeout)")
             log.info("requests wait for worker %s: %s", name, what, extra={"worker": name})
             task = asyncio.ensure_future(self._wait_first_news(link))
             self.loading[name] = task
@@ -253,6 +255,11 @@ class Residency:
             return
         if link.first_load:
             await self._wait_serving(link, link.spec, 0, before, given_up=_RESTARTING)
+            return
+        if link.reloading:
+            # NOTE: its backoff is waited for too; a crash loop (failed) or another exit
+            # meanwhile ends the wait with a 503.
+            await self._wait_serving(link, link.spec, 0, before, given_up=_DOWN)
             return
         beat = link.heartbeat
         silent = time.monotonic() - link.pid_since >= link.spec.heartbeat_timeout

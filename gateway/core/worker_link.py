@@ -105,10 +105,18 @@ class WorkerLink:
         crash, once it had stopped), an operator's start or restart. Another host's worker,
         which no supervisor of this gateway tells of, says so in its heartbeats."""
         # NOTE: a request waits for a first load (as Ollama's first request waits for the
-        # model); during a crash's restart it gets a 503 with Retry-After, so a balancer fails
-        # over to an instance that serves instead of holding the request for a whole reload.
+        # model), and for a crash's restart (`reloading`) too; only /health/ready tells them
+        # apart (gateway/core/health.py), so a balancer fails over to an instance that serves.
         told = self.supervised or self.heartbeat
         return told is not None and not told.recovering and self.state.loading
+
+    @property
+    def reloading(self) -> bool:
+        """Replacing a crashed process: waiting to restart (backoff) or loading the new one
+        (`WorkerStatus.recovering`). Requests wait for it, as for a first load (issue 43)."""
+        told = self.supervised or self.heartbeat
+        return self.state == ProcessState.BACKOFF or (
+            told is not None and told.recovering and self.state.loading)
 
     @property
     def serving(self) -> bool:
