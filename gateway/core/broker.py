@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 
@@ -25,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from npu_proxy.gateway.core.errors import GatewayError
-from npu_proxy.gateway.core.request_stream import RequestStream
+from npu_proxy.gateway.core.request_stream import RequestStream, fingerprint
 from npu_proxy.gateway.core.worker_link import WorkerLink, WorkerUnavailable
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.liveness import (
@@ -55,21 +54,6 @@ from npu_proxy.protocol.states import ProcessState
 
 log = logging.getLogger(__name__)
 
-# A request's fields that differ between two sends of the same request.
-_PER_SEND = ("id", "log_id", "deadline")
-
-
-def fingerprint(msg: msgspec.Struct) -> str:
-    """What identifies a request across retries: the message without its ids, deadline and
-    (for a generation) seed, which the gateway draws afresh for each send."""
-    fields = {f: "" if f != "deadline" else 0.0 for f in _PER_SEND if hasattr(msg, f)}
-    params = getattr(msg, "params", None)
-    if params is not None and getattr(params, "seed", None) is not None:
-        fields["params"] = msgspec.structs.replace(params, seed=None)
-    return hashlib.blake2b(encode(msgspec.structs.replace(msg, **fields)),
-                           digest_size=12).hexdigest()
-
-
 class Quarantine:
     """Fingerprints of the requests in flight when their worker crashed, refused a while."""
 
@@ -87,13 +71,17 @@ class Quarantine:
             log.error("request_id=%s fingerprint=%s was in flight when %s: the same request "
                       "is refused for %.0f s", request_id, fp, why, self.seconds)
 
-    def check(self, fp: str, request_id: str) -> None:
-        """A 400 for a request a crash put here, while it is here."""
+    def check(self, msg: msgspec.Struct, request_id: str) -> str:
+        """A 400 for a request a crash put here, while it is here; its fingerprint, or ""
+        when none is held (not computed then: an encoding of the request saved per send)."""
         now = time.monotonic()
         for stale in [k for k, (until, _) in self._until.items() if until <= now]:
             del self._until[stale]
+        if not self._until:
+            return ""
+        fp = fingerprint(msg)
         if (hit := self._until.get(fp)) is None:
-            return
+            return fp
         until, why = hit
         log.warning("request_id=%s fingerprint=%s refused: in flight when %s", request_id, fp,
                     why)
@@ -160,8 +148,7 @@ class Broker:
     def open(self, worker: str, request_id: str, msg: msgspec.Struct) -> RequestStream:
         """Send a request and register the stream its frames arrive on."""
         link = self.links[worker]
-        fp = fingerprint(msg)
-        self.quarantine.check(fp, request_id)
+        fp = self.quarantine.check(msg, request_id)
         data = encode(msg)
         limit = request_limit(self.config)
         if len(data) > limit:
@@ -173,7 +160,7 @@ class Broker:
                                f"the request grows to {len(data)} bytes once prepared for the "
                                f"worker (tools, schemas, history), over the limit of {limit} "
                                "bytes (2 * max_body_bytes + 1 MiB)")
-        stream = RequestStream(id=request_id, worker=worker, fingerprint=fp)
+        stream = RequestStream(id=request_id, worker=worker, msg=msg, fingerprint=fp)
         link.requests[request_id] = stream
         try:
             self._push_now[worker].send(data, flags=zmq.NOBLOCK)

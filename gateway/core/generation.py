@@ -105,7 +105,7 @@ class Generation:
         self.stream = stream
         # The request as the client sent it, which a crash quarantines (a resumed stream's
         # own fingerprint has its resumed tokens).
-        self.fingerprint = stream.fingerprint
+        self.sent = stream
         self.accepted = accepted
         self.reason = reason
         self.finished: Finished | None = None
@@ -187,7 +187,7 @@ class Generation:
                             return
                         continue
                     if self.stream.crashed:
-                        self.broker.quarantine.add([(self.stream.id, self.fingerprint)],
+                        self.broker.quarantine.add([(self.stream.id, self.sent.fingerprint)],
                                                    self.stream.crashed)
                     raise from_failed(frame)
         finally:

@@ -1,12 +1,30 @@
 """`RequestStream`: the frames of one request, in order, as the broker's reader delivers
-them (gateway/core/broker.py), waited for by the request's handler."""
+them (gateway/core/broker.py), waited for by the request's handler; and the request's
+`fingerprint`, what identifies it across retries (the crash quarantine's key)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import deque
 
-from npu_proxy.protocol.messages import RequestFrame
+import msgspec
+
+from npu_proxy.protocol.messages import RequestFrame, encode
+
+# A request's fields that differ between two sends of the same request.
+_PER_SEND = ("id", "log_id", "deadline")
+
+
+def fingerprint(msg: msgspec.Struct) -> str:
+    """What identifies a request across retries: the message without its ids, deadline and
+    (for a generation) seed, which the gateway draws afresh for each send."""
+    fields = {f: "" if f != "deadline" else 0.0 for f in _PER_SEND if hasattr(msg, f)}
+    params = getattr(msg, "params", None)
+    if params is not None and getattr(params, "seed", None) is not None:
+        fields["params"] = msgspec.structs.replace(params, seed=None)
+    return hashlib.blake2b(encode(msgspec.structs.replace(msg, **fields)),
+                           digest_size=12).hexdigest()
 
 
 class RequestStream:
@@ -18,14 +36,16 @@ class RequestStream:
     request, armed again only when the caller's deadline moves.
     """
 
-    __slots__ = ("_frames", "_timer", "_timer_at", "_waiter", "crashed", "fingerprint", "id",
-                 "next_seq", "resumable", "worker")
+    __slots__ = ("_fingerprint", "_frames", "_timer", "_timer_at", "_waiter", "crashed", "id",
+                 "msg", "next_seq", "resumable", "worker")
 
-    def __init__(self, id: str, worker: str, fingerprint: str = "") -> None:
+    def __init__(self, id: str, worker: str, msg: msgspec.Struct | None = None,
+                 fingerprint: str = "") -> None:
         self.id = id
         self.worker = worker
-        # What identifies the request across retries (gateway/core/broker.py fingerprint).
-        self.fingerprint = fingerprint
+        # The request sent, and its fingerprint once known (computed when first asked for).
+        self.msg = msg
+        self._fingerprint = fingerprint
         # A generation that resumes if its worker dies (gateway/core/generation.py): a crash
         # quarantines it only if it gives up (`crashed` then says why).
         self.resumable = False
@@ -35,6 +55,13 @@ class RequestStream:
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies the request across retries (`fingerprint`)."""
+        if not self._fingerprint and self.msg is not None:
+            self._fingerprint = fingerprint(self.msg)
+        return self._fingerprint
 
     def put(self, frame: RequestFrame) -> None:
         self._frames.append(frame)
