@@ -23,8 +23,18 @@ import openai
 import pytest
 from serverctl import Server, wait_for
 
-from npu_proxy.gateway.core.resume import Resumer
-from npu_proxy.protocol.messages import ChatMessage, Generate, SamplingParams, ToolTag, ToolTags
+from npu_proxy.gateway.core.resume import Diverged, Replay, Resumer
+from npu_proxy.protocol.messages import (
+    ChatMessage,
+    Delta,
+    Finished,
+    Generate,
+    SamplingParams,
+    TokenLogprob,
+    ToolTag,
+    ToolTags,
+)
+from npu_proxy.protocol.timings import Timings
 
 LLM = "smollm2:135m"
 TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a river town",
@@ -120,22 +130,33 @@ def batching(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_a_stream_on_a_batching_worker_continues_after_its_tokens(batching: Server) -> None:
     """Not deterministic: the stream is continued from its prompt and the tokens it sent (one
     prompt pass), so its text is not compared, only its shape: no error, every token asked
-    for, the prompt counted as the client sent it."""
+    for, the prompt counted as the client sent it. On the legacy completions API: every API
+    reads the same resumed generation."""
     client = openai.OpenAI(base_url=batching.url + "/v1", api_key="x", max_retries=0,
                            timeout=300)
-    alone = client.chat.completions.create(**_body(TOPICS[0]))
+    ask: dict[str, Any] = {"model": LLM, "prompt": f"A story about {TOPICS[0]}:",
+                           "max_tokens": TOKENS, "temperature": 0,
+                           "extra_body": {"ignore_eos": True}}
+    alone = client.completions.create(**ask)
     assert alone.usage is not None
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        reader = Reader(client, TOPICS[0], pool)
-        assert reader.started.wait(120), "the stream sent no text"
-        os.kill(int(batching.children()["llm"]["pid"]), signal.SIGKILL)
-        reader.future.result(timeout=600)
-    assert reader.finish == "length" and len(reader.chunks) > 3
-    assert reader.usage is not None and reader.usage.completion_tokens == TOKENS
-    assert reader.usage.prompt_tokens == alone.usage.prompt_tokens
+    pid = int(batching.children()["llm"]["pid"])
+    texts: list[str] = []
+    finish, usage = None, None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True},
+                                           **ask):
+        for choice in chunk.choices:
+            texts.append(choice.text)
+            finish = choice.finish_reason or finish
+            if len(texts) == 4:
+                os.kill(pid, signal.SIGKILL)
+        usage = chunk.usage or usage
+    assert finish == "length" and len(texts) > 4
+    assert usage is not None and usage.completion_tokens == TOKENS
+    assert usage.prompt_tokens == alone.usage.prompt_tokens
     wait_for(lambda: "resumes (continued) after" in batching.worker_log("gateway"),
              timeout=30, what="the continuation in the gateway's log")
     assert _resumptions(batching.url) == 1
+    assert int(batching.children()["llm"]["pid"]) != pid
 
 
 def _plan(params: SamplingParams, images: bool = False) -> Resumer:
@@ -162,3 +183,26 @@ def test_what_can_resume() -> None:
     bare = _plan(SamplingParams(tool_tags=ToolTags('{"name"', (
         ToolTag('{"name": "a", "parameters": ', "{}", "}"),))))
     assert bare.allows([1], "Sure.") and not bare.allows([1], '{"name": "a", "parameters": {}}')
+
+
+def test_a_replay_passes_on_only_what_follows_the_clients_tokens() -> None:
+    """The replayed frames' first tokens are checked against the client's and left out; a
+    frame that straddles the end is cut there (text by the client's text length, logprobs by
+    token); another token, or an end before the client's tokens, is a divergence."""
+    replay = Replay([5, 6, 7], len("abc"))
+    assert replay.take(Delta(id="r", seq=1, text="ab", tokens=2, ids=[5, 6])) is None
+    lp = [TokenLogprob("c", b"c", -0.1), TokenLogprob("d", b"d", -0.2)]
+    out = replay.take(Delta(id="r", seq=2, text="cd", tokens=4, logprobs=lp, ids=[7, 8]))
+    assert out is not None and (out.text, out.ids, out.tokens) == ("d", [8], 4)
+    assert out.logprobs == lp[1:]
+    after = replay.take(Delta(id="r", seq=3, text="e", tokens=5, ids=[9]))
+    assert after is not None and (after.text, after.ids) == ("e", [9])
+    replay.check_end(Finished(id="r", seq=4, finish_reason="length", prompt_tokens=1,
+                              completion_tokens=5, timings=Timings()))
+    with pytest.raises(Diverged):
+        Replay([5, 6], 2).take(Delta(id="r", seq=1, text="ax", tokens=2, ids=[5, 9]))
+    short = Replay([5, 6], 2)
+    assert short.take(Delta(id="r", seq=1, text="a", tokens=1, ids=[5])) is None
+    with pytest.raises(Diverged):
+        short.check_end(Finished(id="r", seq=2, finish_reason="stop", prompt_tokens=1,
+                                 completion_tokens=1, timings=Timings()))

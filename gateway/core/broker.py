@@ -35,6 +35,7 @@ from npu_proxy.protocol.liveness import (
     event_decoder,
 )
 from npu_proxy.protocol.messages import (
+    Abort,
     ErrorCode,
     Failed,
     WorkerReply,
@@ -174,6 +175,15 @@ class Broker:
         link = self.links.get(stream.worker)
         if link is not None:
             link.requests.pop(stream.id, None)
+
+    def release(self, stream: RequestStream, ended: bool = False) -> None:
+        """Stop listening to a request and, unless its worker `ended` it, tell the worker to
+        stop it: also when the broker already gave it up (a frame gap, a lost heartbeat), as
+        the worker may still be working on it. A worker that knows no such request ignores
+        the abort."""
+        if not ended:
+            self.send(stream.worker, Abort(id=stream.id))
+        self.close(stream)
 
     def send(self, worker: str, msg: msgspec.Struct) -> None:
         """Fire and forget (aborts). Never awaits, so it is safe in a cancelled task."""

@@ -17,7 +17,6 @@ from npu_proxy.gateway.core.errors import GatewayError, from_failed
 from npu_proxy.gateway.core.request_stream import RequestStream
 from npu_proxy.gateway.core.resume import Diverged, Replay, Resumption
 from npu_proxy.protocol.messages import (
-    Abort,
     Accepted,
     Delta,
     Embeddings,
@@ -215,7 +214,7 @@ class Generation:
         instead, if it can be; else the request fails."""
         log.warning("request_id=%s replay diverged (%s); continuing after its %d tokens "
                     "instead", self.stream.id, exc, len(self.ids))
-        self.broker.send(self.stream.worker, Abort(id=self.stream.id))
+        self.broker.release(self.stream)
         plan = self.resumption
         if plan is None or not plan.allows(self.ids, "".join(self.text)) or \
                 not await self._send_again(False, ""):
@@ -274,12 +273,7 @@ class Generation:
         self._done = True
         for observer in self.observers:
             observer.on_done(self)
-        # NOTE: also when the broker already gave the request up (a frame gap, a lost
-        # heartbeat): the worker may still be generating it. A worker that knows no such
-        # request ignores the abort.
-        if self.finished is None:
-            self.broker.send(self.stream.worker, Abort(id=self.stream.id))
-        self.broker.close(self.stream)
+        self.broker.release(self.stream, ended=self.finished is not None)
 
 
 Part = TypeVar("Part")
@@ -344,5 +338,4 @@ class Frames(Generic[Part, Last]):
         if self._closed:
             return
         self._closed = True
-        self.broker.send(self.stream.worker, Abort(id=self.stream.id))
-        self.broker.close(self.stream)
+        self.broker.release(self.stream)

@@ -44,7 +44,6 @@ from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.gateway.core.worker_link import WorkerLink, WorkerUnavailable
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import (
-    Abort,
     Accepted,
     Delta,
     Detokenize,
@@ -148,15 +147,13 @@ class Router:
         try:
             return await stream.next_frame(timeout)
         except TimeoutError:
-            self.broker.send(stream.worker, Abort(id=stream.id))
-            self.broker.close(stream)
+            self.broker.release(stream)
             raise GatewayError(504, "timeout", "the worker did not accept the request in time")\
                 from None
         except asyncio.CancelledError:
             # NOTE: the client went away before the worker accepted: free the slot on both
             # sides, or the worker generates to the deadline for nobody.
-            self.broker.send(stream.worker, Abort(id=stream.id))
-            self.broker.close(stream)
+            self.broker.release(stream)
             raise
 
     async def _dispatch(
