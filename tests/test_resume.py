@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -163,26 +164,36 @@ def _plan(params: SamplingParams, images: bool = False) -> Resumer:
     msg = Generate(id="g", model=LLM, params=params, deadline=time.time() + 60,
                    messages=[ChatMessage(role="user", content="hi",
                                          images=[b"x"] if images else [])])
-    return Resumer(None, None, msg, 1)  # type: ignore[arg-type]
+    links = {name: SimpleNamespace(spec=SimpleNamespace(role=role, deterministic=steady))
+             for name, role, steady in (("llm", "llm", False), ("steady", "llm", True),
+                                        ("vision", "vlm", False))}
+    return Resumer(None, SimpleNamespace(links=links), msg, 1)  # type: ignore[arg-type]
 
 
 def test_what_can_resume() -> None:
     """Free text resumes anywhere; a constrained output only before its first token (its
     grammar would start again mid-value); a call under tool_choice auto only while none is
-    open; images only before the first token (the vlm pipeline reads no token ids)."""
+    open; images, or anything a vlm worker ran, only before the first token (its pipeline
+    reads no token ids). What cannot be continued, and what a deterministic worker ran, is
+    replayed."""
     free = _plan(SamplingParams())
-    assert free.allows([], "") and free.allows([1, 2], "Once upon")
+    assert free.allows("llm", [], "") and free.allows("llm", [1, 2], "Once upon")
+    assert not free.replays("llm", [1, 2], "Once upon") and not free.replays("llm", [], "")
+    assert free.replays("steady", [1, 2], "Once upon")
+    assert not free.allows("vision", [1, 2], "Once") and free.replays("vision", [1, 2], "Once")
     for held in (_plan(SamplingParams(json_schema='{"type": "object"}')),
                  _plan(SamplingParams(regex="[a-z]+")), _plan(SamplingParams(), images=True)):
-        assert held.allows([], "") and not held.allows([1], "{")
+        assert held.allows("llm", [], "") and not held.allows("llm", [1], "{")
     tags = ToolTags("<tool_call>", (ToolTag("<tool_call>", "{}", "</tool_call>"),), padded=True)
     marked = _plan(SamplingParams(tool_tags=tags))
-    assert marked.allows([1], "Let me look.")
-    assert not marked.allows([1], 'Let me look.<tool_call>\n{"name": "re')
-    assert marked.allows([1], '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\nOk')
+    assert marked.allows("llm", [1], "Let me look.")
+    assert not marked.allows("llm", [1], 'Let me look.<tool_call>\n{"name": "re')
+    done = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\nOk'
+    assert marked.allows("llm", [1], done)
     bare = _plan(SamplingParams(tool_tags=ToolTags('{"name"', (
         ToolTag('{"name": "a", "parameters": ', "{}", "}"),))))
-    assert bare.allows([1], "Sure.") and not bare.allows([1], '{"name": "a", "parameters": {}}')
+    assert bare.allows("llm", [1], "Sure.")
+    assert not bare.allows("llm", [1], '{"name": "a", "parameters": {}}')
 
 
 def test_a_replay_passes_on_only_what_follows_the_clients_tokens() -> None:

@@ -228,6 +228,12 @@ class VlmEngine(BatchEngine):
                                         f"request, this one has {len(encoded)}",
                                 retry_elsewhere=True))
             return None
+        if req.resume:
+            # NOTE: the VLM pipeline reads the prompt as text: it cannot continue from ids.
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.UNSUPPORTED,
+                                message=f"worker {self.spec.name} cannot continue a generation "
+                                        "from its tokens", retry_elsewhere=True))
+            return None
         # NOTE: the checks count the images without decoding them; pixels are decoded only
         # for a request that passed them.
         ready = super()._prepare(req)

@@ -200,7 +200,7 @@ class Generation:
         if plan is None or plan.left <= 0:
             return False
         replay = plan.replays(self.stream.worker, self.ids, text)
-        if not replay and not plan.allows(self.ids, text):
+        if not replay and not plan.allows(self.stream.worker, self.ids, text):
             return False
         plan.left -= 1
         log.warning("request_id=%s resumes (%s) after %d tokens: %s", self.stream.id,
@@ -216,7 +216,7 @@ class Generation:
                     "instead", self.stream.id, exc, len(self.ids))
         self.broker.release(self.stream)
         plan = self.resumption
-        if plan is None or not plan.allows(self.ids, "".join(self.text)) or \
+        if plan is None or not plan.allows(self.stream.worker, self.ids, "".join(self.text)) or \
                 not await self._send_again(False, ""):
             raise GatewayError(503, "worker_lost", "the worker died and the generation could "
                                f"not be resumed: its replay diverged ({exc})")

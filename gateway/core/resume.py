@@ -47,8 +47,8 @@ class Resumption(Protocol):
     # Resumptions left (the config's stream_resumes, less those used).
     left: int
 
-    def allows(self, ids: list[int], text: str) -> bool:
-        """Can it be continued after these tokens (this text)?"""
+    def allows(self, worker: str, ids: list[int], text: str) -> bool:
+        """Can it be continued after these tokens (this text), having run on `worker`?"""
         ...
 
     def replays(self, worker: str, ids: list[int], text: str) -> bool:
@@ -106,7 +106,7 @@ class Resumer:
 
     What it cannot continue it replays: a constrained output past its first token (the
     grammar would start again mid-value; a tool call under tool_choice auto only while no call
-    is open), or images past the first token (the vlm pipeline reads no token ids)."""
+    is open), or what a vlm worker ran (its pipeline reads no token ids)."""
 
     def __init__(self, send: Callable[[Generate], Awaitable[Resumed]], broker: Broker,
                  msg: Generate, left: int) -> None:
@@ -117,9 +117,12 @@ class Resumer:
         self.left = left
         self.sent = 0
 
-    def allows(self, ids: list[int], text: str) -> bool:
+    def allows(self, worker: str, ids: list[int], text: str) -> bool:
         if not ids:
             return True  # NOTE: nothing was generated: the same request again
+        link = self.broker.links.get(worker)
+        if link is not None and link.spec.role == "vlm":
+            return False  # NOTE: its pipeline reads the prompt as text, not token ids
         msg = self.msg
         params = msg.params
         if params.json_schema is not None or params.regex is not None or \
@@ -138,7 +141,7 @@ class Resumer:
         costs one prompt read instead of generating the tokens again."""
         link = self.broker.links.get(worker)
         return bool(ids) and ((link is not None and link.spec.deterministic)
-                              or not self.allows(ids, text))
+                              or not self.allows(worker, ids, text))
 
     async def __call__(self, ids: list[int], replay: bool) -> Resumed | None:
         msg = self.msg
