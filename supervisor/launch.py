@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,9 +70,9 @@ def context_length(url: str, model: str, key: str) -> int:
 
 
 def plan(client: str, url: str, model: str, key: str, context: int, args: list[str],
-         binary: str, private: Path) -> Plan:
-    """The command and environment for `client`; `private` is a folder of the launcher's own
-    (for opencode's config file)."""
+         binary: str, private: Callable[[], Path]) -> Plan:
+    """The command and environment for `client`; `private` makes a folder of the launcher's
+    own, called only for a client that reads a file (opencode's config)."""
     # NOTE: an eighth of the context for the reply, so that the client's own prompt has the
     # rest: Claude Code asks 32000 by default, and refuses to send at all ("Prompt is too
     # long") when its prompt plus the reply it reserves exceed the context it is told; at
@@ -95,7 +97,7 @@ def plan(client: str, url: str, model: str, key: str, context: int, args: list[s
         flags = [part for k, v in overrides.items() for part in ("-c", f"{k}={v}")]
         return Plan([binary, *flags, *args], {"NPU_PROXY_API_KEY": key})
     if client == "opencode":
-        config = private / "opencode.json"
+        config = private() / "opencode.json"
         text = json.dumps({
             "$schema": "https://opencode.ai/config.json", "model": f"npu-proxy/{model}",
             "provider": {"npu-proxy": {
@@ -116,6 +118,33 @@ def find_client(client: str) -> str:
     return found
 
 
+# A launched client's folder: `npu-proxy-launch-<client>-<pid>-<random>` in the temporary
+# folder, <pid> the launcher's, which the client keeps after exec.
+_FOLDER = "npu-proxy-launch-"
+
+
+def private_folder(client: str, tmp: Path | None = None) -> Path:
+    """A new folder for the client's own files, named with this process's id (the client's
+    once the launcher execs it); on POSIX, the folders of launched clients no longer running
+    are removed first, so launches leave nothing behind in the temporary folder. (On
+    Windows the launcher waits for the client and removes its folder itself.)"""
+    tmp = Path(tempfile.gettempdir()) if tmp is None else tmp
+    if os.name == "posix":
+        for old in tmp.glob(_FOLDER + "*"):
+            parts = old.name[len(_FOLDER):].split("-")
+            pid = parts[-2] if len(parts) >= 3 else ""
+            try:
+                st = old.lstat()
+                if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(old, ignore_errors=True)
+            except OSError:
+                continue  # NOTE: gone already, or a process of another user: kept
+    return Path(tempfile.mkdtemp(prefix=f"{_FOLDER}{client}-{os.getpid()}-", dir=tmp))
+
+
 def launch(config: Config, client: str, model: str, args: list[str]) -> int:
     """Start `client` against the server; its exit status (on POSIX the launcher becomes it)."""
     if client not in PACKAGES:
@@ -123,9 +152,8 @@ def launch(config: Config, client: str, model: str, args: list[str]) -> int:
     binary = find_client(client)
     url = server_url(config)
     key = config.api_key or PLACEHOLDER_KEY
-    private = Path(tempfile.mkdtemp(prefix=f"npu-proxy-{client}-"))
     steps = plan(client, url, model, key, context_length(url, model, key), args, binary,
-                 private)
+                 lambda: private_folder(client))
     for path, text in steps.files.items():
         path.write_text(text)
         path.chmod(0o600)
@@ -133,4 +161,8 @@ def launch(config: Config, client: str, model: str, args: list[str]) -> int:
     sys.stdout.flush()
     if os.name == "posix":
         os.execvpe(steps.argv[0], steps.argv, env)
-    return subprocess.run(steps.argv, env=env, check=False).returncode
+    try:
+        return subprocess.run(steps.argv, env=env, check=False).returncode
+    finally:
+        for path in steps.files:
+            shutil.rmtree(path.parent, ignore_errors=True)

@@ -52,9 +52,14 @@ def _node() -> str:
 
 
 def _base_env(home: Path) -> dict[str, str]:
-    """A clean environment: none of the developer's own keys, base URLs or configs."""
+    """A clean environment: none of the developer's own keys, base URLs or configs; its
+    temporary folder inside the test's (the launcher's and the clients' own temporary files
+    go with the test's folder, which tests/reaper.py removes)."""
     home.mkdir(parents=True, exist_ok=True)
+    tmp = home.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+            "TMPDIR": str(tmp),
             "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1",
             "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
             "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state")}
