@@ -246,12 +246,12 @@ def test_a_gateway_uses_the_workers_of_another_supervisor(tmp_path: Path) -> Non
         worker_host.stop()
 
 
-def test_a_remote_worker_loading_for_the_first_time_is_waited_for_not_its_crash_restart(
+def test_a_remote_worker_loading_for_the_first_time_or_after_a_crash_is_waited_for(
         tmp_path: Path) -> None:
     """Another host's worker heard loading: a request waits for its first load (as for a
-    local worker) and is answered; once it crashed and its supervisor restarts it, a request
-    gets a 503 with Retry-After at once (its heartbeat says it recovers), not a wait for a
-    whole reload."""
+    local worker) and is answered; once it crashed and its supervisor restarts it (its
+    heartbeat says it recovers), a request waits for that reload too (issue 43) and is
+    answered."""
     gate = tmp_path / "load-may-go-on"
     gateway_host, worker_host = _two_hosts(tmp_path, {"hold_load_until": str(gate)})
     try:
@@ -269,10 +269,11 @@ def test_a_remote_worker_loading_for_the_first_time_is_waited_for_not_its_crash_
         os.kill(crashed, signal.SIGKILL)
         wait_row(gateway_host, "far", lambda row: row["pid"] not in (None, crashed)
                  and row["state"] == "loading")
-        refused = chat(gateway_host.url)
-        assert refused.status_code == 503, refused.text
-        assert refused.headers["retry-after"]
-        assert refused.json()["error"]["code"] == "unavailable"
+        with _waiting_chat(gateway_host, "restarting after a crash", gate) as again:
+            pass
+        r = again.result(timeout=300)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-npu-proxy-worker"] == "far"
     finally:
         gate.touch()
         gateway_host.stop()
