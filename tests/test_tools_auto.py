@@ -19,19 +19,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from toolcalls import LEVEL_SCHEMA, chat_calls
 
 from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest
 from npu_proxy.gateway.content.tools.forcing import auto_call_schema
 
 LLM = "smollm2:135m"
-LEVEL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "level": {"type": "integer", "enum": [3, 7]},
-        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
-    },
-    "required": ["level", "code"],
-}
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "set_level", "description": "Set the level",
                                       "parameters": LEVEL_SCHEMA}},
@@ -71,20 +64,7 @@ def test_auto_schema_is_one_call_of_any_offered_tool() -> None:
 def test_a_begun_call_is_held_to_the_schema(oai: openai.OpenAI, stream: bool) -> None:
     kwargs: dict[str, Any] = {"model": LLM, "messages": CALLING, "tools": TOOLS,
                               "temperature": 0, "max_tokens": 80}
-    if stream:
-        names, args = [], ""
-        for chunk in oai.chat.completions.create(stream=True, **kwargs):
-            for delta in (c.delta.tool_calls or [] for c in chunk.choices):
-                for call in delta:
-                    if call.function and call.function.name:
-                        names.append(call.function.name)
-                    args += (call.function.arguments or "") if call.function else ""
-    else:
-        reply = oai.chat.completions.create(**kwargs)
-        calls = reply.choices[0].message.tool_calls or []
-        assert reply.choices[0].finish_reason == "tool_calls"
-        names = [c.function.name for c in calls]  # type: ignore[union-attr]
-        args = "".join(c.function.arguments for c in calls)  # type: ignore[union-attr]
+    names, args = chat_calls(oai, kwargs, stream)
     assert names == ["set_level"]
     jsonschema.validate(json.loads(args), LEVEL_SCHEMA)
 

@@ -20,6 +20,7 @@ import jsonschema
 import openai
 import pytest
 from serverctl import Server
+from toolcalls import LEVEL_SCHEMA, chat_calls
 
 from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest
 from npu_proxy.gateway.content.tools.prompting import BARE_CALL, auto_tags
@@ -34,14 +35,6 @@ TEMPLATE = (
     "name and its value}.<|im_end|>\n{% endif %}"
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LEVEL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "level": {"type": "integer", "enum": [3, 7]},
-        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
-    },
-    "required": ["level", "code"],
-}
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "set_level", "description": "Set the level",
                                       "parameters": LEVEL_SCHEMA}},
@@ -93,20 +86,7 @@ def test_a_bare_call_is_held_to_the_tool_schema(bare: str, stream: bool) -> None
     oai = openai.OpenAI(base_url=bare + "/v1", api_key="x", max_retries=0)
     kwargs: dict[str, Any] = {"model": BARE, "messages": CALLING, "tools": TOOLS,
                               "temperature": 0, "max_tokens": 80}
-    if stream:
-        names, args = [], ""
-        for chunk in oai.chat.completions.create(stream=True, **kwargs):
-            for delta in (c.delta.tool_calls or [] for c in chunk.choices):
-                for call in delta:
-                    if call.function and call.function.name:
-                        names.append(call.function.name)
-                    args += (call.function.arguments or "") if call.function else ""
-    else:
-        reply = oai.chat.completions.create(**kwargs)
-        calls = reply.choices[0].message.tool_calls or []
-        assert reply.choices[0].finish_reason == "tool_calls", reply
-        names = [c.function.name for c in calls]  # type: ignore[union-attr]
-        args = "".join(c.function.arguments for c in calls)  # type: ignore[union-attr]
+    names, args = chat_calls(oai, kwargs, stream)
     assert names == ["set_level"]
     jsonschema.validate(json.loads(args), LEVEL_SCHEMA)
 

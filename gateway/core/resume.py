@@ -151,5 +151,5 @@ class Resumer:
         # the stream that continues it.
         self.sent += 1
         again = msgspec.structs.replace(msg, id=f"{msg.id}~{self.sent}",
-                                        resume=[] if replay else ids)
+                                        resume=[] if replay else list(ids))
         return await self.send(again)

@@ -235,14 +235,7 @@ class Router:
         started = time.monotonic()
         model, waited = await self._loaded(model, msg)
         stream, frame, reason = await self._dispatch(model, msg.id, msg, msg.deadline)
-        if isinstance(frame, Failed):
-            self.broker.close(stream)
-            if frame.code == ErrorCode.PROMPT_TOO_LONG:
-                raise overflow(frame, msg.prompt is not None)
-            raise from_failed(frame)
-        if not isinstance(frame, Accepted):
-            self.broker.close(stream)
-            raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
+        frame = self._accepted(stream, frame, msg)
         resumption = None
         if self.config.stream_resumes > 0:
             resumption = Resumer(functools.partial(self.send_again, model), self.broker, msg,
@@ -258,12 +251,19 @@ class Router:
         await self.serving(model)
         msg.deadline += time.monotonic() - began
         stream, frame, _ = await self._dispatch(model, msg.id, msg, msg.deadline)
-        if not isinstance(frame, Accepted):
-            self.broker.close(stream)
-            if isinstance(frame, Failed):
-                raise from_failed(frame)
-            raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
-        return Resumed(stream, frame, msg.deadline)
+        return Resumed(stream, self._accepted(stream, frame, msg), msg.deadline)
+
+    def _accepted(self, stream: RequestStream, frame: RequestFrame, msg: Generate) -> Accepted:
+        """A generation's first frame, which must be its Accepted: else the stream is closed
+        and the error raised (a prompt too long as the API's context-length error)."""
+        if isinstance(frame, Accepted):
+            return frame
+        self.broker.close(stream)
+        if isinstance(frame, Failed):
+            if frame.code == ErrorCode.PROMPT_TOO_LONG:
+                raise overflow(frame, msg.prompt is not None)
+            raise from_failed(frame)
+        raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
 
     async def serving(self, model: ServedModel) -> None:
         """Wait until a worker of `model` serves (one restarting after a crash), within the
