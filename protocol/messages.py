@@ -90,6 +90,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, frozen=True):
     include_stop: bool = False
     # Send each generated token's log-probability, text and bytes (Delta.logprobs).
     logprobs: bool = False
+    # Send the prompt's tokens with their log-probabilities (Delta.prompt, before any generated
+    # token): OpenAI completions' echo with logprobs, vLLM's prompt_logprobs. With it,
+    # max_tokens may be 0: the prompt is scored and nothing generated.
+    prompt_logprobs: bool = False
     # A regular expression the output must match (vLLM's structured_outputs.regex).
     regex: str | None = None
     # Tool calls constrained once begun (tool_choice auto); never with json_schema or regex.
@@ -243,6 +247,11 @@ class Delta(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # The ids of this frame's tokens, whose text is `text`: what a resumption continues
     # from (Generate.resume).
     ids: list[int] = []
+    # Only when the request asked (SamplingParams.prompt_logprobs), in a frame of its own
+    # before the first generated token: one entry per prompt token (the chat template's
+    # included), whose pieces concatenate to the prompt as the model read it; `ids` are then
+    # the prompt's ids. The first token's logprob is NaN: nothing precedes it to predict it.
+    prompt: list[TokenLogprob] | None = None
 
 
 class Finished(msgspec.Struct, tag=True, array_like=True):

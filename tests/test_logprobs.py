@@ -193,7 +193,6 @@ def test_openai_completion_logprobs(oai: openai.OpenAI) -> None:
     ("/v1/chat/completions", {"top_logprobs": 2}),
     ("/v1/chat/completions", {"logprobs": 1}),
     ("/v1/completions", {"logprobs": 6}),
-    ("/v1/completions", {"logprobs": 1, "echo": True}),
 ])
 def test_openai_bad_logprobs(http: httpx.Client, path: str, extra: dict[str, Any]) -> None:
     body: dict[str, Any] = {"model": LLM, "max_tokens": 2, **extra}

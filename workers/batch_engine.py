@@ -125,13 +125,18 @@ def without_useless_cache(device: str, properties: dict[str, Any]) -> dict[str, 
     return {k: v for k, v in properties.items() if k != "CACHE_DIR"}
 
 
+def prefix_cached(spec: WorkerSpec) -> bool:
+    """Does the worker reuse the KV cache of a prompt's start computed before?"""
+    return spec.prefix_caching and not spec.deterministic
+
+
 def scheduler_config(spec: WorkerSpec, context_length: int) -> Any:
     """The worker's continuous-batching scheduler: prefix caching on, prompts read in steps;
     deterministic: one sequence per step (spec.max_running is 1), no prefix caching."""
     sched = ov_genai.SchedulerConfig()
     # NOTE: a prefix-cache hit computes only the prompt's uncached tail, in other shapes than
     # the whole prompt; deterministic mode makes every request compute its whole prompt.
-    sched.enable_prefix_caching = not spec.deterministic
+    sched.enable_prefix_caching = prefix_cached(spec)
     sched.cache_size = max(1, int(spec.kv_cache_gb))
     # NOTE: a prompt is read in steps of spec.max_batch_tokens (512 by default; 0 = a whole
     # prompt per step). The plugin keeps its largest step's scratch for reuse, so the step
@@ -150,6 +155,9 @@ class BatchEngine(EngineBase):
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         super().__init__(spec, model_path, context_length, emit)
+        # NOTE: a prefix-cache hit returns no log-probabilities for the cached start of an
+        # echoed prompt (measured: only the positions computed come back).
+        self.gives_prompt_logprobs = not prefix_cached(spec)
         self._next_handle_id = 0
         # A request has run since the warm-up, and what it read in place is not yet set to
         # come back by page (generation/weights.py read_back_by_page): done once, when idle.
@@ -294,10 +302,12 @@ class BatchEngine(EngineBase):
             if handle.can_read():
                 for out in handle.read().values():
                     ids = list(out.generated_ids)
+                    # NOTE: read only when asked; the pipeline computes them anyway.
+                    logprobs = (list(out.generated_log_probs)
+                                if active.logprobs is not None or active.echo else None)
+                    if active.echo and ids:
+                        ids, logprobs = self._on_prompt(active, ids, logprobs or [])
                     if ids:
-                        # NOTE: read only when asked; the pipeline computes them anyway.
-                        logprobs = (list(out.generated_log_probs)
-                                    if active.logprobs is not None else None)
                         self._on_tokens(active, ids, now, logprobs)
                     if out.finish_reason == ov_genai.GenerationFinishReason.LENGTH:
                         active.finish_reason = "length"

@@ -115,6 +115,10 @@ class Generation:
         self.last_token_at: float | None = None
         # Every token's logprob so far, when the request asked (Delta.logprobs).
         self.logprobs: list[TokenLogprob] = []
+        # The prompt's tokens with their logprobs, when the request asked (Delta.prompt):
+        # the first run's, a replay's are not read again.
+        self.prompt: list[TokenLogprob] | None = None
+        self.prompt_ids: list[int] = []
         # The output's token count at the end of each Delta (to count a part of the output's
         # tokens: a thinking model's reasoning_tokens).
         self.ends: list[int] = []
@@ -152,6 +156,10 @@ class Generation:
                     raise GatewayError(
                         504, "timeout", f"worker {self.stream.worker} stopped producing output "
                         "past the request's deadline") from None
+                if isinstance(frame, Delta) and frame.prompt is not None:
+                    if self.prompt is None:
+                        self.prompt, self.prompt_ids = frame.prompt, frame.ids
+                    continue
                 if isinstance(frame, Delta) and self.replay is not None:
                     try:
                         trimmed = self.replay.take(frame)

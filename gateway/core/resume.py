@@ -145,7 +145,8 @@ class Resumer:
 
     async def __call__(self, ids: list[int], replay: bool) -> Resumed | None:
         msg = self.msg
-        if msg.params.max_tokens is not None and len(ids) >= msg.params.max_tokens:
+        # NOTE: max_tokens 0 (a prompt scored, nothing generated) is sent again whole.
+        if msg.params.max_tokens and len(ids) >= msg.params.max_tokens:
             return None
         # NOTE: a fresh id for each send: an aborted replay's last frames must not reach
         # the stream that continues it.

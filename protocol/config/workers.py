@@ -96,6 +96,11 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # text it gets alone whatever else the worker runs, at the price of running one request
     # at a time (docs/configuration.md "Deterministic mode"). The npu role always is.
     deterministic: bool = False
+    # Reuse the KV cache of a prompt's start that an earlier request computed (llm role; off
+    # in deterministic mode). Off, every request reads its whole prompt, and the worker gives
+    # prompt log-probabilities (echo with logprobs, prompt_logprobs), which a reused start
+    # has none of: GenAI computes no logits for the cached positions.
+    prefix_caching: bool = True
     # OpenVINO properties for this worker's pipeline (OVMS calls them plugin_config), e.g.
     # GENERATE_HINT = "BEST_PERF" on NPU or INFERENCE_NUM_THREADS = 2 on CPU; a name the
     # device does not know makes the load fail with OpenVINO's message.

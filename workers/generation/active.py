@@ -64,6 +64,12 @@ class Active:
     logprobs: list[TokenLogprob] | None = None
     # How many of the streamer's ids have been sent (a resumed request's start sent).
     sent: int = 0
+    # Prompt ids the pipeline still has to give back, with their logprobs, before the
+    # generated ones (SamplingParams.prompt_logprobs); and those given back so far.
+    echo: int = 0
+    prompt: list[TokenLogprob] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_streamer: ByteDetokenizer | Detokenizer | None = None
 
     def resume(self, ids: list[int]) -> None:
         """Continue after `ids`, generated and sent before a worker died: the detokenizer
@@ -79,6 +85,28 @@ class Active:
     def cancel_if_late(self, now: float) -> None:
         if not self.cancelled and now > self.req.deadline:
             self.cancel("timeout")
+
+    def take_prompt(self, ids: list[int], logprobs: list[float],
+                    token_bytes: TokenBytes) -> tuple[list[int], list[float]]:
+        """Keep the echoed prompt's ids at the start of `ids` (with their logprobs); what
+        follows them, the generated tokens, is returned."""
+        n = min(self.echo, len(ids))
+        streamer = self.prompt_streamer
+        assert streamer is not None
+        for i in range(n):
+            first = not self.prompt and i == 0
+            piece = streamer.push([ids[i]])
+            logprob = float("nan") if first or i >= len(logprobs) else float(logprobs[i])
+            self.prompt.append(TokenLogprob(text=piece, data=token_bytes(ids[i]),
+                                            logprob=logprob))
+        self.prompt_ids += ids[:n]
+        self.echo -= n
+        if not self.echo and self.prompt:
+            rest = streamer.flush()
+            if rest:
+                last = self.prompt[-1]
+                self.prompt[-1] = TokenLogprob(last.text + rest, last.data, last.logprob)
+        return ids[n:], logprobs[n:]
 
     def take(self, ids: list[int], now: float, logprobs: list[float] | None,
              token_bytes: TokenBytes) -> None:

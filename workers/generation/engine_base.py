@@ -59,8 +59,10 @@ class EngineBase:
     `run` calls `_step` on the engine thread until told to stop.
     """
 
-    # Does the pipeline give each token's log-probability (SamplingParams.logprobs)?
+    # Does the pipeline give each token's log-probability (SamplingParams.logprobs), and
+    # every prompt token's (SamplingParams.prompt_logprobs)?
     gives_logprobs = True
+    gives_prompt_logprobs = False
 
     def __init__(self, spec: WorkerSpec, model_path: str, context_length: int, emit: Emit) -> None:
         self.spec = spec
@@ -252,6 +254,13 @@ class EngineBase:
                                 message=f"worker {self.spec.name} gives no logprobs",
                                 retry_elsewhere=True))
             return None
+        if req.params.prompt_logprobs and not self.gives_prompt_logprobs and not req.resume:
+            self._refuse(Failed(
+                id=req.id, seq=0, code=ErrorCode.UNSUPPORTED, retry_elsewhere=True,
+                message=f"worker {self.spec.name} gives no prompt log-probabilities: "
+                "they need an llm worker that reads every prompt whole (prefix_caching = "
+                "false or deterministic = true in its settings)"))
+            return None
         limit, elsewhere = self.prompt_limit()
         context = prompt_fit.context_for(req, self.context_length)
         limit = min(limit, context - 1)
@@ -266,6 +275,8 @@ class EngineBase:
         req, ids, dropped = fitted
         params = req.params
         if req.resume:
+            # NOTE: the client has the prompt's logprobs from the first run.
+            params = msgspec.structs.replace(params, prompt_logprobs=False)
             ids, params = _resumed(ids, req.resume, params, limit)
             if ids is None:
                 self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
@@ -300,6 +311,9 @@ class EngineBase:
                         logprobs=[] if ready.req.params.logprobs else None)
         if ready.resumed:
             active.resume(ready.req.resume)
+        elif ready.req.params.prompt_logprobs:
+            active.echo = ready.prompt_tokens
+            active.prompt_streamer = self.prompting.detokenizer()
         self._active[ready.req.id] = active
         return active
 
@@ -311,6 +325,19 @@ class EngineBase:
         self.generated_tokens += len(ids)
         active.take(ids, now, logprobs, self.prompting.token_bytes)
         self.faults.on_tokens(len(ids))
+
+    def _on_prompt(self, active: Active, ids: list[int],
+                   logprobs: list[float]) -> tuple[list[int], list[float]]:
+        """Take the echoed prompt's tokens at the start of `ids`, sent in a frame of their
+        own once all have come; the generated tokens after them are returned."""
+        assert self.prompting is not None
+        ids, logprobs = active.take_prompt(ids, logprobs, self.prompting.token_bytes)
+        if not active.echo:
+            self.emit(Delta(id=active.req.id, seq=active.seq, text="", tokens=0,
+                            ids=active.prompt_ids, prompt=active.prompt))
+            active.seq += 1
+            active.prompt, active.prompt_ids = [], []
+        return ids, logprobs
 
     def _flush(self, active: Active) -> None:
         """Send what of the request's text (and logprobs) is ready."""

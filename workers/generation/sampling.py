@@ -133,10 +133,19 @@ def generation_config(
     if params.ignore_eos:
         cfg.ignore_eos = True
         cfg.stop_token_ids = set()
-    if params.logprobs:
+    if params.logprobs or params.prompt_logprobs:
         # NOTE: OpenVINO GenAI gives the sampled token's log-probability only (any value > 1
         # is taken as 1), so no alternatives exist to return.
         cfg.logprobs = 1
+    if params.prompt_logprobs:
+        # NOTE: echo makes the pipeline return the prompt's ids, each with its log-probability
+        # given the ones before it (the first one's is a placeholder), ahead of the generated
+        # ones, in pieces as the prompt is read (measured: complete and the same numbers again
+        # with the prompt in the prefix cache); it may generate nothing (GenAI takes
+        # max_new_tokens 0 with echo only).
+        cfg.echo = True
+        if params.max_tokens == 0:
+            cfg.max_new_tokens = 0
     if (constraint := structured_output(params)) is not None:
         cfg.structured_output_config = constraint
     return cfg

@@ -77,6 +77,9 @@ class ChatRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # vLLM: the prompt's tokens (the chat template's included) with their log-probabilities
+    # (0-20 alternatives asked; the token itself is given, no alternatives exist here).
+    prompt_logprobs: int | None = None
     # vLLM's extensions: the chat template's extra variables (enable_thinking...), and
     # structured output by a regex (`structured_outputs.regex`, formerly `guided_regex`).
     chat_template_kwargs: dict[str, Any] | None = None
@@ -161,6 +164,17 @@ def _chat_logprobs(req: ChatRequest) -> int | None:
     return top
 
 
+def _prompt_logprobs(req: ChatRequest) -> bool:
+    """Whether vLLM's prompt_logprobs are asked (not with stream, as vLLM)."""
+    if req.prompt_logprobs is None:
+        return False
+    lp.top_count(req.prompt_logprobs, "prompt_logprobs")
+    if req.stream:
+        raise invalid("prompt_logprobs are not available when stream is true",
+                      param="prompt_logprobs")
+    return True
+
+
 def _response_schema(fmt: ResponseFormat | None) -> str | None:
     if fmt is None or fmt.type == "text":
         return None
@@ -201,12 +215,13 @@ class ChatReply(Reply):
 
     def __init__(self, model: str, include_usage: bool, parser: CallParser | None,
                  named: bool, logprobs: int | None = None,
-                 thinking: Thinking | None = None) -> None:
+                 thinking: Thinking | None = None, prompt_logprobs: bool = False) -> None:
         super().__init__("chatcmpl-", model, include_usage)
         self.parser = parser
         self.named = named
         self.logprobs = logprobs  # None: not asked; else top_logprobs
         self.thinking = thinking
+        self.prompt_logprobs = prompt_logprobs  # vLLM's, asked
 
     def keepalive(self) -> dict[str, Any]:
         """A silent stream's keep-alive (a long prefill, a call held back until it parses):
@@ -264,13 +279,16 @@ class ChatReply(Reply):
         if calls:
             message["content"] = text or None
             message["tool_calls"] = tool_calls_json(calls)
-        return self.whole("chat.completion", gen, {
+        body = self.whole("chat.completion", gen, {
             "index": 0,
             "message": message,
             "logprobs": (lp.openai_chat(gen.logprobs, self.logprobs)
                          if self.logprobs is not None else None),
             "finish_reason": finish_reason(gen, bool(calls), self.named),
         })
+        if self.prompt_logprobs:  # NOTE: vLLM puts them beside the choices
+            body["prompt_logprobs"] = lp.vllm_prompt(gen.prompt or [], gen.prompt_ids)
+        return body
 
 
 class OpenAIChatRoutes(DialectRoutes):
@@ -288,9 +306,10 @@ class OpenAIChatRoutes(DialectRoutes):
                 raise invalid("max_completion_tokens must be at least 1",
                               param="max_completion_tokens")
             max_tokens = req.max_completion_tokens
+        scored = _prompt_logprobs(req)
         params = msgspec.structs.replace(
             sampling_params(req, max_tokens, _response_schema(req.response_format)),
-            logprobs=top is not None, regex=_regex(req))
+            logprobs=top is not None, regex=_regex(req), prompt_logprobs=scored)
         tools = tool_request(req, self.requests.limits.tool_budget())
         facts = await self.requests.facts(model)
         messages = await chat_messages(req.messages, facts.capabilities, req.model,
@@ -303,5 +322,5 @@ class OpenAIChatRoutes(DialectRoutes):
                                            template_vars=template_vars(None, effort,
                                                                        req.chat_template_kwargs))
         reply = ChatReply(req.model, wants_usage(req), parser,
-                          tools is not None and tools.named, top, thinking)
+                          tools is not None and tools.named, top, thinking, scored)
         return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)

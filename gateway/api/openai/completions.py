@@ -30,34 +30,56 @@ class CompletionRequest(SamplingFields):
     echo: bool | None = False
     # The number of alternatives per token (0-5); absent: no logprobs.
     logprobs: int | None = None
+    # vLLM: the prompt's tokens with their log-probabilities (the number of alternatives,
+    # 0-20; the token itself is given, no alternatives exist here).
+    prompt_logprobs: int | None = None
 
 
 def _completion_logprobs(req: CompletionRequest) -> int | None:
     if req.logprobs is None:
         return None
-    top = lp.top_count(req.logprobs, "logprobs", lp.MAX_COMPLETION_TOP)
-    if req.echo:
-        raise invalid("echo with logprobs is not supported: the prompt's tokens have no "
-                      "log-probabilities here", param="echo")
-    return top
+    return lp.top_count(req.logprobs, "logprobs", lp.MAX_COMPLETION_TOP)
+
+
+def _scores_prompt(req: CompletionRequest, top: int | None) -> bool:
+    """Whether the prompt's logprobs are asked (echo with logprobs, vLLM's
+    prompt_logprobs), checked; with them, or with echo alone, max_tokens may be 0 (the
+    prompt scored or echoed, nothing generated), as OpenAI's legacy completions allow."""
+    if req.prompt_logprobs is not None:
+        lp.top_count(req.prompt_logprobs, "prompt_logprobs")
+        if req.stream:
+            raise invalid("prompt_logprobs are not available when stream is true",
+                          param="prompt_logprobs")
+    scored = req.prompt_logprobs is not None or bool(req.echo and top is not None)
+    if req.max_tokens == 0 and not (scored or req.echo):
+        raise invalid("max_tokens must be at least 1 (0 only with echo)", param="max_tokens")
+    return scored or bool(req.echo and req.max_tokens == 0)
 
 
 class CompletionReply(Reply):
-    def __init__(self, model: str, include_usage: bool, prefix: str,
-                 logprobs: int | None = None) -> None:
+    def __init__(self, model: str, include_usage: bool, prefix: str | None,
+                 logprobs: int | None = None, prompt_logprobs: bool = False) -> None:
         super().__init__("cmpl-", model, include_usage)
-        self.prefix = prefix  # the prompt, echoed
+        self.prefix = prefix  # the prompt, echoed (None: not echoed)
         self.logprobs = logprobs  # None: not asked; else the alternatives asked for
+        self.prompt_logprobs = prompt_logprobs  # vLLM's, asked
 
     def keepalive(self) -> dict[str, Any]:
         """A silent stream's keep-alive: a chunk of no text (as for chat, ChatReply)."""
         return self.chunk("text_completion", now(), {"index": 0, "text": "", "logprobs": None,
                                                      "finish_reason": None})
 
+    def _echo_logprobs(self, gen: Generation) -> dict[str, Any] | None:
+        """The echoed prompt's logprobs (the prompt's tokens, first null), when asked."""
+        if self.logprobs is None:
+            return None
+        return lp.openai_completion(gen.prompt or [], self.logprobs, 0)
+
     async def events(self, gen: Generation) -> AsyncIterator[dict[str, Any]]:
         created = now()
         top = self.logprobs
-        offset = 0
+        prefix = self.prefix
+        offset = len(prefix or "")
 
         def chunk(text: str, finish: str | None,
                   logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -65,24 +87,36 @@ class CompletionReply(Reply):
                               {"index": 0, "text": text, "logprobs": logprobs,
                                "finish_reason": finish})
 
-        if self.prefix:
-            yield chunk(self.prefix, None)
+        if prefix is not None and top is None:
+            if prefix:
+                yield chunk(prefix, None)
+            prefix = None
         async for delta in gen:
+            if prefix is not None:  # NOTE: with logprobs: once the prompt's have come
+                yield chunk(prefix, None, self._echo_logprobs(gen))
+                prefix = None
             if top is not None and delta.logprobs:
                 yield chunk(delta.text, None, lp.openai_completion(delta.logprobs, top, offset))
                 offset += len(delta.text)
             else:
                 yield chunk(delta.text, None)
+        if prefix is not None:
+            yield chunk(prefix, None, self._echo_logprobs(gen))
         yield chunk("", finish_reason(gen))
         if self.include_usage:
             yield {**self.envelope("text_completion", created, []), "usage": usage_json(gen)}
 
     def body(self, gen: Generation, parts: list[str]) -> dict[str, Any]:
-        logprobs = (lp.openai_completion(gen.logprobs, self.logprobs, 0)
-                    if self.logprobs is not None else None)
-        return self.whole("text_completion", gen, {
-            "index": 0, "text": self.prefix + "".join(parts), "logprobs": logprobs,
-            "finish_reason": finish_reason(gen)})
+        logprobs = None
+        if self.logprobs is not None:
+            echoed = (gen.prompt or []) if self.prefix is not None else []
+            logprobs = lp.openai_completion(echoed + gen.logprobs, self.logprobs, 0)
+        choice: dict[str, Any] = {
+            "index": 0, "text": (self.prefix or "") + "".join(parts), "logprobs": logprobs,
+            "finish_reason": finish_reason(gen)}
+        if self.prompt_logprobs:
+            choice["prompt_logprobs"] = lp.vllm_prompt(gen.prompt or [], gen.prompt_ids)
+        return self.whole("text_completion", gen, choice)
 
 
 class CompletionRoutes(DialectRoutes):
@@ -97,11 +131,13 @@ class CompletionRoutes(DialectRoutes):
         model = self.requests.resolve(req.model, kind="llm")
         if req.suffix:
             require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
+        scored = _scores_prompt(req, top)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
         params = msgspec.structs.replace(
-            sampling_params(req, req.max_tokens if req.max_tokens is not None else 16, None),
-            logprobs=top is not None)
+            sampling_params(req, max_tokens or None, None), max_tokens=max_tokens,
+            logprobs=top is not None, prompt_logprobs=scored)
         msg = await self.requests.generate(request, model, params, requested=req.model,
                                        prompt=prompts[0])
-        reply = CompletionReply(req.model, wants_usage(req), prompts[0] if req.echo else "",
-                                top)
+        reply = CompletionReply(req.model, wants_usage(req), prompts[0] if req.echo else None,
+                                top, req.prompt_logprobs is not None)
         return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)
