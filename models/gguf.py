@@ -1,7 +1,9 @@
 """The GGUF file header, read in pure Python (format v2/v3, either byte order): its metadata
-keys and the tensor count by type, without loading any tensor. Arrays longer than a bound are
-not materialised (their length is kept); more than `MAX_METADATA_KEYS` keys or arrays nested
-deeper than `MAX_ARRAY_DEPTH` are a GGUFError.
+keys and the tensor count by type, without loading any tensor; and the tensor table (each
+tensor's name, dimensions, type and where its data lies), for what reads a tensor's bytes
+(workers/generation/gguf_exact.py). Arrays longer than a bound are not materialised (their
+length is kept); more than `MAX_METADATA_KEYS` keys or arrays nested deeper than
+`MAX_ARRAY_DEPTH` are a GGUFError.
 """
 
 from __future__ import annotations
@@ -81,6 +83,20 @@ def _shortest_float32(value: float) -> float:
     return value
 
 
+class GGUFTensor(msgspec.Struct, frozen=True):
+    """One tensor of the table: `dims` in ggml's order (dims[0] is a row's length), `offset`
+    the first byte of its data in the file."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int
+
+
+# NOTE: the data section starts at the next multiple of general.alignment (32 by default).
+DEFAULT_ALIGNMENT = 32
+
+
 class _Reader:
     def __init__(self, buf: mmap.mmap, endian: str) -> None:
         self.buf, self.pos, self.endian = buf, 0, endian
@@ -154,7 +170,7 @@ class _Reader:
             raise GGUFError(f"unknown array item type {item_type} at byte {self.pos}")
 
 
-def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) -> GGUFHeader:
+def _read(path: Path, max_array_len: int) -> tuple[GGUFHeader, list[GGUFTensor]]:
     """Parse a GGUF v2/v3 header: metadata and the tensor info table, never tensor data."""
     with path.open("rb") as f:
         if os.fstat(f.fileno()).st_size < 24:
@@ -182,15 +198,31 @@ def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) 
                 metadata[key] = r.value(r.u32(), max_array_len)
             parameters = 0
             by_type: dict[int, int] = {}
+            table: list[tuple[str, tuple[int, ...], int, int]] = []
             for _ in range(tensor_count):
-                r.advance(r.u64())  # tensor name
+                name = r.string()
                 n_dims = r.u32()
                 if n_dims > 8:
                     raise GGUFError(f"{path}: tensor with {n_dims} dimensions")
-                dims = [r.u64() for _ in range(n_dims)]
+                dims = tuple(r.u64() for _ in range(n_dims))
                 ggml_type = r.u32()
-                r.advance(8)  # data offset
+                table.append((name, dims, ggml_type, r.u64()))
                 elements = math.prod(dims)
                 parameters += elements
                 by_type[ggml_type] = by_type.get(ggml_type, 0) + elements
-    return GGUFHeader(version, tensor_count, metadata, parameters, by_type)
+            align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+            if not isinstance(align, int) or isinstance(align, bool) or align <= 0:
+                raise GGUFError(f"{path}: bad general.alignment {align!r}")
+            data = -(-r.pos // align) * align
+    header = GGUFHeader(version, tensor_count, metadata, parameters, by_type)
+    return header, [GGUFTensor(n, d, t, data + o) for n, d, t, o in table]
+
+
+def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) -> GGUFHeader:
+    """Parse a GGUF v2/v3 header: metadata and the tensor info table, never tensor data."""
+    return _read(path, max_array_len)[0]
+
+
+def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
+    """The file's tensor table, where each tensor's data lies (not read)."""
+    return _read(path, DEFAULT_MAX_ARRAY_LEN)[1]

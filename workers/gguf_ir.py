@@ -8,9 +8,11 @@ instead. The folder is keyed by the file's content, its sha256, not by where it 
 embedded GGUF of a new virtual environment, a moved or copied file, share the conversion
 already made. The digest comes from the model cache's digest record (models/digests.py,
 which the worker's describe_model fills first anyway), so a warm lookup reads no byte of the
-GGUF. The saved graph is first rewritten without changing its numbers (workers/ir_fusion.py:
-fewer, larger matrix products per decode step); FORMAT names that rewriting in the folder's
-name, so a folder made by an older version is made again (and the old one removed). A worker
+GGUF. The saved graph's Q4_1 weights are first made exactly llama.cpp's (GenAI rounds their
+zero points: workers/generation/gguf_exact.py), then the graph is rewritten without changing
+its numbers (workers/ir_fusion.py: fewer, larger matrix products per decode step); FORMAT
+names those rewritings in the folder's name, so a folder made by an older version is made
+again (and the old one removed). A worker
 converts in a child process (workers/generation/conversion.py), so it holds no more memory
 than one that loaded the IR.
 """
@@ -40,8 +42,9 @@ from npu_proxy.workers.generation.conversion import (
 ENTRY = "npu_proxy.workers.gguf_ir"
 log = logging.getLogger(ENTRY)
 
-# NOTE: change it whenever the conversion's output changes (see ir_fusion.py).
-FORMAT = "fused-4"
+# NOTE: change it whenever the conversion's output changes (see ir_fusion.py); 5: exact Q4_1
+# zero points (gguf_exact.py).
+FORMAT = "fused-5"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:
@@ -226,6 +229,22 @@ def agrees(saved: Path, rewritten: Path, folder: Path) -> bool:
     return True
 
 
+def _exact_weights(folder: Path, gguf: Path) -> None:
+    """The saved graph's Q4_1 zero points made exact from the file's bytes (checked there),
+    saved in its place."""
+    import openvino as ov
+
+    from npu_proxy.workers.generation.gguf_exact import exact_zero_points
+
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    if exact_zero_points(model, gguf):
+        # NOTE: saved beside, then renamed over: the model read maps the old .bin file.
+        ov.save_model(model, folder / "exact.xml", compress_to_fp16=False)
+        del model
+        for suffix in (".bin", ".xml"):
+            os.replace(folder / f"exact{suffix}", folder / f"openvino_model{suffix}")
+
+
 def _rewrite(folder: Path) -> None:
     """The saved graph through workers/ir_fusion.py, saved in its place if it still computes
     the same numbers (agrees())."""
@@ -288,6 +307,7 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
         link.unlink()
         if not (staging / "openvino_model.xml").is_file():
             raise RuntimeError("OpenVINO GenAI saved no openvino_model.xml")
+        _exact_weights(staging, gguf)
         _rewrite(staging)
         while hang:
             # NOTE: the test fault hook hang_in_conversion: all saved but the COMPLETE file.
