@@ -8,13 +8,12 @@ instead. The folder is keyed by the file's content, its sha256, not by where it 
 embedded GGUF of a new virtual environment, a moved or copied file, share the conversion
 already made. The digest comes from the model cache's digest record (models/digests.py,
 which the worker's describe_model fills first anyway), so a warm lookup reads no byte of the
-GGUF. The saved graph's Q4_1 weights are first made exactly llama.cpp's (GenAI rounds their
-zero points: workers/generation/gguf_exact.py), then the graph is rewritten without changing
-its numbers (workers/ir_fusion.py: fewer, larger matrix products per decode step); FORMAT
-names those rewritings in the folder's name, so a folder made by an older version is made
-again (and the old one removed). A worker
-converts in a child process (workers/generation/conversion.py), so it holds no more memory
-than one that loaded the IR.
+GGUF. The saved graph's Q4_1 and Q4_K weights are first made exactly llama.cpp's (GenAI
+rounds their zero points: workers/generation/gguf_exact.py), then the graph is rewritten
+without changing its numbers (workers/ir_fusion.py: fewer, larger matrix products per decode
+step); FORMAT names those rewritings in the folder's name, so a folder made by an older
+version is made again (and the old one removed). A worker converts in a child process
+(workers/generation/conversion.py), so it holds no more memory than one that loaded the IR.
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ from npu_proxy.workers.generation.conversion import (
 ENTRY = "npu_proxy.workers.gguf_ir"
 log = logging.getLogger(ENTRY)
 
-# NOTE: change it whenever the conversion's output changes (see ir_fusion.py); 5: exact Q4_1
-# zero points (gguf_exact.py).
-FORMAT = "fused-5"
+# NOTE: change it whenever the conversion's output changes (see ir_fusion.py); 6: exact Q4_1
+# and Q4_K zero points (gguf_exact.py).
+FORMAT = "fused-6"
 
 
 def ir_folder(root: Path, gguf: Path) -> Path:

@@ -1,19 +1,22 @@
-"""A converted GGUF's Q4_1 weights made exactly llama.cpp's (issue 44, point 2).
+"""A converted GGUF's 4-bit weights made exactly llama.cpp's (issue 44, point 2): Q4_1 and
+Q4_K.
 
-llama.cpp dequantizes a Q4_1 block of 32 weights as `d * q + m` (d and m f16, q 4 bits).
-OpenVINO GenAI's GGUF reader stores it as `s * (q - z)` with s = d and z a *4-bit* zero point,
-round(-m / d): every block's minimum moves by up to half a quantization step. Measured on the
-embedded SmolLM2-135M Q4_1 (bench/perplexity.py, GPL-3, context 512): perplexity x1.26 of
-llama-perplexity's on the same file. Here each such zero point becomes the exact -m / d (f16),
-from the file's own bytes; the same graph then scored within 0.3 % of llama.cpp per chunk.
+llama.cpp dequantizes a group of 32 weights as `step * q + offset` (q 4 bits; Q4_1: step d,
+offset m; Q4_K: step d * scale, offset -dmin * min, with 6-bit scales and minimums per
+group). OpenVINO GenAI's GGUF reader stores it as `s * (q - z)` with s the step and z a
+*4-bit* zero point, round(-offset / s): every group's offset moves by up to half a step.
+Measured on the embedded SmolLM2-135M Q4_1 (bench/perplexity.py, GPL-3, context 512):
+perplexity x1.26 of llama-perplexity's on the same file. Here each such zero point becomes
+the exact -offset / s (f16), from the file's own bytes; the same graph then scored within
+0.3 % of llama.cpp.
 
-Which file tensor a graph constant came from is found by its scales, which GenAI copies
-unchanged (rows may be reordered: GenAI undoes llama.cpp's row permutation of the attention
-query and key), and each tensor is checked before it is changed: the 4-bit values equal the
-file's, and the weights the graph then computes equal a numpy dequantization of the file's
-bytes to f16 rounding. A tensor that fails the check, or that no file tensor matches, keeps
-GenAI's zero points (and the log says so): the conversion never publishes weights it did not
-check.
+Which file tensor a graph constant came from is found by its scales (GenAI's step, rounded
+to f16 as the graph holds it; rows may be reordered: GenAI undoes llama.cpp's row
+permutation of the attention query and key), and each tensor is checked before it is
+changed: the 4-bit values equal the file's, and the weights the graph then computes equal a
+numpy dequantization of the file's bytes within 1/64 of a step. A tensor that fails the
+check, or that no file tensor matches, keeps GenAI's zero points (and the log says so): the
+conversion never publishes weights it did not check.
 """
 
 from __future__ import annotations
@@ -30,47 +33,78 @@ from npu_proxy.models.gguf import GGUFTensor, read_gguf_tensors
 
 log = logging.getLogger(__name__)
 
-Q4_1 = 3  # ggml's type number
+Q4_1, Q4_K = 3, 12  # ggml's type numbers
 BLOCK = 32
-# A block: d (f16), m (f16), 16 bytes of 4-bit values (element j low nibble, j + 16 high).
-Q4_1_BYTES = 20
-# NOTE: an f16 zero point of at most 16 is within 2**-7 of -m / d: a weight within 1/128 of
-# its block's quantization step (d) of llama.cpp's; the 4-bit one was up to 1/2 away.
-STEP_TOLERANCE = 1 / 64
 
 
 @dataclass
-class Q41Tensor:
-    """A Q4_1 tensor of the file: its (rows, blocks) d and m; its 4-bit values are read from
-    the file when needed (`values`), so a large model's are never all in memory at once."""
+class FileTensor:
+    """A 4-bit tensor of the file as llama.cpp dequantizes it, per group of 32 weights:
+    `step * q + offset`. `key` is the step as the graph's scale constant holds it (f16),
+    which finds the tensor's rows in a graph; the 4-bit values are read from the file when
+    needed (`values`), so a large model's are never all in memory at once."""
 
     tensor: GGUFTensor
-    d: np.ndarray[Any, Any]
-    m: np.ndarray[Any, Any]
+    step: np.ndarray[Any, Any]  # (rows, groups) f32
+    offset: np.ndarray[Any, Any]  # (rows, groups) f32
+    key: np.ndarray[Any, Any]  # (rows, groups) f16
 
     @property
     def name(self) -> str:
         return self.tensor.name
 
-    def _raw(self, buf: mmap.mmap) -> np.ndarray[Any, Any]:
-        rows, blocks = self.d.shape
-        return np.frombuffer(buf, np.uint8, rows * blocks * Q4_1_BYTES,
-                             self.tensor.offset).reshape(rows, blocks, Q4_1_BYTES)
-
     def values(self, buf: mmap.mmap) -> np.ndarray[Any, Any]:
-        """(rows, blocks, 32) 4-bit values."""
-        qs = self._raw(buf)[:, :, 4:]
-        return np.concatenate([qs & 15, qs >> 4], axis=2)
+        """(rows, groups, 32) 4-bit values."""
+        raw = _raw(buf, self.tensor)
+        if self.tensor.ggml_type == Q4_1:
+            qs = raw[:, :, 4:]
+            return np.concatenate([qs & 15, qs >> 4], axis=2)
+        # NOTE: Q4_K: 4 chunks of 32 bytes per 256 weights; a chunk's low nibbles are one
+        # group of 32, its high nibbles the next.
+        qs = raw[:, :, 16:].reshape(raw.shape[0], raw.shape[1], 4, 1, BLOCK)
+        return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(raw.shape[0], -1, BLOCK)
 
-    @classmethod
-    def read(cls, buf: mmap.mmap, tensor: GGUFTensor) -> Q41Tensor:
-        rows = int(np.prod(tensor.dims[1:], dtype=np.int64))
-        shaped = cls(tensor, np.zeros((rows, tensor.dims[0] // BLOCK), np.float16),
-                     np.zeros(0, np.float16))
-        raw = shaped._raw(buf)
-        shaped.d = raw[:, :, 0:2].copy().view("<f2")[:, :, 0]
-        shaped.m = raw[:, :, 2:4].copy().view("<f2")[:, :, 0]
-        return shaped
+
+# A block's bytes and weights: Q4_1 d (f16), m (f16), 16 bytes of 4-bit values (element j
+# the low nibble, j + 16 the high), 32 weights; Q4_K d, dmin (f16), 12 bytes of 6-bit group
+# scales and minimums, 128 bytes of 4-bit values, 256 weights.
+_LAYOUT = {Q4_1: (20, 32), Q4_K: (144, 256)}
+
+
+def _raw(buf: mmap.mmap, tensor: GGUFTensor) -> np.ndarray[Any, Any]:
+    size, weights = _LAYOUT[tensor.ggml_type]
+    rows = int(np.prod(tensor.dims[1:], dtype=np.int64))
+    blocks = tensor.dims[0] // weights
+    return np.frombuffer(buf, np.uint8, rows * blocks * size,
+                         tensor.offset).reshape(rows, blocks, size)
+
+
+def _f16(raw: np.ndarray[Any, Any], at: int) -> np.ndarray[Any, Any]:
+    return raw[:, :, at:at + 2].copy().view("<f2")[:, :, 0].astype(np.float32)
+
+
+def _k4_scales(raw: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Q4_K's 8 group scales and minimums per block (6 bits each, llama.cpp's
+    get_scale_min_k4)."""
+    b = raw[:, :, 4:16].astype(np.uint8)
+    low = [(b[:, :, j] & 63, b[:, :, j + 4] & 63) for j in range(4)]
+    high = [((b[:, :, j + 4] & 15) | ((b[:, :, j - 4] >> 6) << 4),
+             (b[:, :, j + 4] >> 4) | ((b[:, :, j] >> 6) << 4)) for j in range(4, 8)]
+    pairs = low + high
+    return (np.stack([p[0] for p in pairs], axis=2).astype(np.float32),
+            np.stack([p[1] for p in pairs], axis=2).astype(np.float32))
+
+
+def read_tensor(buf: mmap.mmap, tensor: GGUFTensor) -> FileTensor:
+    raw = _raw(buf, tensor)
+    rows = raw.shape[0]
+    if tensor.ggml_type == Q4_1:
+        step, offset = _f16(raw, 0), _f16(raw, 2)
+    else:
+        scales, mins = _k4_scales(raw)
+        step = (_f16(raw, 0)[:, :, None] * scales).reshape(rows, -1)
+        offset = -(_f16(raw, 2)[:, :, None] * mins).reshape(rows, -1)
+    return FileTensor(tensor, step, offset, step.astype(np.float16))
 
 
 def _unpack_u4(const: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -116,13 +150,15 @@ def _decompressions(model: Any) -> list[Decompression]:
     return found
 
 
-def _rows_of(tensor: Q41Tensor, scale: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-    """For each row of `scale`, the row of `tensor` with those d values (None: not this
+def _rows_of(tensor: FileTensor, scale: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """For each row of `scale`, the row of `tensor` with those scales (None: not this
     tensor's scales, or a row found twice)."""
-    if tensor.d.shape != scale.shape or not (tensor.d == scale[0]).all(axis=1).any():
+    if tensor.key.shape != scale.shape or not (tensor.key == scale[0]).all(axis=1).any():
         return None
-    index = {row.tobytes(): i for i, row in enumerate(tensor.d)}
-    if len(index) != len(tensor.d):
+    if np.array_equal(tensor.key, scale):
+        return np.arange(len(scale))  # NOTE: in order (an embedding may repeat a row)
+    index = {row.tobytes(): i for i, row in enumerate(tensor.key)}
+    if len(index) != len(tensor.key):
         return None  # NOTE: two rows with the same scales: the order cannot be told
     rows = [index.get(row.tobytes(), -1) for row in scale]
     if min(rows) < 0:
@@ -130,41 +166,93 @@ def _rows_of(tensor: Q41Tensor, scale: np.ndarray[Any, Any]) -> np.ndarray[Any, 
     return np.asarray(rows)
 
 
-def _exact(found: Decompression, tensor: Q41Tensor, rows: np.ndarray[Any, Any],
-           buf: mmap.mmap) -> np.ndarray[Any, Any] | None:
-    """The exact f16 zero points of one graph constant, or None if the check fails."""
+@dataclass
+class Exact:
+    """What makes one graph constant exact: its zero points, and where a group's step is 0
+    with an offset (a group of equal weights, which `s * (q - z)` with s = 0 cannot give),
+    new 4-bit values and scales for it (q 0, s the offset, z -1)."""
+
+    zero: np.ndarray[Any, Any]  # (rows, groups, 1) f16
+    values: np.ndarray[Any, Any] | None = None  # (rows, groups, 32) 0-15
+    scale: np.ndarray[Any, Any] | None = None  # (rows, groups, 1) f16
+
+
+def _exact(found: Decompression, tensor: FileTensor, rows: np.ndarray[Any, Any],
+           buf: mmap.mmap) -> Exact | None:
+    """The exact form of one graph constant, or None if the check fails."""
     shape = tuple(found.weights.get_output_shape(0))
     q = _unpack_u4(found.weights, shape)
     if not np.array_equal(q, tensor.values(buf)[rows]):
         log.warning("%s: the graph's 4-bit values are not the file's", tensor.name)
         return None
-    d = tensor.d[rows].astype(np.float32)
-    m = tensor.m[rows].astype(np.float32)
-    safe = np.where(d == 0, 1.0, d)
-    zero = np.where(d == 0, 0.0, -m / safe).astype(np.float16)
-    expected = d[:, :, None] * q + m[:, :, None]
-    got = (q - zero.astype(np.float32)[:, :, None]) * d[:, :, None]
-    # NOTE: a block whose d is 0 is m alone, which s * (q - z) cannot give: such a tensor
-    # keeps GenAI's zero points.
-    worst = float((np.abs(got - expected) / np.abs(safe)[:, :, None]).max())
-    if worst > STEP_TOLERANCE or bool((d == 0).any() and (m != 0).any()):
-        log.warning("%s: exact zero points off by %.3g of a step; kept as converted",
-                    tensor.name, worst)
+    step, offset = tensor.step[rows], tensor.offset[rows]
+    scale = tensor.key[rows].astype(np.float32)  # NOTE: what the graph multiplies by
+    dead = (scale == 0) & (offset != 0)
+    if dead.any():
+        q = np.where(dead[:, :, None], 0, q).astype(np.uint8)
+        scale = np.where(dead, offset.astype(np.float16).astype(np.float32), scale)
+    safe = np.where(scale == 0, 1.0, scale)
+    zero = np.where(dead, -1.0, np.where(scale == 0, 0.0, -offset / safe)).astype(np.float16)
+    expected = step[:, :, None] * q + offset[:, :, None]
+    got = (q - zero.astype(np.float32)[:, :, None]) * scale[:, :, None]
+    # NOTE: each weight within 1/64 of its group's step of llama.cpp's, beside the rounding
+    # f16 cannot avoid: of a large zero point (an offset of many steps: Qwen2.5-Coder's
+    # blk.2.ffn_down has some, which GenAI's 4-bit zero point clamps at 15), of a step below
+    # f16's normal range (the graph's scale is f16), of a dead group's offset.
+    z = np.abs(zero.astype(np.float32))
+    allowed = (np.abs(step) * (1 / 64 + z / 1024)
+               + np.where(dead, np.abs(offset) / 1024, 16 * np.abs(scale - step)))
+    worst = float((np.abs(got - expected) / np.maximum(allowed, 1e-30)[:, :, None]).max())
+    if worst > 1:
+        log.warning("%s: exact zero points off by x%.3g of what f16 rounding allows; kept as "
+                    "converted", tensor.name, worst)
         return None
-    return zero[:, :, None]
+    if not dead.any():
+        return Exact(zero[:, :, None])
+    return Exact(zero[:, :, None], q, scale.astype(np.float16)[:, :, None])
+
+
+def _u4_constant(values: np.ndarray[Any, Any]) -> Any:
+    """A u4 constant of `values` (0-15), packed two per byte, the first in the low nibble."""
+    import openvino as ov
+
+    flat = values.astype(np.uint8).ravel()
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    tensor = ov.Tensor(ov.Type.u4, ov.Shape(list(values.shape)))
+    tensor.data[:] = flat[0::2] | (flat[1::2] << 4)
+    return ov.op.Constant(tensor)
+
+
+def _apply(found: Decompression, exact: Exact) -> None:
+    import openvino as ov
+
+    # NOTE: kept behind a Convert, as GenAI's was, so the decompression keeps the shape
+    # workers/ir_fusion.py and the CPU plugin recognise.
+    zero = ov.opset13.convert(ov.op.Constant(exact.zero),
+                              found.subtract.get_input_element_type(1))
+    found.subtract.input(1).replace_source_output(zero.output(0))
+    if exact.values is not None:
+        found.weights.output(0).replace(_u4_constant(exact.values).output(0))
+    if exact.scale is not None:
+        kind = found.scale.get_output_element_type(0)
+        scale = ov.op.Constant(exact.scale.astype(np.float16))
+        if kind != ov.Type.f16:
+            scale = ov.opset13.convert(scale, kind)
+        found.scale.output(0).replace(scale.output(0))
 
 
 def exact_zero_points(model: Any, gguf: Path) -> int:
-    """Replace the u4 zero points of `model`'s Q4_1 weights by the exact ones from `gguf`
-    (checked); the number of constants replaced."""
-    import openvino as ov
-
-    tensors = [t for t in read_gguf_tensors(gguf) if t.ggml_type == Q4_1]
+    """Replace the u4 zero points of `model`'s Q4_1 and Q4_K weights by the exact ones from
+    `gguf` (checked); the number of constants replaced."""
+    tensors = [t for t in read_gguf_tensors(gguf)
+               if t.ggml_type in _LAYOUT and t.dims[0] % _LAYOUT[t.ggml_type][1] == 0]
     if not tensors:
         return 0
     replaced = 0
+    done: set[str] = set()
     with gguf.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        file_tensors = [Q41Tensor.read(buf, t) for t in tensors]
+        file_tensors = [read_tensor(buf, t) for t in tensors]
         for found in _decompressions(model):
             scale = np.asarray(found.scale.get_data()).astype(np.float16)
             scale = scale.reshape(scale.shape[0], -1)
@@ -172,16 +260,13 @@ def exact_zero_points(model: Any, gguf: Path) -> int:
                 rows = _rows_of(tensor, scale)
                 if rows is None:
                     continue
-                zero = _exact(found, tensor, rows, buf)
-                if zero is not None:
-                    # NOTE: kept behind a Convert, as GenAI's was, so the decompression keeps
-                    # the shape workers/ir_fusion.py and the CPU plugin recognise.
-                    const = ov.opset13.convert(ov.op.Constant(zero),
-                                               found.subtract.get_input_element_type(1))
-                    found.subtract.input(1).replace_source_output(const.output(0))
+                exact = _exact(found, tensor, rows, buf)
+                if exact is not None:
+                    _apply(found, exact)
                     replaced += 1
+                    done.add(tensor.name)
                 break
-    unmatched = len(tensors) - replaced
-    log.info("Q4_1 zero points made exact: %d of %d tensors%s", replaced, len(tensors),
-             f" ({unmatched} kept as converted)" if unmatched else "")
+    kept = sorted(t.name for t in tensors if t.name not in done)
+    log.info("4-bit zero points made exact: %d of %d tensors%s", replaced, len(tensors),
+             f" (kept as converted: {', '.join(kept[:8])})" if kept else "")
     return replaced
