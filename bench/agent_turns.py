@@ -67,6 +67,8 @@ def turn(client: httpx.Client, url: str, model: str | None, messages: list[dict[
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise SystemExit(f"{url}: stream error: {str(chunk['error'])[:300]}")
             if chunk.get("usage"):
                 prompt = int(chunk["usage"].get("prompt_tokens") or 0)
             for choice in chunk.get("choices") or []:
@@ -75,6 +77,8 @@ def turn(client: httpx.Client, url: str, model: str | None, messages: list[dict[
                     if not parts:
                         first = time.perf_counter() - started
                     parts.append(content)
+    if not parts:
+        raise SystemExit(f"{url}: no content in the stream")
     return Turn(first, prompt, "".join(parts))
 
 
@@ -102,7 +106,11 @@ def main() -> None:
     rng = random.Random(7)
     results: dict[str, list[tuple[Turn, Turn]]] = {"this server": [], "llama-server": []}
     with tempfile.TemporaryDirectory(prefix="npu-proxy-agent-turns-") as tmp:
-        server, _, _ = start_private(Path(tmp), model, args.model_gguf, {})
+        # NOTE: the default inference_timeout (180 s) ends a first turn of agent size on a
+        # 2-core CPU before its first token (a 12,000-token prompt reads in ~6 min here);
+        # llama-server has no such deadline.
+        server, _, _ = start_private(Path(tmp), model, args.model_gguf, {},
+                                     {"inference_timeout": 3600.0})
         llama = None
         try:
             if args.llama_server is not None:

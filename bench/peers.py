@@ -683,8 +683,8 @@ def setting(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def start_private(tmp: Path, model: str, gguf: Path | None,
-                  llm: dict[str, Any]) -> tuple[Server, float, float]:
+def start_private(tmp: Path, model: str, gguf: Path | None, llm: dict[str, Any],
+                  settings: dict[str, Any] | None = None) -> tuple[Server, float, float]:
     """This server as a user starts it on a CPU-only machine (the default workers: llm
     resident, the others lazy), its llm worker on `model` (a GGUF given by path through a
     `[models."name"]` entry, as the tests do); returns it, exec to /health/ready 200 and exec
@@ -697,7 +697,7 @@ def start_private(tmp: Path, model: str, gguf: Path | None,
                                      for w in default_workers(["CPU"])]
     llm_spec = next(w for w in workers if w["role"] == "llm")
     llm_spec.update(llm)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(settings or {})
     if gguf is not None:
         llm_spec["model"] = model
         extra["models"] = {model: {"path": str(gguf)}}
