@@ -19,8 +19,11 @@ KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("auth"), workers=[{"name": "llm", "role": "llm"}],
-                    api_key=KEY, inference_timeout=3.0).start()
+    # NOTE: each token takes at least 0.5 s (a test hook), so a long answer always outlasts
+    # the deadline, and the deadline leaves room for the first token on a loaded machine.
+    server = Server(tmp_path_factory.mktemp("auth"), workers=[
+        {"name": "llm", "role": "llm", "faults": {"token_delay_seconds": 0.5}}],
+        api_key=KEY, inference_timeout=12.0).start()
     yield server
     server.stop()
 

@@ -65,6 +65,8 @@ class FaultInjector:
 
     def on_tokens(self, n: int) -> None:
         f = self.faults
+        if f.token_delay_seconds > 0:
+            time.sleep(f.token_delay_seconds * n)
         if f.exit_after_tokens is None and f.abort_after_tokens is None and (
             f.stall_after_tokens is None and f.spin_after_tokens is None
             and f.freeze_after_tokens is None

@@ -50,6 +50,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # Once this many tokens were generated, hold the GIL for good without using the CPU: a
     # deadlock inside a native call.
     freeze_after_tokens: int | None = None
+    # Sleep this long after each generated token (the GIL released, heartbeats going on): a
+    # generation slower than any deadline a test sets, whatever the machine's speed.
+    token_delay_seconds: float = 0.0
     # Send heartbeats to the supervisor only, to no gateway, until this file exists: the
     # supervisor says the worker serves while a gateway has not heard it yet.
     hold_gateway_heartbeats_until: str = ""
