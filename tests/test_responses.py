@@ -342,12 +342,15 @@ def test_agents_sdk_runs_a_function_tool(base_url: str) -> None:
         return result, streamed, looped
 
     result, streamed, looped = asyncio.run(run())
-    assert len(seen) == 3 and all(isinstance(city, str) for city in seen)
+    assert len(seen) >= 3 and all(isinstance(city, str) for city in seen)
     assert result.final_output == f"Sunny in {seen[0]}"
     assert streamed.final_output == f"Sunny in {seen[1]}"
-    assert [type(item).__name__ for item in looped.new_items] == [
-        "ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"]
-    assert isinstance(looped.final_output, str)
+    # NOTE: after the tool's output the model chooses (tool_choice auto): an answer in text,
+    # or another call (issue 28: its choice is its own). Either way the next turn ran on the
+    # function_call_output item the server took.
+    kinds = [type(item).__name__ for item in looped.new_items]
+    assert kinds[0] == "ToolCallItem" and "ToolCallOutputItem" in kinds
+    assert len(looped.raw_responses) >= 2
 
 
 # --- the store, without the server ----------------------------------------------------------
