@@ -19,10 +19,12 @@ KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # NOTE: each token takes at least 0.5 s (a test hook), so a long answer always outlasts
-    # the deadline, and the deadline leaves room for the first token on a loaded machine.
+    # NOTE: each token takes at least 0.5 s and every answer is 40 digits (test hooks), so a
+    # long answer outlasts the deadline whatever the model would say and however fast the
+    # machine, and the deadline leaves room for the first token on a loaded machine.
     server = Server(tmp_path_factory.mktemp("auth"), workers=[
-        {"name": "llm", "role": "llm", "faults": {"token_delay_seconds": 0.5}}],
+        {"name": "llm", "role": "llm",
+         "faults": {"token_delay_seconds": 0.5, "force_regex": "[0-9]{40}"}}],
         api_key=KEY, inference_timeout=12.0).start()
     yield server
     server.stop()
