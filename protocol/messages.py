@@ -141,6 +141,9 @@ class Generate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     # died: the worker reads them after the prompt and generates what follows, counting them
     # in completion_tokens and against max_tokens (gateway/core/resume.py).
     resume: list[int] = []
+    # A raw prompt given as the model's token ids (OpenAI completions' `prompt` as a list of
+    # integers), read as they are: no template, no tokenizer. Exclusive with prompt/messages.
+    prompt_ids: list[int] | None = None
 
 
 class Embed(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

@@ -28,6 +28,21 @@ TIMED_OUT = -1000
 PROMPT = "Say OK"
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What a client is asked, with which model and limits. `act`: an agent task, the client
+    allowed to write files and run commands in its working folder without asking (its own
+    auto-approve mode); otherwise the tests' one-shot question."""
+    prompt: str = PROMPT
+    model: str = LLM
+    context: int = 8192
+    output: int = 32
+    act: bool = False
+
+
+ASK = Ask()
+
+
 @dataclass
 class Launch:
     """How to start a client; `{PROXY}` in argv, env and files is the capturing proxy's URL."""
@@ -69,7 +84,7 @@ CODEX_CONFIG = """\
 model = "{model}"
 {provider}check_for_update_on_startup = false
 approval_policy = "never"
-sandbox_mode = "read-only"
+sandbox_mode = "{sandbox}"
 [analytics]
 enabled = false
 [feedback]
@@ -91,23 +106,24 @@ stream_max_retries = 0
 """
 
 
-def _codex(tmp: Path, oss: bool) -> Launch:
+def _codex(tmp: Path, oss: bool, ask: Ask = ASK) -> Launch:
     codex = _binary("@openai/codex/bin/codex.js")
     env = _base_env(tmp / "home")
     home = tmp / "codex-home"
     provider = "" if oss else 'model_provider = "npuproxy"\n'
-    config = CODEX_CONFIG.format(model=LLM, provider=provider)
+    config = CODEX_CONFIG.format(model=ask.model, provider=provider,
+                                 sandbox="workspace-write" if ask.act else "read-only")
     if not oss:
         config += CODEX_PROVIDER
     env |= {"CODEX_HOME": str(home), "NPU_PROXY_API_KEY": KEY}
     argv = [_node(), str(codex), "exec", "--skip-git-repo-check"]
     if oss:
         env["CODEX_OSS_BASE_URL"] = "{PROXY}/v1"
-        argv += ["--oss", "--local-provider", "ollama", "-m", LLM]
-    return Launch([*argv, PROMPT], env, {home / "config.toml": config})
+        argv += ["--oss", "--local-provider", "ollama", "-m", ask.model]
+    return Launch([*argv, ask.prompt], env, {home / "config.toml": config})
 
 
-def _claude(tmp: Path, extra: dict[str, str]) -> Launch:
+def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
     claude = _binary("@anthropic-ai/claude-code/bin/claude.exe")
     if claude.stat().st_size < 1_000_000:
         pytest.skip("Claude Code's native binary was not put in place (its postinstall did "
@@ -118,27 +134,38 @@ def _claude(tmp: Path, extra: dict[str, str]) -> Launch:
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
             "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
             "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1", **extra}
-    return Launch([str(claude), "-p", PROMPT, "--model", LLM], env, {})
+    argv = [str(claude), "-p", ask.prompt, "--model", ask.model]
+    if ask.act:
+        # NOTE: its background requests (titles, summaries) go to the same model.
+        env |= {"ANTHROPIC_SMALL_FAST_MODEL": ask.model,
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": ask.model}
+        argv += ["--permission-mode", "acceptEdits", "--allowedTools",
+                 "Bash,Read,Write,Edit,Glob,Grep,LS"]
+    return Launch(argv, env, {})
 
 
-def _opencode(tmp: Path) -> Launch:
+def _opencode(tmp: Path, ask: Ask = ASK) -> Launch:
     opencode = _binary("opencode-ai/bin/opencode.exe")
     env = _base_env(tmp / "home")
     config = tmp / "opencode.json"
-    text = json.dumps({
+    settings: dict[str, object] = {
         "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-        "model": f"npuproxy/{LLM}",
+        "model": f"npuproxy/{ask.model}",
         "provider": {"npuproxy": {
             "npm": "@ai-sdk/openai-compatible", "name": "npu-proxy",
             "options": {"baseURL": "{PROXY}/v1", "apiKey": KEY},
-            "models": {LLM: {"name": LLM, "limit": {"context": 8192, "output": 32}}}}}})
+            "models": {ask.model: {"name": ask.model, "limit": {
+                "context": ask.context, "output": ask.output}}}}}}
+    if ask.act:
+        settings["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+    text = json.dumps(settings)
     env |= {"OPENCODE_CONFIG": str(config)} | {f"OPENCODE_DISABLE_{k}": "1" for k in (
         "AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE",
         "EXTERNAL_SKILLS")}
-    return Launch([str(opencode), "run", PROMPT], env, {config: text})
+    return Launch([str(opencode), "run", ask.prompt], env, {config: text})
 
 
-def _qwen(tmp: Path) -> Launch:
+def _qwen(tmp: Path, ask: Ask = ASK) -> Launch:
     qwen = _binary("@qwen-code/qwen-code/cli-entry.js")
     env = _base_env(tmp / "home")
     settings = tmp / "home" / ".qwen" / "settings.json"
@@ -147,29 +174,40 @@ def _qwen(tmp: Path) -> Launch:
         "privacy": {"usageStatisticsEnabled": False}, "usageStatisticsEnabled": False,
         "telemetry": {"enabled": False},
         "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
-        "model": {"name": LLM}})
-    env |= {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{PROXY}/v1", "OPENAI_MODEL": LLM,
+        "model": {"name": ask.model}})
+    env |= {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{PROXY}/v1", "OPENAI_MODEL": ask.model,
             "NODE_OPTIONS": f"--require {PRELOAD}"}
-    return Launch([_node(), str(qwen), "-p", PROMPT], env, {settings: text})
+    argv = [_node(), str(qwen), "-p", ask.prompt, *(["--yolo"] if ask.act else [])]
+    return Launch(argv, env, {settings: text})
 
 
-def _cn(tmp: Path) -> Launch:
+def _cn(tmp: Path, ask: Ask = ASK) -> Launch:
     cn = _binary("@continuedev/cli/dist/cn.js")
     env = _base_env(tmp / "home")
     config = tmp / "config.yaml"
     text = (
         "name: npu-proxy-local\nversion: 0.0.1\nschema: v1\nmodels:\n"
-        f"  - name: smollm2\n    provider: openai\n    model: {LLM}\n"
+        f"  - name: smollm2\n    provider: openai\n    model: {ask.model}\n"
         "    apiBase: {PROXY}/v1\n" f"    apiKey: {KEY}\n    roles: [chat, edit, apply]\n"
-        "    defaultCompletionOptions:\n      contextLength: 8192\n      maxTokens: 32\n")
+        f"    defaultCompletionOptions:\n      contextLength: {ask.context}\n"
+        f"      maxTokens: {ask.output}\n")
     env |= {"CONTINUE_GLOBAL_DIR": str(tmp / "home" / ".continue"),
             "CONTINUE_CLI_ENABLE_TELEMETRY": "0", "CONTINUE_METRICS_ENABLED": "0",
             "CONTINUE_CLI_AUTO_UPDATED": "1", "NODE_OPTIONS": f"--require {PRELOAD}"}
-    return Launch([_node(), str(cn), "-p", PROMPT, "--config", str(config)], env,
-                  {config: text})
+    argv = [_node(), str(cn), "-p", ask.prompt, "--config", str(config),
+            *(["--auto"] if ask.act else [])]
+    return Launch(argv, env, {config: text})
 
 
 Builder = Callable[[Path], Launch]
+# Each client as an agent: the same launches, asked something else (bench/agents.py).
+ASKED: dict[str, Callable[[Path, Ask], Launch]] = {
+    "codex": lambda tmp, ask: _codex(tmp, False, ask),
+    "claude": lambda tmp, ask: _claude(tmp, {}, ask),
+    "opencode": _opencode,
+    "qwen": _qwen,
+    "cn": _cn,
+}
 CLAUDE_FITTED = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "8192", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024"}
 BUILDERS: dict[str, Builder] = {
     "codex": lambda tmp: _codex(tmp, oss=False),

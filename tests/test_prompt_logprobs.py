@@ -1,6 +1,7 @@
 """The prompt's own log-probabilities (issue 44, point 1): OpenAI completions' `echo` with
 `logprobs` (with `max_tokens` 0 a text is scored, nothing generated: what perplexity and
-log-likelihood evaluations send) and vLLM's `prompt_logprobs` on completions and chat.
+log-likelihood evaluations send, a prompt of token ids included) and vLLM's `prompt_logprobs`
+on completions and chat.
 
 Each prompt token comes with the log-probability the model gives it after the tokens before
 it (the first has none: null); the pieces join to the prompt. They are the model's own
@@ -101,6 +102,29 @@ def test_a_token_scores_as_the_model_gave_it(oai: openai.OpenAI) -> None:
     assert scored.tokens[:n] == alone.tokens
     for a, b in zip(alone.token_logprobs[1:], scored.token_logprobs[1:n], strict=True):
         assert a is not None and b is not None and abs(a - b) < 0.1
+
+
+def test_token_ids_score_as_their_text_in_lm_evaluation_harness_form(
+        oai: openai.OpenAI, http: httpx.Client) -> None:
+    """lm-evaluation-harness's `local-completions` log-likelihood request: the prompt as a
+    list of one token-id list, echo, logprobs 1, max_tokens 1, temperature 0. Its reader
+    takes the prompt's scores from the echoed list (all but the generated last entry)."""
+    r = http.post("/tokenize", json={"model": LLM, "prompt": TEXT})
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    made = oai.completions.create(model=LLM, prompt=[ids], echo=True, logprobs=1,
+                                  max_tokens=1, temperature=0, seed=1234)
+    lp = made.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs is not None
+    assert len(lp.token_logprobs) == len(ids) + 1
+    assert "".join(lp.tokens[:len(ids)]) == TEXT
+    assert made.choices[0].text.startswith(TEXT)
+    texts = _scored(oai, TEXT).choices[0].logprobs
+    assert texts is not None and texts.token_logprobs is not None
+    assert len(texts.token_logprobs) == len(ids)
+    assert lp.token_logprobs[0] is None and texts.token_logprobs[0] is None
+    for a, b in zip(texts.token_logprobs[1:], lp.token_logprobs[1:len(ids)], strict=True):
+        assert a is not None and b is not None and abs(a - b) < 0.1, (a, b)
 
 
 def test_echo_with_logprobs_streams_the_prompt_first_then_the_tokens(

@@ -187,6 +187,15 @@ def test_a_text_holding_an_image_tag_is_a_400_and_the_worker_goes_on(
     assert answer(client, with_image(png("red"))).choices[0].message.content
 
 
+def test_token_ids_for_a_vision_model_are_a_400_and_the_worker_goes_on(
+        client: openai.OpenAI) -> None:
+    """The VLM pipeline reads text prompts only: ids are refused, never read as ""."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt=[[1, 2, 3]], max_tokens=4)
+    assert "token ids" in str(caught.value)
+    assert answer(client, with_image(png("red"))).choices[0].message.content
+
+
 def test_an_image_for_a_text_only_model_is_the_usual_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=TEXT_ONLY, messages=with_image(png("red")),

@@ -228,6 +228,11 @@ class VlmEngine(BatchEngine):
                                         f"request, this one has {len(encoded)}",
                                 retry_elsewhere=True))
             return None
+        if req.prompt_ids is not None:
+            self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.UNSUPPORTED,
+                                message=f"worker {self.spec.name} (a vision model) takes text "
+                                        "prompts, not token ids", retry_elsewhere=True))
+            return None
         if req.resume:
             # NOTE: the VLM pipeline reads the prompt as text: it cannot continue from ids.
             self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.UNSUPPORTED,

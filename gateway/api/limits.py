@@ -24,12 +24,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from npu_proxy.gateway.content.json_size import ToolBudget
-from npu_proxy.gateway.core.errors import GatewayError, invalid
+from npu_proxy.gateway.core.errors import ContextOverflow, GatewayError, invalid
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.messages import ChatMessage
 
 if TYPE_CHECKING:
     from npu_proxy.gateway.content.tools import ToolRequest
+    from npu_proxy.gateway.core.catalog import ModelCatalog
+    from npu_proxy.gateway.core.model_table import ServedModel
+
+# NOTE: no vocabulary comes near it; bounds ids before they cross to the worker as int64.
+MAX_TOKEN_ID = 2**31 - 1
+# Token ids one request takes when the model's context length is unknown.
+DETOKENIZE_IDS = 131_072
 
 
 # --- a generation ------------------------------------------------------------------------
@@ -92,3 +99,25 @@ class Limits:
                                f"prompt is too long: {chars} characters; the limit is {limit} "
                                "characters (max_prompt_chars)",
                                param="prompt" if prompt is not None else "messages")
+
+
+async def check_token_ids(catalog: ModelCatalog, model: ServedModel, ids: list[int],
+                          param: str) -> None:
+    """Token ids from a client, before a worker sees them: no more than the model's context
+    holds (DETOKENIZE_IDS when unknown), each a plausible id (the worker checks them against
+    its vocabulary). Counted first: 2 M ids took the worker 0.9 s and made a reply above the
+    frame limit, which drops the gateway's link to the worker with others' frames in it.
+    A prompt's (`param` "prompt") too many is the API's context-length error."""
+    context = await catalog.context_length(model)
+    limit = context or DETOKENIZE_IDS
+    if len(ids) > limit and param == "prompt":
+        raise ContextOverflow(f"the prompt is {len(ids)} tokens, more than the context of "
+                              f"model '{model.name}' ({limit} tokens)", len(ids), len(ids),
+                              limit - 1, limit, param=param)
+    if len(ids) > limit:
+        raise invalid(f"the request has {len(ids)} token ids; the limit is {limit}"
+                      + (f", the context length of model '{model.name}'" if context else ""),
+                      param=param)
+    bad = next((t for t in ids if not 0 <= t <= MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is not in the vocabulary", param=param)

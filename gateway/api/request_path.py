@@ -205,15 +205,17 @@ class RequestPath:
 
     async def generate(self, request: Request, model: ServedModel, params: SamplingParams, *,
                        requested: str, messages: list[ChatMessage] | None = None,
-                       prompt: str | None = None,
+                       prompt: str | None = None, prompt_ids: list[int] | None = None,
                        template_vars: dict[str, Any] | None = None) -> Generate:
-        """A Generate request without tools (a prompt, or messages made from one), within the
-        limits; `requested` is the model name the client sent."""
+        """A Generate request without tools (a prompt, its token ids, or messages made from
+        one), within the limits; `requested` is the model name the client sent."""
         messages = with_messages(messages, model) if messages is not None else None
         params = self.sampling(request, model, params)
         self.limits.check_input(messages, prompt, None)
-        return self._generate(request, model, params, messages=messages, prompt=prompt,
-                              template_vars=template_vars)
+        msg = self._generate(request, model, params, messages=messages, prompt=prompt,
+                             template_vars=template_vars)
+        msg.prompt_ids = prompt_ids
+        return msg
 
     def sampling(self, request: Request, model: ServedModel,
                  params: SamplingParams) -> SamplingParams:

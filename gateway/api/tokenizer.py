@@ -21,15 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from npu_proxy.gateway.api.limits import check_token_ids
 from npu_proxy.gateway.api.openai import chat as openai_chat
 from npu_proxy.gateway.api.request_path import DialectRoutes, ServedModel, invalid
 from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.protocol.messages import Detokenize
-
-# NOTE: no vocabulary comes near it; bounds ids before they cross to the worker as int64.
-MAX_TOKEN_ID = 2**31 - 1
-# Token ids one /detokenize takes when the model's context length is unknown.
-DETOKENIZE_IDS = 131_072
 
 
 class TokenizeRequest(msgspec.Struct):
@@ -95,19 +91,9 @@ class TokenizerRoutes(DialectRoutes):
 
     async def detokenize(self, request: Request, req: DetokenizeRequest) -> Response:
         model = self._model(req.model)
-        # NOTE: no more ids than the model's context holds (DETOKENIZE_IDS when unknown),
-        # counted first: 2 M ids took the worker 0.9 s and made a reply above the frame
-        # limit, which drops the gateway's link to the worker with others' frames in it.
-        context = await self.catalog.context_length(model)
-        limit = context or DETOKENIZE_IDS
-        if len(req.tokens) > limit:
-            raise invalid(f"the request has {len(req.tokens)} token ids; the limit is {limit}"
-                          + (f", the context length of model '{model.name}'" if context
-                             else ""), param="tokens")
-        bad = next((t for t in req.tokens if not 0 <= t <= MAX_TOKEN_ID), None)
-        if bad is not None:
-            raise invalid(f"token id {bad} is not in the vocabulary", param="tokens")
+        await check_token_ids(self.catalog, model, req.tokens, "tokens")
         msg = Detokenize(id=request_key(request), model=model.name, tokens=req.tokens,
                          log_id=request_id(request))
         text = await self.requests.detokenize(request, model, msg)
         return JSONResponse({"prompt": text, "content": text})
+

@@ -203,7 +203,7 @@ class Router:
                 size = f"{too_long.prompt_tokens} tokens"
             else:  # NOTE: refused on its length in characters, never counted
                 size = f"too long to count ({too_long.message})"
-            raise overflow(too_long, getattr(msg, "prompt", None) is not None,
+            raise overflow(too_long, _raw(msg),
                            f"the prompt is {size}, longer than any worker for "
                            f"'{model.name}' takes (limit {too_long.limit})")
         if unsupported is not None and not busy and not down:
@@ -261,7 +261,7 @@ class Router:
         self.broker.close(stream)
         if isinstance(frame, Failed):
             if frame.code == ErrorCode.PROMPT_TOO_LONG:
-                raise overflow(frame, msg.prompt is not None)
+                raise overflow(frame, _raw(msg))
             raise from_failed(frame)
         raise GatewayError(500, "internal", f"unexpected first frame {type(frame).__name__}")
 
@@ -340,3 +340,9 @@ class Router:
         if not isinstance(frame, Detokenized):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
         return frame.text
+
+
+def _raw(msg: object) -> bool:
+    """A raw prompt (text or token ids), whose overflow names `prompt`, not `messages`."""
+    return getattr(msg, "prompt", None) is not None \
+        or getattr(msg, "prompt_ids", None) is not None

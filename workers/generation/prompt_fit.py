@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from npu_proxy.protocol.messages import (
     Detokenize,
     Detokenized,
@@ -46,12 +48,17 @@ def context_for(req: Generate, context_length: int) -> int:
 
 
 def measure(prompting: Prompting, req: Generate, limit: int) -> tuple[Any, Failed | None]:
-    """The prompt's token ids, or the refusal of a prompt over `limit`."""
-    text = prompting.render(req)
-    floor = prompting.fewest_tokens(text)
-    if floor > limit:
-        return None, too_long(req.id, text, floor, limit, False)
-    ids = prompting.encode(text)
+    """The prompt's token ids, or the refusal of a prompt over `limit`. Ids given by the
+    client (Generate.prompt_ids) are checked against the vocabulary (a ValueError)."""
+    if req.prompt_ids is not None:
+        prompting.check_ids(req.prompt_ids)
+        ids = np.asarray(req.prompt_ids, dtype=np.int64).reshape(1, -1)
+    else:
+        text = prompting.render(req)
+        floor = prompting.fewest_tokens(text)
+        if floor > limit:
+            return None, too_long(req.id, text, floor, limit, False)
+        ids = prompting.encode(text)
     n = int(ids.shape[1])
     if n > limit:
         return ids, Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,

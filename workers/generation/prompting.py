@@ -85,12 +85,16 @@ class Prompting:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data
         return np.asarray(ids, dtype=np.int64).reshape(1, -1)
 
-    def decode(self, tokens: list[int]) -> str:
-        """Token ids back to text, special tokens included; a 400 for an id out of range."""
+    def check_ids(self, tokens: list[int]) -> None:
+        """A ValueError (the request's 400) naming the first id out of the vocabulary."""
         size = self.token_bytes.vocab_size
         bad = next((t for t in tokens if not 0 <= t < size), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is not in the vocabulary (0 to {size - 1})")
+
+    def decode(self, tokens: list[int]) -> str:
+        """Token ids back to text, special tokens included; a 400 for an id out of range."""
+        self.check_ids(tokens)
         return str(self.tokenizer.decode(tokens, skip_special_tokens=False)) if tokens else ""
 
     def fewest_tokens(self, text: str) -> int:

@@ -10,6 +10,7 @@ import msgspec
 from starlette.requests import Request
 
 from npu_proxy.gateway.api.dispatch import Dispatch
+from npu_proxy.gateway.api.limits import check_token_ids
 from npu_proxy.gateway.api.openai.shared import (
     Reply,
     SamplingFields,
@@ -21,11 +22,14 @@ from npu_proxy.gateway.api.openai.shared import (
 )
 from npu_proxy.gateway.api.request_path import DialectRoutes, Generation, invalid, now, require
 from npu_proxy.gateway.content import logprobs as lp
+from npu_proxy.gateway.http.util import request_id, request_key
 from npu_proxy.models.capabilities import INSERT
+from npu_proxy.protocol.messages import Detokenize
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | None = None
+    # A text, a token-id list, or either in a list of one (checked in `_one_prompt`).
+    prompt: str | list[Any] | None = None
     suffix: str | None = None
     echo: bool | None = False
     # The number of alternatives per token (0-5); absent: no logprobs.
@@ -33,6 +37,35 @@ class CompletionRequest(SamplingFields):
     # vLLM: the prompt's tokens with their log-probabilities (the number of alternatives,
     # 0-20; the token itself is given, no alternatives exist here).
     prompt_logprobs: int | None = None
+
+
+def _ids(value: Any) -> list[int] | None:
+    if isinstance(value, list) and value and all(type(t) is int for t in value):
+        return value
+    return None
+
+
+def _one_prompt(req: CompletionRequest) -> str | list[int]:
+    """The request's one prompt: a text, or the model's token ids (OpenAI's forms: a string,
+    a list of integers, or either in a list of one, as lm-evaluation-harness sends them)."""
+    prompt = req.prompt
+    if prompt is None:
+        raise invalid("'prompt' is a required property", param="prompt")
+    if isinstance(prompt, str):
+        return prompt
+    ids = _ids(prompt)
+    if ids is not None:
+        return ids
+    if len(prompt) == 1:
+        if isinstance(prompt[0], str):
+            return str(prompt[0])
+        ids = _ids(prompt[0])
+        if ids is not None:
+            return ids
+    elif all(isinstance(p, str) or _ids(p) is not None for p in prompt):
+        raise invalid("exactly one prompt per request is supported", param="prompt")
+    raise invalid("'prompt' must be a string, a list of token ids (integers), or one of them "
+                  "in a list", param="prompt")
 
 
 def _completion_logprobs(req: CompletionRequest) -> int | None:
@@ -123,21 +156,27 @@ class CompletionRoutes(DialectRoutes):
     async def completions(self, request: Request, req: CompletionRequest) -> Dispatch:
         check_common(req)
         top = _completion_logprobs(req)
-        if req.prompt is None:
-            raise invalid("'prompt' is a required property", param="prompt")
-        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        if len(prompts) != 1:
-            raise invalid("exactly one prompt per request is supported", param="prompt")
+        prompt = _one_prompt(req)
         model = self.requests.resolve(req.model, kind="llm")
         if req.suffix:
             require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        if ids is not None:
+            if req.suffix:
+                raise invalid("'suffix' needs a text prompt", param="suffix")
+            await check_token_ids(self.catalog, model, ids, "prompt")
         scored = _scores_prompt(req, top)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
         params = msgspec.structs.replace(
             sampling_params(req, max_tokens or None, None), max_tokens=max_tokens,
             logprobs=top is not None, prompt_logprobs=scored)
         msg = await self.requests.generate(request, model, params, requested=req.model,
-                                       prompt=prompts[0])
-        reply = CompletionReply(req.model, wants_usage(req), prompts[0] if req.echo else None,
-                                top, req.prompt_logprobs is not None)
+                                           prompt=text, prompt_ids=ids)
+        echoed = None
+        if req.echo:
+            echoed = text if ids is None else await self.requests.detokenize(
+                request, model, Detokenize(id=request_key(request), model=model.name,
+                                           tokens=ids, log_id=request_id(request)))
+        reply = CompletionReply(req.model, wants_usage(req), echoed, top,
+                                req.prompt_logprobs is not None)
         return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)

@@ -1,0 +1,166 @@
+"""Real agent work (issue 42, point 5): the small tasks of bench/_agent_tasks.py, each in a
+scratch folder of its own, done by the agent clients people run — Codex CLI (Responses),
+Claude Code (Anthropic Messages), OpenCode, Qwen Code and Continue's `cn` (OpenAI chat) — against
+this server and against llama.cpp's `llama-server --jinja` on the same GGUF, in one run.
+
+    python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
+                           [--tasks read-and-answer,create-a-file] [--timeout 2400]
+
+The clients are the ones `make setup` installs into .clients/ (tests/clients/package.json),
+each started as tests/clientlaunch.py starts them (private HOME, a placeholder key, telemetry
+and updates off, only loopback reachable for the node ones), in its own auto-approve mode
+(Codex `workspace-write`, Claude Code `acceptEdits` with its file and Bash tools, OpenCode's
+permissions set to allow, Qwen Code `--yolo`, cn `--auto`), through a capturing proxy that
+counts each request and the prompt tokens the server reported. With their own system prompts
+and tools: the first request of a client is its full agent prompt (8-20k tokens), read in
+minutes on 2 cores; later tasks of the same client reuse the prefix each server keeps.
+
+Success is judged by what the task left (files, programs run again, the one fact asked for
+in the output), never by the exit code alone. The model is the Qwen2.5-Coder-1.5B-Instruct
+Q4_K_M GGUF from PyPI (tests/qwen_coder.py) unless --model-gguf names another; both servers
+get each client's own sampling parameters. One server busy at a time: each task runs on this
+server, then on llama-server. Prints a line per run, then per client and server: tasks
+completed, requests, prompt tokens, wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+from _agent_tasks import TASKS, Task
+from _llama_server import LlamaServer
+from clientlaunch import ASKED, Ask, Run, execute
+from peers import start_private
+from qwen_coder import ensure
+from serverctl import MODEL_CACHE
+
+MODEL = "qwen2.5-coder:1.5b"
+CONTEXT = 32768
+OUTPUT = 4096
+# The prompt tokens a reply reports, in each API's words (the last one of a stream counts).
+USAGE = re.compile(rb'"(?:prompt_tokens|input_tokens|prompt_eval_count)"\s*:\s*(\d+)')
+
+
+@dataclass
+class Outcome:
+    client: str
+    server: str
+    task: str
+    done: bool
+    requests: int
+    prompt_tokens: int
+    seconds: float
+    rc: int
+    why: str
+
+
+def prompt_tokens(run: Run) -> int:
+    total = 0
+    for exchange in run.proxy.inference():
+        counts = USAGE.findall(exchange.reply)
+        if counts:
+            total += int(counts[-1])
+    return total
+
+
+def attempt(client: str, task: Task, server: str, url: str, root: Path,
+            timeout: float) -> Outcome:
+    tmp = root / f"{client}-{task.name}-{server.split()[0]}"
+    work = tmp / "work"
+    for name, text in task.files.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    ask = Ask(prompt=task.prompt, model=MODEL, context=CONTEXT, output=OUTPUT, act=True)
+    started = time.perf_counter()
+    run = execute(f"{client}:{task.name}", ASKED[client](tmp, ask), tmp, url, timeout)
+    seconds = time.perf_counter() - started
+    try:
+        done = task.check(work, run.out)
+    except (OSError, ValueError):
+        done = False
+    why = "" if done else (run.err.strip() or run.out.strip())[-300:].replace("\n", " | ")
+    return Outcome(client, server, task.name, done, len(run.proxy.inference()),
+                   prompt_tokens(run), seconds, run.rc, why)
+
+
+def report(outcomes: list[Outcome], servers: list[str]) -> None:
+    print("\nclient    server        tasks  requests  prompt tokens  wall s")
+    for client in dict.fromkeys(o.client for o in outcomes):
+        for server in servers:
+            mine = [o for o in outcomes if o.client == client and o.server == server]
+            if not mine:
+                continue
+            print(f"{client:<9} {server:<13} {sum(o.done for o in mine):>2}/{len(mine):<3}"
+                  f"{sum(o.requests for o in mine):>8}  {sum(o.prompt_tokens for o in mine):>13}"
+                  f"  {sum(o.seconds for o in mine):>6.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-server", type=Path)
+    ap.add_argument("--model-gguf", type=Path)
+    ap.add_argument("--clients", default=",".join(ASKED))
+    ap.add_argument("--tasks", default=",".join(t.name for t in TASKS))
+    ap.add_argument("--timeout", type=float, default=2400.0,
+                    help="seconds one client may take for one task")
+    args = ap.parse_args()
+    # NOTE: SIGTERM ends the run as Ctrl-C does: both servers stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    clients = [c for c in args.clients.split(",") if c]
+    unknown = set(clients) - set(ASKED)
+    tasks = [t for t in TASKS if t.name in args.tasks.split(",")]
+    if unknown or not tasks:
+        raise SystemExit(f"clients: {', '.join(ASKED)}; tasks: "
+                         f"{', '.join(t.name for t in TASKS)}")
+    gguf = args.model_gguf or ensure(MODEL_CACHE)
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="npu-proxy-agents-") as tmp:
+        root = Path(tmp)
+        (root / "server").mkdir()
+        # NOTE: a client's first prompt takes minutes to read on 2 cores: no deadline on a
+        # request shorter than the client's own; 2 GB of KV cache hold a 32k context and the
+        # prefixes the later tasks reuse.
+        server, _, _ = start_private(
+            root / "server", MODEL, gguf, {"kv_cache_gb": 2.0, "stall_timeout": args.timeout},
+            {"inference_timeout": args.timeout})
+        targets = [("this server", server.url)]
+        llama = None
+        try:
+            if args.llama_server is not None:
+                llama = LlamaServer(args.llama_server, gguf, 1, CONTEXT, 2,
+                                    extra=["--jinja"]).start()
+                targets.append(("llama-server", llama.url))
+            for client in clients:
+                for task in tasks:
+                    for name, url in targets:
+                        try:
+                            outcome = attempt(client, task, name, url, root, args.timeout)
+                        except pytest.skip.Exception as exc:
+                            raise SystemExit(f"{client}: {exc}") from None
+                        outcomes.append(outcome)
+                        print(f"{client} {task.name} on {name}: "
+                              f"{'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
+                              f"{outcome.requests} requests, {outcome.prompt_tokens} prompt "
+                              f"tokens, {outcome.seconds:.0f} s"
+                              + (f"; client said: {outcome.why}" if outcome.why else ""),
+                              flush=True)
+        finally:
+            if llama is not None:
+                llama.stop()
+            server.stop()
+    report(outcomes, [name for name, _ in targets])
+
+
+if __name__ == "__main__":
+    main()
