@@ -182,12 +182,14 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
 
 
 class Detokenize(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """Token ids back to text (answered with `Detokenized`)."""
+    """Token ids back to text (answered with `Detokenized`); with `specials`, the answer also
+    names the tokenizer's special tokens (vLLM's /tokenizer_info)."""
 
     id: str
     model: str
     tokens: list[int]
     log_id: str = ""
+    specials: bool = False
 
 
 class Rerank(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -309,6 +311,9 @@ class Detokenized(msgspec.Struct, tag=True, array_like=True):
     id: str
     seq: int
     text: str
+    # The special tokens' texts when asked (Detokenize.specials): eos_token, bos_token,
+    # pad_token, those the tokenizer has.
+    specials: dict[str, str] = {}
 
 
 class Reranked(msgspec.Struct, tag=True, array_like=True):

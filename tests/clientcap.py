@@ -183,14 +183,19 @@ class CaptureProxy:
                 if self.command != "HEAD":
                     self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                while chunk := resp.read1(65536):
-                    ex.chunks.append(chunk)
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                try:
+                    while chunk := resp.read1(65536):
+                        ex.chunks.append(chunk)
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    if self.command != "HEAD":
+                        self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
-                if self.command != "HEAD":
-                    self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
-                conn.close()
+                except (BrokenPipeError, ConnectionResetError):
+                    # NOTE: the client left mid-reply (its own timeout): recorded as it got it.
+                    self.close_connection = True
+                finally:
+                    conn.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_OPTIONS = _relay
 

@@ -99,3 +99,27 @@ def test_more_ids_than_the_context_is_the_context_error(http: httpx.Client) -> N
         assert error["param"] == "prompt", error
     r = _complete(http, [100] * 4)
     assert r.status_code == 200, r.text
+
+
+def test_tokenizer_info_is_what_lm_evaluation_harness_reads(http: httpx.Client) -> None:
+    """vLLM's GET /tokenizer_info, which lm-evaluation-harness's `remote` tokenizer reads
+    (its end-of-text token, its chat template) before tokenizing through /tokenize and
+    /detokenize, with no model named (the default LLM) or with one."""
+    for query in ("", f"?model={LLM}"):
+        r = http.get("/tokenizer_info" + query)
+        assert r.status_code == 200, r.text
+        info = r.json()
+        assert info["model"] == LLM
+        eos = info["eos_token"]
+        assert isinstance(eos, str) and eos
+        ids = http.post("/tokenize", json={"prompt": eos, "add_special_tokens": False})
+        assert ids.status_code == 200, ids.text
+        assert ids.json()["count"] == 1
+        back = http.post("/detokenize", json={"tokens": ids.json()["tokens"]})
+        assert back.status_code == 200 and back.json()["prompt"] == eos
+        assert "{%" in info["chat_template"]
+        card = http.get(f"/v1/models/{LLM}").json()
+        assert info["model_max_length"] == card["max_model_len"] > 0
+    r = http.get("/tokenizer_info?model=no-such-model")
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "model_not_found"

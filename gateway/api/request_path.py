@@ -68,6 +68,7 @@ from npu_proxy.protocol.messages import (
     ChatMessage,
     Delta,
     Detokenize,
+    Detokenized,
     Embed,
     Generate,
     Rerank,
@@ -174,7 +175,8 @@ class RequestPath:
     async def count(self, request: Request, model: ServedModel, msg: Tokenize) -> TokenCount:
         return await unless_disconnected(request, self.router.tokenize(model, msg))
 
-    async def detokenize(self, request: Request, model: ServedModel, msg: Detokenize) -> str:
+    async def detokenize(self, request: Request, model: ServedModel,
+                         msg: Detokenize) -> Detokenized:
         return await unless_disconnected(request, self.router.detokenize(model, msg))
 
     async def transcribe(self, request: Request, model: ServedModel,

@@ -56,6 +56,7 @@ class TokenizerRoutes(DialectRoutes):
             routes.append(self.requests.post(prefix + "/tokenize", TokenizeRequest, self.tokenize))
             routes.append(self.requests.post(prefix + "/detokenize", DetokenizeRequest,
                                          self.detokenize))
+        routes.append(self.requests.get("/tokenizer_info", self.tokenizer_info))
         return routes
 
     def _model(self, name: str) -> ServedModel:
@@ -94,6 +95,22 @@ class TokenizerRoutes(DialectRoutes):
         await check_token_ids(self.catalog, model, req.tokens, "tokens")
         msg = Detokenize(id=request_key(request), model=model.name, tokens=req.tokens,
                          log_id=request_id(request))
-        text = await self.requests.detokenize(request, model, msg)
+        text = (await self.requests.detokenize(request, model, msg)).text
         return JSONResponse({"prompt": text, "content": text})
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        """vLLM's GET /tokenizer_info for the model named in `?model=` (else the default
+        LLM): its special tokens, chat template and context, what lm-evaluation-harness's
+        `remote` tokenizer reads before it tokenizes through /tokenize and /detokenize."""
+        model = self._model(request.query_params.get("model", ""))
+        facts = await self.requests.facts(model)
+        msg = Detokenize(id=request_key(request), model=model.name, tokens=[],
+                         log_id=request_id(request), specials=True)
+        specials = (await self.requests.detokenize(request, model, msg)).specials
+        return JSONResponse({
+            "tokenizer_class": "OpenVINOTokenizer", "model": model.name,
+            "eos_token": specials.get("eos_token"), "bos_token": specials.get("bos_token"),
+            "pad_token": specials.get("pad_token"),
+            "chat_template": facts.chat_template or None,
+            "model_max_length": facts.context_length or None})
 

@@ -335,11 +335,11 @@ class Router:
     async def count_tokens(self, model: ServedModel, msg: Tokenize) -> int:
         return (await self.tokenize(model, msg)).count
 
-    async def detokenize(self, model: ServedModel, msg: Detokenize) -> str:
+    async def detokenize(self, model: ServedModel, msg: Detokenize) -> Detokenized:
         frame = await self._ask(model, msg)
         if not isinstance(frame, Detokenized):
             raise GatewayError(500, "internal", f"unexpected frame {type(frame).__name__}")
-        return frame.text
+        return frame
 
 
 def _raw(msg: object) -> bool:

@@ -246,7 +246,8 @@ OLLAMA = Dialect("ollama", NDJSON, ndjson_line, b"", ollama_error, http_status)
 
 
 # vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does.
-OPENAI_ROOT_PATHS = frozenset({"/tokenize", "/detokenize", "/rerank", "/v2/rerank"})
+OPENAI_ROOT_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info", "/rerank",
+                               "/v2/rerank"})
 
 
 def dialect_for(scope: Scope) -> Dialect:

@@ -119,4 +119,5 @@ def detokenized(prompting: Prompting, msg: Detokenize) -> Detokenized | Failed:
         text = prompting.decode(msg.tokens)
     except Exception as exc:  # an id out of range is the request's fault
         return Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc))
-    return Detokenized(id=msg.id, seq=0, text=text)
+    return Detokenized(id=msg.id, seq=0, text=text,
+                       specials=prompting.specials() if msg.specials else {})

@@ -85,6 +85,20 @@ class Prompting:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).input_ids.data
         return np.asarray(ids, dtype=np.int64).reshape(1, -1)
 
+    def specials(self) -> dict[str, str]:
+        """The special tokens' texts the tokenizer names (eos_token, bos_token, pad_token)."""
+        found: dict[str, str] = {}
+        for name, get in (("eos_token", self.tokenizer.get_eos_token),
+                          ("bos_token", self.tokenizer.get_bos_token),
+                          ("pad_token", self.tokenizer.get_pad_token)):
+            try:
+                text = str(get())
+            except Exception:  # NOTE: a tokenizer without it
+                continue
+            if text:
+                found[name] = text
+        return found
+
     def check_ids(self, tokens: list[int]) -> None:
         """A ValueError (the request's 400) naming the first id out of the vocabulary."""
         size = self.token_bytes.vocab_size

@@ -174,9 +174,9 @@ class CompletionRoutes(DialectRoutes):
                                            prompt=text, prompt_ids=ids)
         echoed = None
         if req.echo:
-            echoed = text if ids is None else await self.requests.detokenize(
+            echoed = text if ids is None else (await self.requests.detokenize(
                 request, model, Detokenize(id=request_key(request), model=model.name,
-                                           tokens=ids, log_id=request_id(request)))
+                                           tokens=ids, log_id=request_id(request)))).text
         reply = CompletionReply(req.model, wants_usage(req), echoed, top,
                                 req.prompt_logprobs is not None)
         return Dispatch(model, msg, bool(req.stream), reply, keepalive=reply.keepalive)
