@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from serverctl import MODEL_CACHE, Server
 
 from npu_proxy.models.locate import WHISPER_IR_FOLDER
+from npu_proxy.protocol.config import ConfigError, load_config
 
 SENTENCE = "Hello, world. The capital of France is Paris."
 WORDS = ("hello", "world", "capital", "france", "paris")
@@ -370,8 +371,10 @@ def test_a_worker_killed_mid_request_fails_only_that_request(
         whisper_ir: Path, recording: Path, tmp_path: Path) -> None:
     # NOTE: two resident asr workers; the first (in config order) exits after 3 decoded
     # pieces. Resident: a lazy sibling is started only when every worker of the model is idle.
+    # Greedy: beam search hands its pieces over only at the end of a window.
     server = Server(tmp_path, workers=[
-        {"name": "asr-bad", "role": "asr", "lazy": False, "faults": {"exit_after_tokens": 3}},
+        {"name": "asr-bad", "role": "asr", "lazy": False, "num_beams": 1,
+         "faults": {"exit_after_tokens": 3}},
         {"name": "asr", "role": "asr", "lazy": False}]).start()
     try:
         first = post(server, recording.read_bytes())
@@ -385,6 +388,22 @@ def test_a_worker_killed_mid_request_fails_only_that_request(
         assert restarted["restarts"] >= 1
     finally:
         server.stop()
+
+
+def test_whisper_decodes_by_beam_search_as_faster_whisper_does(srv: Server,
+                                                                recording: Path) -> None:
+    """num_beams 5 by default (faster-whisper's default; bench/asr_wer.py measured it)."""
+    assert post(srv, recording.read_bytes()).status_code == 200
+    assert "Whisper decodes by beam search of 5 at temperature 0 (streams greedy)" in \
+        srv.worker_log("asr")
+
+
+@pytest.mark.parametrize("beams", [0, 17])
+def test_num_beams_out_of_range_is_refused(tmp_path: Path, beams: int) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[[workers]]\nname = "asr"\nrole = "asr"\nnum_beams = {beams}\n')
+    with pytest.raises(ConfigError, match="num_beams must be 1 to 16"):
+        load_config(config, env={})
 
 
 def test_a_long_prompt_is_cut_to_what_whisper_reads(srv: Server, recording: Path) -> None:

@@ -78,6 +78,10 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
         self._properties = properties
         self.pipe = ov_genai.WhisperPipeline(str(folder), self.spec.device, **properties)
         self.multilingual = bool(self.pipe.get_generation_config().is_multilingual)
+        log.info("worker %s: Whisper decodes %s at temperature 0 (streams greedy)",
+                 self.spec.name,
+                 f"by beam search of {self.spec.num_beams}" if self.spec.num_beams > 1
+                 else "greedy")
 
     def warm_up(self) -> None:
         self.pipe.generate(np.zeros(SAMPLE_RATE, dtype=np.float32), max_new_tokens=4)
@@ -141,6 +145,11 @@ class AsrEngine(SerialSpeechEngine[Transcribe]):
         if req.temperature > 0:
             config.do_sample = True
             config.temperature = req.temperature
+        elif self.spec.num_beams > 1 and not req.stream:
+            # NOTE: a stream decodes greedily: beam search streams the text of a beam that
+            # may lose later ("world," then "world." in the final text), so the deltas would
+            # not add up to the transcription.
+            config.num_beams = self.spec.num_beams
         return config
 
     def _serve(self, arrived: float, req: Transcribe) -> None:
