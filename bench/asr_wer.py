@@ -101,7 +101,7 @@ def record(folder: Path) -> list[tuple[str, str, Path]]:
     if espeak is None:
         raise SystemExit("espeak-ng is not installed (Debian package espeak-ng)")
     rng = np.random.default_rng(7)
-    out = []
+    out: list[tuple[str, str, Path]] = []
     for i, sentence in enumerate(SENTENCES):
         for condition in CONDITIONS:
             raw = folder / f"raw-{i}-{len(out)}.wav"
