@@ -413,6 +413,75 @@ def _check_4_bit_weights(gguf: Path, folder: Path, every: int) -> tuple[int, int
     return checked, sum(len(c) for c in by_scales.values()), worst
 
 
+def _eight_bit(data: np.ndarray, t: object) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 or Q6_K tensor's (rows, groups, size) signed values and (rows, groups) steps,
+    as llama.cpp's dequantize_row_q8_0/q6_K read them: weight = step * q."""
+    dims, kind, offset = t.dims, t.ggml_type, t.offset  # type: ignore[attr-defined]
+    rows = int(np.prod(dims[1:]))
+    size, per = {8: (34, 32), 14: (210, 256)}[kind]
+    raw = data[offset:offset + rows * (dims[0] // per) * size].reshape(rows, -1, size)
+    if kind == 8:
+        step = raw[:, :, :2].copy().view("<f2")[:, :, 0].astype(np.float32)
+        return raw[:, :, 2:].copy().view(np.int8), step
+    ql = raw[:, :, :128].reshape(rows, -1, 2, 64)
+    qh = raw[:, :, 128:192].reshape(rows, -1, 2, 32)
+    values = np.stack([(ql[..., :32] & 15) | ((qh & 3) << 4),
+                       (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4),
+                       (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4),
+                       (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)], axis=3).view(np.int8) - 32
+    sc = raw[:, :, 192:208].copy().view(np.int8).astype(np.float32)
+    d = raw[:, :, 208:210].copy().view("<f2").astype(np.float32)
+    return values.reshape(rows, -1, 16), (d * sc).reshape(rows, -1)
+
+
+def _eight_bit_shape(t: object) -> tuple[int, int, int]:
+    dims, kind = t.dims, t.ggml_type  # type: ignore[attr-defined]
+    size = 32 if kind == 8 else 16
+    return int(np.prod(dims[1:])), dims[0] // size, size
+
+
+def _check_8_bit_weights(gguf: Path, folder: Path) -> tuple[int, int, float]:
+    """Each 8-bit matrix of the converted graph (Q8_0, Q6_K), as the graph computes it,
+    against llama.cpp's dequantization of the file's bytes (numpy): the graph's values are
+    the file's and its steps the file's to f16 rounding. Returns the matrices matched, the
+    file's 8-bit tensors and the worst relative error of a step."""
+    from npu_proxy.models.gguf import read_gguf_tensors
+
+    data = np.fromfile(gguf, np.uint8)
+    tensors = [t for t in read_gguf_tensors(gguf) if t.ggml_type in (8, 14)]
+    model = ov.Core().read_model(folder / "openvino_model.xml")
+    matched, worst = 0, 0.0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.i8:
+            continue
+        q = np.asarray(op.get_data())
+        node = [t.get_node() for t in op.output(0).get_target_inputs()][0]
+        while node.get_type_name() == "Convert":
+            node = [t.get_node() for t in node.output(0).get_target_inputs()][0]
+        if node.get_type_name() == "Subtract":
+            q = (q - _constant(node.input_value(1).get_node())).astype(np.int8)
+            node = [t.get_node() for t in node.output(0).get_target_inputs()][0]
+        assert node.get_type_name() == "Multiply", node
+        scale = _constant(node.input_value(1).get_node())[..., 0]
+        found = [read for t in tensors if _eight_bit_shape(t) == q.shape
+                 and np.array_equal((read := _eight_bit(data, t))[0], q)]
+        assert len(found) == 1, (op.get_friendly_name(), q.shape)
+        step = found[0][1]
+        off = np.abs(scale - step) / np.maximum(np.abs(step), 1e-30)
+        worst = max(worst, float(off[step != 0].max()))
+        matched += 1
+    return matched, len(tensors), worst
+
+
+def test_8_bit_weights_are_llama_cpps_dequantized_weights(converted: Converted) -> None:
+    """SmolLM2's Q8_0 embedding (also its output layer), as the converted graph computes
+    it: the file's values, each block's f16 step exactly."""
+    gguf = locate(Config(), "smollm2:135m").path
+    matched, tensors, worst = _check_8_bit_weights(gguf, converted.folder)
+    assert matched == tensors == 1
+    assert worst == 0.0, worst
+
+
 def test_q4_1_weights_are_llama_cpps_dequantized_weights(converted: Converted) -> None:
     """Every Q4_1 weight of the file, as the converted graph computes it, is d * q + m of
     its block (numpy, from the file's bytes), to f16 rounding of the zero point: GenAI's
@@ -438,3 +507,8 @@ def test_q4_k_weights_are_llama_cpps_dequantized_weights() -> None:
     checked, rows, worst = _check_4_bit_weights(gguf, folder, 97)
     assert checked > rows // 97 * 0.9
     assert worst <= 1 / 32, worst
+    # NOTE: the Q6_K ones: the 6-bit values exactly, each group's step d * scale rounded
+    # once to f16 (llama.cpp multiplies in f32): within half an f16 ulp.
+    matched, tensors, worst = _check_8_bit_weights(gguf, folder)
+    assert matched == tensors == 29
+    assert worst <= 2.0 ** -11, worst
