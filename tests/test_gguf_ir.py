@@ -440,6 +440,11 @@ def _eight_bit_shape(t: object) -> tuple[int, int, int]:
     return int(np.prod(dims[1:])), dims[0] // size, size
 
 
+def _user(node: ov.Node) -> ov.Node:
+    """The node's first consumer."""
+    return next(t.get_node() for t in node.output(0).get_target_inputs())
+
+
 def _check_8_bit_weights(gguf: Path, folder: Path) -> tuple[int, int, float]:
     """Each 8-bit matrix of the converted graph (Q8_0, Q6_K), as the graph computes it,
     against llama.cpp's dequantization of the file's bytes (numpy): the graph's values are
@@ -455,12 +460,12 @@ def _check_8_bit_weights(gguf: Path, folder: Path) -> tuple[int, int, float]:
         if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.i8:
             continue
         q = np.asarray(op.get_data())
-        node = [t.get_node() for t in op.output(0).get_target_inputs()][0]
+        node = _user(op)
         while node.get_type_name() == "Convert":
-            node = [t.get_node() for t in node.output(0).get_target_inputs()][0]
+            node = _user(node)
         if node.get_type_name() == "Subtract":
             q = (q - _constant(node.input_value(1).get_node())).astype(np.int8)
-            node = [t.get_node() for t in node.output(0).get_target_inputs()][0]
+            node = _user(node)
         assert node.get_type_name() == "Multiply", node
         scale = _constant(node.input_value(1).get_node())[..., 0]
         found = [read for t in tensors if _eight_bit_shape(t) == q.shape
