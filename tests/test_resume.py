@@ -11,6 +11,7 @@ test_deterministic.py gives.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import threading
@@ -24,7 +25,7 @@ import openai
 import pytest
 from serverctl import Server, wait_for
 
-from npu_proxy.gateway.core.resume import Diverged, Replay, Resumer
+from npu_proxy.gateway.core.resume import Diverged, Isolation, Replay, Resumer
 from npu_proxy.protocol.messages import (
     ChatMessage,
     Delta,
@@ -122,8 +123,11 @@ def test_greedy_streams_killed_mid_way_end_with_their_own_texts(srv: Server) -> 
 
 @pytest.fixture(scope="module")
 def batching(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: a request whose X-Request-ID starts with "poison-" makes the worker exit at its
+    # first token (a test hook); others run as ever.
     server = Server(tmp_path_factory.mktemp("resume-batching"), workers=[
-        {"name": "llm", "role": "llm"}], stream_resumes=1, backoff_initial=0.2).start()
+        {"name": "llm", "role": "llm", "faults": {"exit_on_request": "poison-"}}],
+        stream_resumes=1, backoff_initial=0.2, crash_quarantine_seconds=300.0).start()
     yield server
     server.stop()
 
@@ -160,6 +164,63 @@ def test_a_stream_on_a_batching_worker_continues_after_its_tokens(batching: Serv
     assert int(batching.children()["llm"]["pid"]) != pid
 
 
+def _stream(url: str, request_id: str, started: threading.Event) -> dict[str, Any]:
+    """A streamed legacy completion of TOKENS tokens: its text, finish reason, usage and
+    error as the client saw them; `started` set at its first text."""
+    body = {"model": LLM, "prompt": f"A story about {request_id}:", "max_tokens": TOKENS,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    seen: dict[str, Any] = {"text": "", "finish": None, "usage": None, "error": None}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600,
+                      headers={"X-Request-ID": request_id}) as r:
+        if r.status_code != 200:
+            seen["error"] = r.read().decode()
+            return seen
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                seen["error"] = chunk["error"]
+            for choice in chunk.get("choices") or []:
+                seen["text"] += choice.get("text") or ""
+                seen["finish"] = choice.get("finish_reason") or seen["finish"]
+                if seen["text"]:
+                    started.set()
+            seen["usage"] = chunk.get("usage") or seen["usage"]
+    return seen
+
+
+def test_a_poison_request_among_others_is_the_only_one_lost(batching: Server) -> None:
+    """A request that crashes every worker that runs it, sent while three others stream: the
+    first crash resumes all four, the poison crashes the restarted worker again with the
+    three in flight, so the four are sent once more one at a time; the poison crashes its
+    worker alone and is the one that fails (and is quarantined), the three end whole."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        events = [threading.Event() for _ in range(3)]
+        innocent = [pool.submit(_stream, batching.url, f"fine-{i}", events[i])
+                    for i in range(3)]
+        for event in events:
+            assert event.wait(120), "an innocent stream sent no text"
+        poison = pool.submit(_stream, batching.url, "poison-1", threading.Event())
+        lost = poison.result(timeout=600)
+        seen = [f.result(timeout=600) for f in innocent]
+    for one in seen:
+        assert one["error"] is None, one
+        assert one["finish"] == "length" and one["usage"]["completion_tokens"] == TOKENS, one
+    assert lost["error"] is not None and lost["finish"] is None, lost
+    wait_for(lambda: "sent again alone" in batching.worker_log("gateway"), timeout=30,
+             what="the isolation in the gateway's log")
+    again = httpx.post(batching.url + "/v1/completions", timeout=120,
+                       headers={"X-Request-ID": "poison-2"},
+                       json={"model": LLM, "prompt": "A story about poison-1:",
+                             "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True})
+    assert again.status_code == 400 and "crash_quarantine_seconds" in again.text, again.text
+    fine = httpx.post(batching.url + "/v1/completions", timeout=120,
+                      json={"model": LLM, "prompt": "A story about fine-0:", "max_tokens": 4})
+    assert fine.status_code == 200, fine.text
+
+
 def _plan(params: SamplingParams, images: bool = False) -> Resumer:
     msg = Generate(id="g", model=LLM, params=params, deadline=time.time() + 60,
                    messages=[ChatMessage(role="user", content="hi",
@@ -167,7 +228,8 @@ def _plan(params: SamplingParams, images: bool = False) -> Resumer:
     links = {name: SimpleNamespace(spec=SimpleNamespace(role=role, deterministic=steady))
              for name, role, steady in (("llm", "llm", False), ("steady", "llm", True),
                                         ("vision", "vlm", False))}
-    return Resumer(None, SimpleNamespace(links=links), msg, 1)  # type: ignore[arg-type]
+    return Resumer(None, SimpleNamespace(links=links), msg, 1,  # type: ignore[arg-type]
+                   Isolation())
 
 
 def test_what_can_resume() -> None:

@@ -63,8 +63,12 @@ class FaultInjector:
             log.warning("fault hook: holding request_id=%s before it starts", shown)
             _hold(gate)
 
-    def on_tokens(self, n: int) -> None:
+    def on_tokens(self, n: int, shown: str = "") -> None:
+        """`n` tokens generated (by the request whose X-Request-ID is `shown`)."""
         f = self.faults
+        if f.exit_on_request and shown.startswith(f.exit_on_request):
+            log.error("fault hook: exiting on request_id=%s", shown)
+            os._exit(3)
         if f.token_delay_seconds > 0:
             time.sleep(f.token_delay_seconds * n)
         if f.exit_after_tokens is None and f.abort_after_tokens is None and (

@@ -299,6 +299,7 @@ class Broker:
                 why = f"worker {name} {reason}"
                 for stream in link.requests.values():
                     stream.crashed = why
+                    stream.crashed_with = len(link.requests)
                 self.quarantine.add([(s.id, s.fingerprint) for s in link.requests.values()
                                      if not s.resumable], why)
         self._fail_all(link, f"worker {name} {reason}")

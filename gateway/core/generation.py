@@ -205,12 +205,23 @@ class Generation:
         (or had nothing left to generate: `finished` is then set)."""
         plan = self.resumption
         text = "".join(self.text)
-        if plan is None or plan.left <= 0:
+        if plan is None:
+            return False
+        # NOTE: resumptions used up, lost again in a crash that took others: once more,
+        # alone (a poison among them then crashes its worker alone; gateway/core/resume.py).
+        isolate = plan.left <= 0 and not plan.alone and self.stream.crashed_with > 1
+        if plan.left <= 0 and not isolate:
             return False
         replay = plan.replays(self.stream.worker, self.ids, text)
         if not replay and not plan.allows(self.stream.worker, self.ids, text):
             return False
-        plan.left -= 1
+        if isolate:
+            log.warning("request_id=%s was in flight at crashes with %d others: sent again "
+                        "alone", self.stream.id, self.stream.crashed_with - 1)
+            if not await plan.isolate(self.give_up_at - STALL_GRACE_S):
+                return False
+        else:
+            plan.left -= 1
         log.warning("request_id=%s resumes (%s) after %d tokens: %s", self.stream.id,
                     "replayed" if replay else "continued", len(self.ids), lost.message)
         for observer in self.observers:
@@ -279,6 +290,8 @@ class Generation:
         if self._done:
             return
         self._done = True
+        if self.resumption is not None:
+            self.resumption.release()
         for observer in self.observers:
             observer.on_done(self)
         self.broker.release(self.stream, ended=self.finished is not None)

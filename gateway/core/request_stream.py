@@ -36,8 +36,8 @@ class RequestStream:
     request, armed again only when the caller's deadline moves.
     """
 
-    __slots__ = ("_fingerprint", "_frames", "_timer", "_timer_at", "_waiter", "crashed", "id",
-                 "msg", "next_seq", "resumable", "worker")
+    __slots__ = ("_fingerprint", "_frames", "_timer", "_timer_at", "_waiter", "crashed",
+                 "crashed_with", "id", "msg", "next_seq", "resumable", "worker")
 
     def __init__(self, id: str, worker: str, msg: msgspec.Struct | None = None,
                  fingerprint: str = "") -> None:
@@ -50,6 +50,8 @@ class RequestStream:
         # quarantines it only if it gives up (`crashed` then says why).
         self.resumable = False
         self.crashed = ""
+        # How many requests were in flight on the worker when it crashed, this one included.
+        self.crashed_with = 0
         self.next_seq = 0
         self._frames: deque[RequestFrame] = deque()
         self._waiter: asyncio.Future[None] | None = None

@@ -13,12 +13,20 @@ a pause, not an error.
 
 A replay that gives other tokens than the client's is continued instead. A crash quarantines
 a resumable request only once it gives up (gateway/core/broker.py).
+
+A poison request (one that crashes any worker that runs it) takes the others in flight with it
+at each crash, and would use up their resumptions too. So a generation that has used its
+resumptions and is lost again in a crash that took others is sent once more, alone: such
+generations of a model take turns (`Isolation`), one at a time on the model's workers. The
+poison then crashes its worker alone, gives up and is quarantined; the others finish.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
@@ -38,6 +46,14 @@ class Resumed:
     deadline: float
 
 
+@dataclass
+class Isolation:
+    """The turns of a model's generations sent again alone (one at a time), after crashes
+    that took them with others."""
+
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class Resumption(Protocol):
     """How a generation whose worker died goes on (gateway/core/router.py), once a worker
     serves its model again: replayed (the request again, whole: the tokens its client has
@@ -46,6 +62,16 @@ class Resumption(Protocol):
 
     # Resumptions left (the config's stream_resumes, less those used).
     left: int
+    # Sent again alone (its turn of the model's Isolation held until it ends).
+    alone: bool
+
+    async def isolate(self, deadline: float) -> bool:
+        """Wait for its turn to run alone (until `deadline`, wall clock); False if none came."""
+        ...
+
+    def release(self) -> None:
+        """Its turn to run alone given up (the generation ended)."""
+        ...
 
     def allows(self, worker: str, ids: list[int], text: str) -> bool:
         """Can it be continued after these tokens (this text), having run on `worker`?"""
@@ -109,13 +135,31 @@ class Resumer:
     is open), or what a vlm worker ran (its pipeline reads no token ids)."""
 
     def __init__(self, send: Callable[[Generate], Awaitable[Resumed]], broker: Broker,
-                 msg: Generate, left: int) -> None:
+                 msg: Generate, left: int, isolation: Isolation) -> None:
         # Sends the message once a worker serves its model (Router.send_again).
         self.send = send
         self.broker = broker
         self.msg = msg
         self.left = left
         self.sent = 0
+        self.isolation = isolation
+        self.alone = False
+
+    async def isolate(self, deadline: float) -> bool:
+        began = time.time()
+        try:
+            await asyncio.wait_for(self.isolation.turn.acquire(), max(0.0, deadline - began))
+        except TimeoutError:
+            return False
+        self.alone = True
+        # NOTE: the wait for its turn moves its deadline, as the wait for a worker does.
+        self.msg.deadline += time.time() - began
+        return True
+
+    def release(self) -> None:
+        if self.alone:
+            self.alone = False
+            self.isolation.turn.release()
 
     def allows(self, worker: str, ids: list[int], text: str) -> bool:
         if not ids:

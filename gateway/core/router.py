@@ -39,7 +39,7 @@ from npu_proxy.gateway.core.generation import (
 )
 from npu_proxy.gateway.core.model_table import KIND_WHAT, ModelTable, ServedModel
 from npu_proxy.gateway.core.request_stream import RequestStream
-from npu_proxy.gateway.core.resume import Resumed, Resumer
+from npu_proxy.gateway.core.resume import Isolation, Resumed, Resumer
 from npu_proxy.gateway.core.switching import Switcher
 from npu_proxy.gateway.core.worker_link import WorkerLink, WorkerUnavailable
 from npu_proxy.protocol.config import Config
@@ -89,6 +89,8 @@ class Router:
         self.switcher = Switcher(config, broker, self.table)
         self.started = int(time.time())
         self.observers: list[GenerationObserver] = []
+        # Per model: the turns of generations sent again alone (gateway/core/resume.py).
+        self.isolation: dict[str, Isolation] = {}
 
     @property
     def models(self) -> dict[str, ServedModel]:
@@ -239,7 +241,8 @@ class Router:
         resumption = None
         if self.config.stream_resumes > 0:
             resumption = Resumer(functools.partial(self.send_again, model), self.broker, msg,
-                                 self.config.stream_resumes)
+                                 self.config.stream_resumes,
+                                 self.isolation.setdefault(model.name, Isolation()))
             stream.resumable = True
         return Generation(self.broker, stream, frame, reason, started, self.observers,
                           deadline=msg.deadline, load_wait_ns=waited, resumption=resumption)

@@ -21,6 +21,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     hang_in_conversion: bool = False
     crash_in_load: bool = False
     exit_after_tokens: int | None = None
+    # Exit once a request whose X-Request-ID starts with this generates a token: a poison
+    # request, whatever else runs beside it, on every worker that runs it.
+    exit_on_request: str = ""
     abort_after_tokens: int | None = None
     stall_after_tokens: int | None = None
     # Stay loading until this file exists (a test can then observe the loading state).

@@ -324,7 +324,7 @@ class EngineBase:
         self.progress_at = time.monotonic()
         self.generated_tokens += len(ids)
         active.take(ids, now, logprobs, self.prompting.token_bytes)
-        self.faults.on_tokens(len(ids))
+        self.faults.on_tokens(len(ids), active.req.log_id)
 
     def _on_prompt(self, active: Active, ids: list[int],
                    logprobs: list[float]) -> tuple[list[int], list[float]]:
