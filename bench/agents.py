@@ -26,7 +26,9 @@ completed, requests, prompt tokens, wall time.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -74,8 +76,22 @@ def prompt_tokens(run: Run) -> int:
     return total
 
 
+def keep(run: Run, work: Path, folder: Path) -> None:
+    """The run's exchanges (requests and replies, whole) and the folder's files, for a
+    post-mortem of what the model and the client did."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "exchanges.jsonl").open("w") as sink:
+        for e in run.proxy.exchanges:
+            sink.write(json.dumps({"method": e.method, "path": e.path, "status": e.status,
+                                   "body": e.json(), "reply": e.reply.decode(errors="replace")})
+                       + "\n")
+    (folder / "client.txt").write_text(f"exit {run.rc}\n--- stdout\n{run.out}\n--- stderr\n"
+                                       f"{run.err}\n")
+    shutil.copytree(work, folder / "work", dirs_exist_ok=True)
+
+
 def attempt(client: str, task: Task, server: str, url: str, root: Path,
-            timeout: float) -> Outcome:
+            timeout: float, kept: Path | None) -> Outcome:
     tmp = root / f"{client}-{task.name}-{server.split()[0]}"
     work = tmp / "work"
     for name, text in task.files.items():
@@ -89,6 +105,8 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
         done = task.check(work, run.out)
     except (OSError, ValueError):
         done = False
+    if kept is not None:
+        keep(run, work, kept / tmp.name)
     why = "" if done else (run.err.strip() or run.out.strip())[-300:].replace("\n", " | ")
     return Outcome(client, server, task.name, done, len(run.proxy.inference()),
                    prompt_tokens(run), seconds, run.rc, why)
@@ -114,6 +132,8 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(t.name for t in TASKS))
     ap.add_argument("--timeout", type=float, default=2400.0,
                     help="seconds one client may take for one task")
+    ap.add_argument("--keep", type=Path, help="a folder to keep each run's exchanges and "
+                    "files in")
     args = ap.parse_args()
     # NOTE: SIGTERM ends the run as Ctrl-C does: both servers stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -145,7 +165,8 @@ def main() -> None:
                 for task in tasks:
                     for name, url in targets:
                         try:
-                            outcome = attempt(client, task, name, url, root, args.timeout)
+                            outcome = attempt(client, task, name, url, root, args.timeout,
+                                              args.keep)
                         except pytest.skip.Exception as exc:
                             raise SystemExit(f"{client}: {exc}") from None
                         outcomes.append(outcome)
