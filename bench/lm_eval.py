@@ -87,13 +87,16 @@ FACTS = [
     ("How many minutes are in an hour?", "60", "100", "30", "90"),
 ]
 
-FACTS_TASK = """\
-task: npu_proxy_facts
+# A task over a JSON-lines file of this script's: its name and data, then its own lines.
+TASK = """\
+task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
+"""
+FACTS_TASK = """\
 output_type: multiple_choice
 doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
 doc_to_choice: choices
@@ -103,12 +106,6 @@ metric_list:
   - metric: acc_norm
 """
 TEXT_TASK = """\
-task: npu_proxy_text
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
 output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{{{text}}}}"
@@ -132,8 +129,9 @@ def write_tasks(folder: Path, text: str) -> None:
     with (folder / "text.jsonl").open("w") as sink:
         for paragraph in paragraphs[:12]:
             sink.write(json.dumps({"text": paragraph}) + "\n")
-    (folder / "facts.yaml").write_text(FACTS_TASK.format(data=folder / "facts.jsonl"))
-    (folder / "text.yaml").write_text(TEXT_TASK.format(data=folder / "text.jsonl"))
+    for name, body in (("facts", FACTS_TASK), ("text", TEXT_TASK)):
+        head = TASK.format(name=f"npu_proxy_{name}", data=folder / f"{name}.jsonl")
+        (folder / f"{name}.yaml").write_text(head + body.format())
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from serverctl import Server
 
@@ -50,6 +51,13 @@ def timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
 @pytest.fixture(scope="session")
 def base_url(server: Server) -> str:
     return server.url
+
+
+@pytest.fixture(scope="module")
+def http(base_url: str) -> Iterator[httpx.Client]:
+    """Raw HTTP to the shared server (a module with a server of its own defines its own)."""
+    with httpx.Client(base_url=base_url, timeout=120) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anthropic
 import httpx
 import ollama
@@ -17,12 +15,6 @@ LLM = "smollm2:135m"
 EMBED = "all-minilm:l6-v2"
 RERANK = "all-minilm-rerank:l6-v2"
 IMAGE = "data:image/png;base64,iVBORw0KGgo="
-
-
-@pytest.fixture(scope="module")
-def http(base_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base_url, timeout=120) as c:
-        yield c
 
 
 def test_llm_capabilities(http: httpx.Client) -> None:

@@ -563,12 +563,6 @@ def test_a_text_only_model_refuses_before_decoding() -> None:
 CORRUPT = "data:image/png;base64,@@not-base64@@"
 
 
-@pytest.fixture(scope="module")
-def http(base_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base_url, timeout=120) as client:
-        yield client
-
-
 def _openai_body(url: str) -> dict[str, Any]:
     return {"model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}]}

@@ -7,7 +7,7 @@ and whose bytes are the token's own; a top_logprobs list holds the sampled token
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -31,12 +31,6 @@ def oai(base_url: str) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def oll(server: Server) -> ollama.Client:
     return ollama.Client(host=server.url, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
 
 
 def check(entries: Sequence[Any], text: str, count: int, top: bool) -> None:

@@ -8,7 +8,6 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,12 +54,6 @@ CITY_PROMPT = "Describe Paris as JSON."
 @pytest.fixture(scope="module")
 def client(server: Server) -> ollama.Client:
     return ollama.Client(host=server.url, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
 
 
 def ndjson(resp: httpx.Response) -> list[dict[str, Any]]:

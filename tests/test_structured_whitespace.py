@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -57,12 +56,6 @@ def ended(finish: str | None, temperature: float) -> bool:
 @pytest.fixture(scope="module")
 def oai(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
 
 
 @pytest.mark.parametrize(("temperature", "seed"), SAMPLING)

@@ -8,7 +8,6 @@ more ids than the context holds are 400s in OpenAI's error shape, and the server
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,12 +16,6 @@ import pytest
 
 LLM = "smollm2:135m"
 TEXT = "The quick brown fox jumps over the lazy dog."
-
-
-@pytest.fixture(scope="module")
-def http(base_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base_url, timeout=120) as c:
-        yield c
 
 
 def _tokens(http: httpx.Client, text: str) -> tuple[list[int], list[str]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,12 +15,6 @@ WEATHER = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
 PROMPT = "Once upon a time, in a land far away,"
-
-
-@pytest.fixture(scope="module")
-def http(base_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base_url, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
