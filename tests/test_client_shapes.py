@@ -188,6 +188,26 @@ TURN = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel
         {"role": "user", "content": "Bye"}]
 
 
+def _billing(n: int) -> str:
+    return (f"x-anthropic-billing-header: cc_version=2.1.328.a{n}c; cc_entrypoint=cli; "
+            f"cch=f{n:04d};")
+
+
+def a_billing_line(base: str) -> None:
+    """Claude Code's billing line (its `cch` new in every request) is not in the prompt, where
+    it would defeat the prefix cache from the first tokens on."""
+    system = "You are a terse assistant."
+    plain = _count(base, system=system)
+    for n in (1, 2):
+        as_block = [{"type": "text", "text": _billing(n)}, {"type": "text", "text": system}]
+        assert _count(base, system=as_block) == _count(base, system=f"{_billing(n)}\n{system}") \
+            == plain
+    r = _messages(base, max_tokens=1, system=[{"type": "text", "text": _billing(3)},
+                                              {"type": "text", "text": system}])
+    assert _ok(r)["usage"]["input_tokens"] == plain
+    assert _ignored(r) == {"system.x-anthropic-billing-header"}
+
+
 def a_system_turn(base: str) -> None:
     mid = [*TURN[:1], {"role": "system", "content": [{"type": "text", "text": "Be brief.",
                                                        "cache_control": {"type": "ephemeral"}}]},
@@ -343,7 +363,8 @@ ROWS: dict[str, Callable[[str], None]] = {
     "R-reasoning-foreign": r_reasoning_foreign, "R-summary": r_summary,
     "R-accepted": r_accepted, "R-hosted-item": r_hosted_item, "R-background": r_background,
     "R-file": r_file,
-    "A-system-turn": a_system_turn, "A-defined-tools": a_defined_tools,
+    "A-billing-line": a_billing_line, "A-system-turn": a_system_turn,
+    "A-defined-tools": a_defined_tools,
     "A-server-tools": a_server_tools, "A-document-text": a_document_text,
     "A-document-pdf": a_document_pdf, "A-server-results": a_server_results,
     "A-accepted": a_accepted, "A-deferred-tools": a_deferred_tools,

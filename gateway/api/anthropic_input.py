@@ -4,6 +4,12 @@ blocks, tools (gateway/api/anthropic.py serves the routes).
 - `system` text blocks are joined (`cache_control` anywhere changes nothing); a `system` role
   inside `messages` (beta mid-conversation-tool-changes, as Claude Code sends) is a system
   turn at its position.
+- Claude Code's billing line (`x-anthropic-billing-header: cc_version=...; cch=...;`, a text
+  block or the first line of the system prompt, its `cch` new in every request) is metadata
+  for Anthropic's servers, not for the model: left out and named in the ignored header.
+  Kept, it made every request's prompt differ from the previous one within its first 20
+  tokens, so each turn of Claude Code read its whole 12k-token prompt again instead of
+  reusing the cached prefix (minutes a turn on a CPU).
 - `document` blocks with a plain-text source (or text content blocks) are their text, after
   their title; PDFs and URLs are a 400 (the model cannot read them).
 - A server tool's call and result in a history (`server_tool_use`, `web_search_tool_result`,
@@ -49,14 +55,28 @@ def _block_text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def system_text(system: str | list[dict[str, Any]] | None) -> str:
+BILLING = "x-anthropic-billing-header:"
+
+
+def _without_billing(text: str, ignored: Ignored | None) -> str:
+    """`text` without a leading billing line (the whole of it when it is that line)."""
+    if not text.startswith(BILLING):
+        return text
+    if ignored is not None:
+        ignored.add("system.x-anthropic-billing-header")
+    return text.partition("\n")[2].lstrip("\n")
+
+
+def system_text(system: str | list[dict[str, Any]] | None,
+                ignored: Ignored | None = None) -> str:
     if system is None or isinstance(system, str):
-        return system or ""
+        return _without_billing(system or "", ignored)
     parts = []
     for i, block in enumerate(system):
         if block.get("type") != "text":
             raise invalid(f"system[{i}]: only text blocks are supported", param="system")
-        parts.append(_block_text(block, f"system[{i}]"))
+        if text := _without_billing(_block_text(block, f"system[{i}]"), ignored):
+            parts.append(text)
     return "\n\n".join(parts)
 
 
@@ -143,7 +163,7 @@ async def chat_messages(system: str | list[dict[str, Any]] | None, messages: lis
     if not messages:
         raise invalid("messages: at least one message is required", param="messages")
     out: list[ChatMessage] = []
-    if text := system_text(system):
+    if text := system_text(system, ignored):
         out.append(ChatMessage(role="system", content=text))
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant", "system"):
