@@ -7,8 +7,9 @@ import httpx
 import pytest
 from serverctl import Server
 
-# Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py).
-pytest_plugins = ["reaper"]
+# Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
+# prints the slowest modules after the slowest tests (tests/budget.py).
+pytest_plugins = ["reaper", "budget"]
 
 LLM = "smollm2:135m"
 

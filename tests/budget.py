@@ -1,0 +1,26 @@
+"""The suite's budget by module (issue 46): after `--durations`' slowest tests, the modules
+that took the most wall time, setup and teardown included (a module's own server starts in
+its first test's setup), so the place to save time is visible in every run's output."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+SHOWN = 15
+_spent: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _spent[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _spent:
+        return
+    total = sum(_spent.values())
+    terminalreporter.write_sep("=", f"slowest {SHOWN} modules ({total:.0f} s in tests)")
+    for module, seconds in sorted(_spent.items(), key=lambda kv: -kv[1])[:SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {module}")
