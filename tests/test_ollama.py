@@ -410,7 +410,7 @@ def test_openai_and_ollama_map_to_the_same_params() -> None:
 
 def test_ollama_requests_without_options_sample_with_ollamas_defaults() -> None:
     """An Ollama client that sends no options samples as against Ollama (temperature 0.8,
-    top_k 40, top_p 0.9); the OpenAI API keeps its own (GenAI's: temperature 1)."""
+    top_k 40, top_p 0.9); the other APIs take the model's files' (test_sampling_defaults)."""
     model = ServedModel(name=LLM, kind="llm", workers=[])
     ollama_scope = Request({"type": "http", "path": "/api/chat", "headers": []})
     openai_scope = Request({"type": "http", "path": "/v1/chat/completions", "headers": []})

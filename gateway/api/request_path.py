@@ -212,23 +212,27 @@ class RequestPath:
         """A Generate request without tools (a prompt, its token ids, or messages made from
         one), within the limits; `requested` is the model name the client sent."""
         messages = with_messages(messages, model) if messages is not None else None
-        params = self.sampling(request, model, params)
+        params = await self.sampling(request, model, params)
         self.limits.check_input(messages, prompt, None)
         msg = self._generate(request, model, params, messages=messages, prompt=prompt,
                              template_vars=template_vars)
         msg.prompt_ids = prompt_ids
         return msg
 
-    def sampling(self, request: Request, model: ServedModel,
-                 params: SamplingParams) -> SamplingParams:
+    async def sampling(self, request: Request, model: ServedModel,
+                       params: SamplingParams) -> SamplingParams:
         """The request's sampling parameters with every field it left unset filled, in this
         one order: the request > the created model's parameters (/api/create) > the model's
         own defaults (models/registry.py: an embedded model's, as Ollama's library sets
-        them) > the API's defaults (Ollama's) > the worker's (workers/generation/sampling.py:
-        at most DEFAULT_MAX_TOKENS; else GenAI's, the model's generation config)."""
+        them) > the API's defaults: Ollama's on its API; on the others the model's files'
+        (models/sampling.py: generation_config.json, llama.cpp's for a GGUF) > the worker's
+        (workers/generation/sampling.py: at most DEFAULT_MAX_TOKENS, temperature 1)."""
         own = self.catalog.own_sampling(model)
+        api = _api_defaults(request)
+        if api is None and (files := await self.catalog.file_sampling(model)):
+            api = msgspec.convert(files, SamplingParams)
         return with_params(params, model, msgspec.convert(own, SamplingParams) if own else None,
-                           _api_defaults(request))
+                           api)
 
     async def facts(self, model: ServedModel) -> ModelFacts:
         """The request's model facts, looked up once (gateway/core/catalog.py): the dialect
@@ -242,7 +246,8 @@ class RequestPath:
         """A chat's Generate request, within the limits, and the parser that finds tool calls
         in its output."""
         model = facts.model
-        messages, params = with_messages(messages, model), self.sampling(request, model, params)
+        messages = with_messages(messages, model)
+        params = await self.sampling(request, model, params)
         self.limits.check_input(messages, None, tools)
         if tools is not None and tools.tools:
             require(facts.capabilities, TOOLS, requested, "tools")

@@ -30,6 +30,7 @@ from npu_proxy.models.facts import (
 )
 from npu_proxy.models.locate import configured_template, locate
 from npu_proxy.models.registry import ModelSourceMissing, sampling_defaults, source_size
+from npu_proxy.models.sampling import file_sampling
 from npu_proxy.protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,11 @@ def _context_length(config: Config, model: ServedModel) -> int:
     return context_length(_locate(config, model))
 
 
+def _file_sampling(config: Config, model: ServedModel) -> dict[str, float]:
+    """Runs in a thread: reads generation_config.json (or only sees a GGUF), hashes nothing."""
+    return file_sampling(_locate(config, model))
+
+
 def _chat_template(config: Config, model: ServedModel) -> str:
     """Runs in a thread: reads the GGUF header or the tokenizer files, hashes nothing."""
     return chat_template(_locate(config, model))
@@ -99,6 +105,7 @@ class ModelCatalog:
         self._locks: dict[str, asyncio.Lock] = {}
         self._contexts: dict[str, int] = {}
         self._templates: dict[str, str] = {}
+        self._sampling: dict[str, dict[str, float]] = {}
         # NOTE: all kept by _key: the files, so a name made again over other files is new.
         self._capabilities: dict[tuple[str, str], Capabilities] = {}
 
@@ -118,6 +125,21 @@ class ModelCatalog:
         """The model's own sampling defaults (models/registry.py: an embedded model's, like an
         Ollama Modelfile's PARAMETER lines), by SamplingParams field."""
         return sampling_defaults(model.runs, self.router.config.model_aliases)
+
+    async def file_sampling(self, model: ServedModel) -> dict[str, float]:
+        """The sampling defaults the model's files set (models/sampling.py), by SamplingParams
+        field; read once (in a thread) and kept. {} when the files cannot be read (yet)."""
+        key = _key(model)
+        if (known := self._sampling.get(key)) is not None:
+            return known
+        try:
+            found = await asyncio.to_thread(_file_sampling, self.router.config, model)
+        except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
+            # NOTE: not kept, like chat_template(): files that appear later are read then.
+            log.debug("cannot read the sampling defaults of %s: %s", model.name, exc)
+            return {}
+        self._sampling[key] = found
+        return found
 
     async def size(self, model: ServedModel, found: ModelDetails | None) -> int:
         """Bytes of the model's files; of the package files it is built from while its
