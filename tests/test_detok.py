@@ -14,7 +14,7 @@ from npu_proxy.protocol.messages import Delta, Finished, Generate, RequestFrame,
 from npu_proxy.workers.generation.active import TokenizedRequest
 from npu_proxy.workers.generation.detok import ByteDetokenizer, Detokenizer, TokenBytes, byte_pieces
 from npu_proxy.workers.generation.engine_base import EngineBase
-from npu_proxy.workers.generation.prompting import Prompting
+from npu_proxy.workers.generation.prompting import Prompting, end_ids
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +164,24 @@ def test_logprobs_that_do_not_match_the_tokens_stop_the_request(
     engine._finish(engine._active.pop("r"))
     assert not any(isinstance(f, Delta) and f.logprobs for f in frames)
     assert isinstance(frames[-1], Finished) and frames[-1].finish_reason == "abort"
+
+
+def test_generation_ends_at_every_end_token_of_the_vocabulary(
+        tokenizer: ov_genai.Tokenizer) -> None:
+    """SmolLM2's GGUF names <|im_end|> (2) its end of sequence, GenAI stops at it alone; a raw
+    completion ends in <|endoftext|> (0), where llama.cpp stops too."""
+    assert end_ids(tokenizer) == {0, 2}
+
+
+class _Vocab:
+    def __init__(self, *texts: str) -> None:
+        self.texts = texts
+
+    def get_vocab(self) -> dict[bytes, int]:
+        return {t.encode(): i for i, t in enumerate(self.texts)}
+
+
+def test_harmonys_channel_end_is_not_an_end_of_generation() -> None:
+    harmony = _Vocab("<|start|>", "<|end|>", "<|return|>", "<|call|>", "hello")
+    assert end_ids(harmony) == {2, 3}  # type: ignore[arg-type]
+    assert end_ids(_Vocab("<|end|>", "<|user|>")) == {0}  # type: ignore[arg-type]

@@ -191,6 +191,7 @@ class BatchEngine(EngineBase):
         if self.base_config.eos_token_id < 0:
             # NOTE: a prompt-lookup pipeline reports a blank config (no EOS, no stop ids).
             self.base_config = _model_generation_config(self.model_path, self.pipe)
+        self.base_config.stop_token_ids = set(self.base_config.stop_token_ids) | self.prompting.ends
         if self.spec.prompt_lookup:
             self.base_config.num_assistant_tokens = self.spec.prompt_lookup
             self.base_config.max_ngram_size = self.spec.prompt_lookup_ngram

@@ -50,6 +50,7 @@ class SerialEngine(EngineBase):
         self.prompting = Prompting.of_model(self.model_path, self.pipe.get_tokenizer(),
                                             self.context_length, self.chat_template)
         self.base_config = self.pipe.get_generation_config()
+        self.base_config.stop_token_ids = set(self.base_config.stop_token_ids) | self.prompting.ends
 
     def warm_up(self) -> None:
         cfg = ov_genai.GenerationConfig()

@@ -42,6 +42,29 @@ def longest_token(tokenizer: ov_genai.Tokenizer) -> int:
         return FALLBACK_TOKEN_CHARS
 
 
+# The tokens llama.cpp ends every generation at besides the model's own end of sequence (its
+# vocabulary's end-of-generation set): a turn's or a text's end, and fill-in-the-middle's pad
+# and separators. Qwen2.5's GGUF names <|im_end|> its end of sequence; a raw completion or
+# a fill-in-the-middle ends in <|endoftext|>, past which the model wrote on until max_tokens.
+END_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+             "<|endoftext|>", "<EOT>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<|fim_pad|>",
+             "<|repo_name|>", "<|file_sep|>", "<|return|>", "<|call|>")
+
+
+def end_ids(tokenizer: ov_genai.Tokenizer) -> set[int]:
+    """The ids of END_TEXTS in this vocabulary. Harmony's (gpt-oss) <|end|> closes a channel,
+    not the answer: not an end where <|return|> is one, as llama.cpp has it."""
+    try:
+        vocab = {bytes(entry): int(i) for entry, i in tokenizer.get_vocab().items()}
+    except Exception as exc:  # NOTE: only the model's own end of sequence then
+        log.info("vocabulary not readable (%s): no end tokens besides the model's", exc)
+        return set()
+    ends = {text: vocab[text.encode()] for text in END_TEXTS if text.encode() in vocab}
+    if "<|return|>" in ends:
+        ends.pop("<|end|>", None)
+    return set(ends.values())
+
+
 class Prompting:
     """Chat template and tokenizer of one model: the exact token counts used for routing."""
 
@@ -61,6 +84,7 @@ class Prompting:
             tokenizer.set_chat_template(chat_template)
         self.context_length = context_length
         self.token_chars = longest_token(tokenizer)
+        self.ends = end_ids(tokenizer)
         # Each token's bytes, where joining them is exactly the tokenizer's decode.
         self.pieces = byte_pieces(tokenizer)
         self.token_bytes = TokenBytes(tokenizer, self.pieces)
