@@ -9,10 +9,10 @@ Each capability is what this server does with the model, not what its weights mi
   text-to-speech model (`kind` "tts", POST /v1/audio/speech).
 - `tools`: every text-generation model takes tools, natively when its template has a `tools`
   slot (`native_tools`), else through the fallback prompt (gateway/content/tools.py).
-- `insert` (a `suffix`, fill-in-the-middle): off. The chat templates served here (Hugging
-  Face Jinja) have no suffix slot, and the gateway renders no fill-in-the-middle prompt; a
-  model made another way (e.g. /api/create with a template that fills `.Suffix`) may set it
-  once something renders that slot.
+- `insert` (a `suffix`, fill-in-the-middle): the vocabulary has a fill-in-the-middle form's
+  three tokens (`FIM_FORMS`: Qwen2.5-Coder's, StarCoder's, DeepSeek-Coder's); the prompt is
+  then `<prefix token>{prompt}<suffix token>{suffix}<middle token>`, as Ollama's templates for
+  these models write it when `.Suffix` is set (no chat template, no system prompt).
 - `vision`: a vision-language model (kind "vlm": what a `vlm` worker serves, or a pulled
   model whose files have a vision encoder) takes images; the `llm`/`npu` workers run text
   pipelines, so their models take none, whatever their template.
@@ -78,12 +78,42 @@ def reasoning_format(chat_template: str) -> ReasoningFormat | None:
 
 
 @dataclass(frozen=True)
+class FimForm:
+    """A model's fill-in-the-middle tokens, in the prefix-suffix-middle order it was trained
+    on."""
+    prefix: str
+    suffix: str
+    middle: str
+
+    def prompt(self, before: str, after: str) -> str:
+        return f"{self.prefix}{before}{self.suffix}{after}{self.middle}"
+
+
+FIM_FORMS = (
+    FimForm("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Qwen3-Coder
+    FimForm("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder(2), Granite Code
+    FimForm("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+            "<\uff5cfim\u2581end\uff5c>"),  # DeepSeek-Coder
+)
+
+
+def fim_form(specials: set[str]) -> FimForm | None:
+    """The fill-in-the-middle form whose three tokens are all among `specials` (the
+    vocabulary's special or added tokens), or None."""
+    return next((f for f in FIM_FORMS if {f.prefix, f.suffix, f.middle} <= specials), None)
+
+
+@dataclass(frozen=True)
 class Capabilities:
     kind: str  # "llm", "vlm", "embed", "rerank", "asr" or "tts"
     native_tools: bool = False
-    insert: bool = False
+    fim: FimForm | None = None
     vision: bool = False
     reasoning: ReasoningFormat | None = None
+
+    @property
+    def insert(self) -> bool:
+        return self.fim is not None
 
     @property
     def thinking(self) -> bool:
@@ -107,14 +137,15 @@ class Capabilities:
         return name in self.names
 
 
-def capabilities(kind: str, chat_template: str) -> Capabilities:
-    """The capabilities of a model of this kind ("llm", "vlm", "embed", "rerank", "asr", "tts") and
-    template ("" when unknown). Callable for any model, also one made by /api/create from its
-    template."""
+def capabilities(kind: str, chat_template: str, fim: FimForm | None = None) -> Capabilities:
+    """The capabilities of a model of this kind ("llm", "vlm", "embed", "rerank", "asr", "tts"),
+    template ("" when unknown) and fill-in-the-middle form. Callable for any model, also one
+    made by /api/create from its template."""
     if kind in ("embed", "rerank", "asr", "tts"):
         return Capabilities(kind=kind)
     return Capabilities(kind="llm", native_tools=template_supports_tools(chat_template),
-                        vision=kind == "vlm", reasoning=reasoning_format(chat_template))
+                        fim=fim if kind == "llm" else None, vision=kind == "vlm",
+                        reasoning=reasoning_format(chat_template))
 
 
 def template_supports_tools(chat_template: str) -> bool:

@@ -373,3 +373,22 @@ def format_parameter_count(n: int) -> str:
     if n >= 1000:
         return f"{round(n / 1e3)}K"
     return str(n)
+
+
+def special_tokens(path: Path) -> set[str]:
+    """The vocabulary's tokens shaped like special ones (`<...>`, at most 32 characters): from
+    the GGUF's token list or the folder's added tokens; what `fim_form` looks for."""
+    path = path.resolve()
+    if path.is_file():
+        tokens = read_gguf_header(path, max_array_len=1 << 20).metadata.get(
+            "tokenizer.ggml.tokens")
+        found: list[object] = tokens if isinstance(tokens, list) else []
+    else:
+        added = _read_json(path / "tokenizer_config.json").get("added_tokens_decoder")
+        entries = list(added.values()) if isinstance(added, dict) else []
+        listed = _read_json(path / "tokenizer.json").get("added_tokens")
+        entries += listed if isinstance(listed, list) else []
+        found = [e.get("content") for e in entries if isinstance(e, dict)]
+    return {t for t in found if isinstance(t, str) and len(t) <= 32 and t[:1] == "<"
+            and t[-1:] == ">"}
+

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverctl import Server
+from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
 # prints the slowest modules after the slowest tests (tests/budget.py).
@@ -32,6 +32,44 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     ]).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Qwen2.5-Coder-1.5B-Instruct (tests/qwen_coder.py) on a server of its own, with the
+    greedy alias AGENT: for the slow tier's real clients (test_client_tool_loop) and
+    fill-in-the-middle (test_fill_in_middle), one start for both."""
+    # NOTE: imported here: qwen_coder imports reaper, a plugin pytest must import first.
+    from qwen_coder import AGENT, QWEN, Unavailable, ensure
+
+    try:
+        gguf = ensure(MODEL_CACHE)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    # NOTE: bf16 (AMX/AVX512-BF16 where the CPU has them) reads long prompts faster than the
+    # llm worker's f32 default, which is tuned for decode. A prompt takes minutes here,
+    # hence the stall and inference timeouts; 2 GB of KV cache hold the
+    # 32,768-token context with room for the prefix cache that makes later turns cheap.
+    srv = Server(tmp_path_factory.mktemp("qwen"), workers=[{
+        "name": "llm", "role": "llm", "model": QWEN, "kv_cache_gb": 2.0,
+        "stall_timeout": 1800.0, "properties": {"INFERENCE_PRECISION_HINT": "bf16"}}],
+        models={QWEN: {"path": str(gguf)}}, inference_timeout=3600.0).start(timeout=1200)
+    try:
+        # NOTE: /api/show hashes the 1.1 GB file the first time; done here, so the launcher's
+        # own /api/show (10 s) reads the context length instead of falling back to 8192.
+        shown = httpx.post(srv.url + "/api/show", json={"model": QWEN}, timeout=600)
+        assert shown.status_code == 200, shown.text
+        # NOTE: sampled (Codex sends no temperature), the 1.5B model's first call varied from
+        # run to run, one of two unusable (an exec_command with a `justification` Codex
+        # refuses); Codex gets it greedy, as a user would set with a Modelfile's PARAMETER.
+        # Claude Code gets it greedy too (sampled, it once wrote paths outside the folder).
+        made = httpx.post(srv.url + "/api/create", timeout=600, json={
+            "model": AGENT, "from": QWEN, "parameters": {"temperature": 0}, "stream": False})
+        assert made.status_code == 200, made.text
+        httpx.post(srv.url + "/api/show", json={"model": AGENT}, timeout=600)
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

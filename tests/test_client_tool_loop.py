@@ -21,21 +21,16 @@ different path lengths.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from clientlaunch import CODEX_QUIET, Run, describe, execute, launched
-from qwen_coder import Unavailable, ensure
-from serverctl import MODEL_CACHE, Server
+from qwen_coder import AGENT, QWEN
+from serverctl import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-QWEN = "qwen2.5-coder:1.5b"
-# The model both clients use: QWEN, greedy.
-AGENT = "qwen-agent:greedy"
 NOTES = "alpha bravo charlie\nsecond line\n"
 TASK = ("Read the file notes.txt in the current directory, then write its first line, "
         "upper-cased, to a new file out.txt in the current directory.")
@@ -54,38 +49,6 @@ CODEX_TASK = ("Use exec_command to run shell commands: read notes.txt, then crea
 SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use your tools to read "
           "and write files; do not ask questions. When the task is done, say so in one line.")
 CLIENT_TIMEOUT = 1500.0
-
-
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    try:
-        gguf = ensure(MODEL_CACHE)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-    # NOTE: bf16 (AMX/AVX512-BF16 where the CPU has them) reads long prompts faster than the
-    # llm worker's f32 default, which is tuned for decode. A prompt takes minutes here,
-    # hence the stall and inference timeouts; 2 GB of KV cache hold the
-    # 32,768-token context with room for the prefix cache that makes later turns cheap.
-    srv = Server(tmp_path_factory.mktemp("qwen"), workers=[{
-        "name": "llm", "role": "llm", "model": QWEN, "kv_cache_gb": 2.0,
-        "stall_timeout": 1800.0, "properties": {"INFERENCE_PRECISION_HINT": "bf16"}}],
-        models={QWEN: {"path": str(gguf)}}, inference_timeout=3600.0).start(timeout=1200)
-    try:
-        # NOTE: /api/show hashes the 1.1 GB file the first time; done here, so the launcher's
-        # own /api/show (10 s) reads the context length instead of falling back to 8192.
-        shown = httpx.post(srv.url + "/api/show", json={"model": QWEN}, timeout=600)
-        assert shown.status_code == 200, shown.text
-        # NOTE: sampled (Codex sends no temperature), the 1.5B model's first call varied from
-        # run to run, one of two unusable (an exec_command with a `justification` Codex
-        # refuses); Codex gets it greedy, as a user would set with a Modelfile's PARAMETER.
-        # Claude Code gets it greedy too (sampled, it once wrote paths outside the folder).
-        made = httpx.post(srv.url + "/api/create", timeout=600, json={
-            "model": AGENT, "from": QWEN, "parameters": {"temperature": 0}, "stream": False})
-        assert made.status_code == 200, made.text
-        httpx.post(srv.url + "/api/show", json={"model": AGENT}, timeout=600)
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _loop(qwen: Server, tmp: Path, name: str, client: str, args: list[str],

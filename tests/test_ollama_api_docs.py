@@ -387,9 +387,9 @@ READ_ONLY = {
 # The commands of docs/api.md not run here, and why (5 of 40).
 SKIPPED = {
     "generate, suffix (codellama:code)":
-        "fill-in-the-middle needs a model whose template has a suffix slot (Ollama's "
+        "fill-in-the-middle needs a model whose vocabulary has its tokens (Ollama's "
         "`insert` capability); the embedded SmolLM2's has none, and Ollama answers such a "
-        "model with the same 400",
+        "model with the same 400 (Qwen2.5-Coder's: tests/test_fill_in_middle.py)",
     "generate, with images (llava)":
         "no embedded model sees images; images are served by `vlm` workers "
         "(tests/test_vlm.py, tests/test_images.py use a tiny LLaVA built for the tests)",

@@ -20,13 +20,14 @@ from pathlib import Path
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
 from npu_proxy.gateway.core.router import Router
-from npu_proxy.models.capabilities import WHAT, Capabilities, capabilities
+from npu_proxy.models.capabilities import WHAT, Capabilities, capabilities, fim_form
 from npu_proxy.models.facts import (
     ModelDetails,
     ModelInfoError,
     chat_template,
     context_length,
     describe_model,
+    special_tokens,
 )
 from npu_proxy.models.locate import configured_template, locate
 from npu_proxy.models.registry import ModelSourceMissing, sampling_defaults, source_size
@@ -89,6 +90,11 @@ def _context_length(config: Config, model: ServedModel) -> int:
 def _file_sampling(config: Config, model: ServedModel) -> dict[str, float]:
     """Runs in a thread: reads generation_config.json (or only sees a GGUF), hashes nothing."""
     return file_sampling(_locate(config, model))
+
+
+def _special_tokens(config: Config, model: ServedModel) -> set[str]:
+    """Runs in a thread: reads the GGUF's token list or the folder's added tokens."""
+    return special_tokens(_locate(config, model))
 
 
 def _chat_template(config: Config, model: ServedModel) -> str:
@@ -226,7 +232,13 @@ class ModelCatalog:
         if model.kind in _TEMPLATELESS:
             found = capabilities(model.kind, "")
         elif template := await self.chat_template(model):
-            found = capabilities(model.kind, template)
+            try:
+                specials = (await asyncio.to_thread(_special_tokens, self.router.config, model)
+                            if model.kind == "llm" else set())
+            except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
+                log.debug("cannot read the special tokens of %s: %s", model.name, exc)
+                return capabilities(model.kind, template)
+            found = capabilities(model.kind, template, fim_form(specials))
         else:
             # NOTE: not kept: a template that cannot be read yet ("") may be read later.
             return capabilities(model.kind, "")

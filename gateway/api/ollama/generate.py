@@ -48,8 +48,11 @@ class GenerateRoutes(TurnRoutes):
                  for j, text in enumerate(req.images or [])]
         if req.suffix:
             require(caps, INSERT, req.model, "suffix")
+            if req.raw or req.images:
+                raise invalid("suffix needs the model's own fill-in-the-middle prompt: raw "
+                              "and images are not supported with it", param="suffix")
         thinking, variables = self._thinking(facts, req)
-        if not req.prompt and not found:
+        if not req.prompt and not found and not req.suffix:
             return self._load(model, req.model, keep, chat=False)
         if req.context:
             log.debug("ignoring %d context token ids", len(req.context),
@@ -63,6 +66,9 @@ class GenerateRoutes(TurnRoutes):
                                     and supported(record.template) else None)
         if req.raw:
             prompt = req.prompt
+        elif req.suffix and caps.fim is not None:
+            # NOTE: as Ollama's templates for these models: the form alone, no system prompt.
+            prompt = caps.fim.prompt(req.prompt or "", req.suffix)
         elif template and not found:
             system = req.system or (record.system if record is not None else None) or ""
             prompt = render(template, system, req.prompt or "",

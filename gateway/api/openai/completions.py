@@ -158,12 +158,15 @@ class CompletionRoutes(DialectRoutes):
         top = _completion_logprobs(req)
         prompt = _one_prompt(req)
         model = self.requests.resolve(req.model, kind="llm")
-        if req.suffix:
-            require(await self.catalog.capabilities(model), INSERT, req.model, "suffix")
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        if ids is not None:
-            if req.suffix:
+        sent = text
+        if req.suffix:
+            caps = await self.catalog.capabilities(model)
+            require(caps, INSERT, req.model, "suffix")
+            if text is None or caps.fim is None:
                 raise invalid("'suffix' needs a text prompt", param="suffix")
+            sent = caps.fim.prompt(text, req.suffix)
+        if ids is not None:
             await check_token_ids(self.catalog, model, ids, "prompt")
         scored = _scores_prompt(req, top)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
@@ -171,7 +174,7 @@ class CompletionRoutes(DialectRoutes):
             sampling_params(req, max_tokens or None, None), max_tokens=max_tokens,
             logprobs=top is not None, prompt_logprobs=scored)
         msg = await self.requests.generate(request, model, params, requested=req.model,
-                                           prompt=text, prompt_ids=ids)
+                                           prompt=sent, prompt_ids=ids)
         echoed = None
         if req.echo:
             echoed = text if ids is None else (await self.requests.detokenize(
