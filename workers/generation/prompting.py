@@ -96,9 +96,25 @@ class Prompting:
         return Detokenizer(self.tokenizer)
 
     def render(self, msg: Generate | Tokenize) -> str:
+        """The prompt: the chat through the template. Where the template refuses the chat
+        and a system turn follows the first message (which Claude Code sends in every
+        request: newer Qwen's "System message must be at the beginning", Gemma's and
+        Mistral's role alternation), every system turn's text goes into one leading system
+        message, in their order, as agent proxies do for models that predate
+        mid-conversation system messages; a refusal of that too is the request's 400."""
         if msg.messages is None:
             return msg.prompt or ""
         history = [msgspec.to_builtins(m) for m in msg.messages]
+        try:
+            return self._apply(msg, history)
+        except Exception:
+            if not any(m["role"] == "system" for m in history[1:]):
+                raise
+        systems = [m["content"] for m in history if m["role"] == "system"]
+        rest = [m for m in history if m["role"] != "system"]
+        return self._apply(msg, [{"role": "system", "content": "\n\n".join(systems)}, *rest])
+
+    def _apply(self, msg: Generate | Tokenize, history: list[dict[str, Any]]) -> str:
         opening = msg.add_generation_prompt if isinstance(msg, Tokenize) else True
         return str(self.tokenizer.apply_chat_template(
             history, add_generation_prompt=opening, tools=msg.tools or None,
