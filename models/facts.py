@@ -391,4 +391,3 @@ def special_tokens(path: Path) -> set[str]:
         found = [e.get("content") for e in entries if isinstance(e, dict)]
     return {t for t in found if isinstance(t, str) and len(t) <= 32 and t[:1] == "<"
             and t[-1:] == ">"}
-
