@@ -109,12 +109,13 @@ def _params(gateway: Gateway, api: str, extra: dict[str, Any]) -> Any:
 
 def test_the_models_own_defaults_come_before_the_apis(gateway: Gateway) -> None:
     """request > created model > the model's own (SmolLM2's temperature 0.2, top_p 0.9, as
-    Ollama's library sets them) > the API's (Ollama's temperature 0.8, top_k 40, top_p 0.9):
-    Ollama's 0.8 used to win over the model's own 0.2 (the worker applied it last)."""
+    Ollama's library sets them) > the API's (Ollama's temperature 0.8, top_k 40, top_p 0.9;
+    on the others the GGUF's, llama.cpp's top_k 40, min_p 0.05): Ollama's 0.8 used to win
+    over the model's own 0.2 (the worker applied it last)."""
     ollama = _params(gateway, "ollama", {})
-    assert (ollama.temperature, ollama.top_p, ollama.top_k) == (0.2, 0.9, 40)
+    assert (ollama.temperature, ollama.top_p, ollama.top_k, ollama.min_p) == (0.2, 0.9, 40, None)
     openai = _params(gateway, "openai", {})
-    assert (openai.temperature, openai.top_p, openai.top_k) == (0.2, 0.9, None)
+    assert (openai.temperature, openai.top_p, openai.top_k, openai.min_p) == (0.2, 0.9, 40, 0.05)
     asked = _params(gateway, "ollama", {"options": {"temperature": 0.5,
                                                     "frequency_penalty": 0.3}})
     assert (asked.temperature, asked.frequency_penalty) == (0.5, 0.3)
