@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.gateway.core.model_table import ServedModel
@@ -35,6 +37,7 @@ from npu_proxy.models.sampling import file_sampling
 from npu_proxy.protocol.config import Config, WorkerSpec
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Kinds of model with no chat template: their capabilities come from the kind alone.
 _TEMPLATELESS = ("embed", "rerank", "asr", "tts")
@@ -135,16 +138,22 @@ class ModelCatalog:
     async def file_sampling(self, model: ServedModel) -> dict[str, float]:
         """The sampling defaults the model's files set (models/sampling.py), by SamplingParams
         field; read once (in a thread) and kept. {} when the files cannot be read (yet)."""
+        return await self._kept(self._sampling, model, _file_sampling, "sampling defaults", {})
+
+    async def _kept(self, store: dict[str, _T], model: ServedModel,
+                    read: Callable[[Config, ServedModel], _T], what: str, unknown: _T) -> _T:
+        """`read` of the model's files (in a thread), once, kept in `store` by the files' key;
+        `unknown` when they cannot be read (yet), not kept: files that appear later (the
+        embedding IR its worker builds at first start) are read then."""
         key = _key(model)
-        if (known := self._sampling.get(key)) is not None:
+        if (known := store.get(key)) is not None:
             return known
         try:
-            found = await asyncio.to_thread(_file_sampling, self.router.config, model)
+            found = await asyncio.to_thread(read, self.router.config, model)
         except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
-            # NOTE: not kept, like chat_template(): files that appear later are read then.
-            log.debug("cannot read the sampling defaults of %s: %s", model.name, exc)
-            return {}
-        self._sampling[key] = found
+            log.debug("cannot read the %s of %s: %s", what, model.name, exc)
+            return unknown
+        store[key] = found
         return found
 
     async def size(self, model: ServedModel, found: ModelDetails | None) -> int:
@@ -183,16 +192,7 @@ class ModelCatalog:
         """
         if (found := self._details.get(_key(model))) is not None:
             return found.context_length
-        if (known := self._contexts.get(_key(model))) is not None:
-            return known
-        try:
-            length = await asyncio.to_thread(_context_length, self.router.config, model)
-        except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
-            # NOTE: not kept, like details(): files that appear later are read then.
-            log.debug("cannot read the context length of %s: %s", model.name, exc)
-            return 0
-        self._contexts[_key(model)] = length
-        return length
+        return await self._kept(self._contexts, model, _context_length, "context length", 0)
 
     async def chat_template(self, model: ServedModel) -> str:
         """The model's chat template; "" when unknown. Like `context_length`, read alone (in a
@@ -201,19 +201,9 @@ class ModelCatalog:
         renders with it."""
         if configured := configured_template(self.router.config, model.runs):
             return configured
-        key = _key(model)
-        if (found := self._details.get(key)) is not None:
+        if (found := self._details.get(_key(model))) is not None:
             return found.chat_template
-        if (known := self._templates.get(key)) is not None:
-            return known
-        try:
-            template = await asyncio.to_thread(_chat_template, self.router.config, model)
-        except (ModelInfoError, ModelSourceMissing, OSError, ValueError) as exc:
-            # NOTE: not kept, like details(): files that appear later are read then.
-            log.debug("cannot read the chat template of %s: %s", model.name, exc)
-            return ""
-        self._templates[key] = template
-        return template
+        return await self._kept(self._templates, model, _chat_template, "chat template", "")
 
     async def facts(self, model: ServedModel) -> ModelFacts:
         """The model's facts for one request: its capabilities, template and context."""
