@@ -36,14 +36,19 @@ ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
 @pytest.fixture(scope="module")
-def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("system-turns")
     gguf = locate(Server(tmp / "probe").config, LLM).path
     srv = Server(tmp, workers=[{"name": "llm", "role": "llm", "model": STRICT}],
                  models={STRICT: {"path": str(gguf), "chat_template": TEMPLATE}}).start()
-    with httpx.Client(base_url=srv.url, timeout=120) as http:
-        yield http
+    yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def strict(strict_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=strict_server.url, timeout=120) as http:
+        yield http
 
 
 def _count(http: httpx.Client, messages: list[dict[str, Any]]) -> int:
@@ -83,12 +88,16 @@ def test_claude_codes_request_shape_is_served(strict: httpx.Client) -> None:
                  {"role": "user", "content": "Hi"}])
 
 
-def test_a_later_system_turn_alone_leads(strict: httpx.Client) -> None:
+def test_a_later_system_turn_alone_leads(strict: httpx.Client, strict_server: Server) -> None:
     later = [{"role": "user", "content": "Hi"}, {"role": "system", "content": LATER}]
     r = strict.post("/v1/chat/completions", json={"model": STRICT, "max_tokens": 2,
                                                   "messages": later})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == _count(strict, later[::-1])
+    # Not silent: the worker's log names the request whose system turns were moved.
+    said = [line for line in strict_server.worker_log("llm").splitlines()
+            if "system turns joined" in line]
+    assert any(r.headers["x-request-id"] in line for line in said), said
 
 
 def test_other_template_refusals_stay_400s(strict: httpx.Client) -> None:

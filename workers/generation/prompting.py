@@ -112,6 +112,9 @@ class Prompting:
                 raise
         systems = [m["content"] for m in history if m["role"] == "system"]
         rest = [m for m in history if m["role"] != "system"]
+        log.info("the chat template refuses a system turn after the first message: %d system "
+                 "turns joined into one leading system message", len(systems),
+                 extra={"request_id": msg.log_id})
         return self._apply(msg, [{"role": "system", "content": "\n\n".join(systems)}, *rest])
 
     def _apply(self, msg: Generate | Tokenize, history: list[dict[str, Any]]) -> str:
