@@ -226,6 +226,9 @@ class Accepted(msgspec.Struct, tag=True, array_like=True):
     # its messages were dropped to fit it (Generate.truncate); 0 when unknown or none.
     context: int = 0
     dropped: int = 0
+    # The deadline the worker holds the request to (wall clock): the Generate's, moved by
+    # the time its prompt may take to read (WorkerSpec.min_prefill_rate); 0 = the Generate's.
+    deadline: float = 0.0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

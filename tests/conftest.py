@@ -81,7 +81,9 @@ def timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
     NOTE: one server for both rather than one each; a server's start costs 5-15 s of the
     suite on two shared cores, and neither test changes it (each waits for its slot to be
     free before it ends)."""
-    srv = Server(tmp_path_factory.mktemp("timeout"), workers=[{"name": "llm", "role": "llm"}],
+    # NOTE: the prompt gets no time of its own (min_prefill_rate 0): 3 s, all told.
+    srv = Server(tmp_path_factory.mktemp("timeout"),
+                 workers=[{"name": "llm", "role": "llm", "min_prefill_rate": 0}],
                  inference_timeout=3.0).start()
     yield srv
     srv.stop()

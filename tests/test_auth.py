@@ -21,9 +21,10 @@ KEY = "test-key-123"
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # NOTE: each token takes at least 0.5 s and every answer is 40 digits (test hooks), so a
     # long answer outlasts the deadline whatever the model would say and however fast the
-    # machine, and the deadline leaves room for the first token on a loaded machine.
+    # machine, and the deadline leaves room for the first token on a loaded machine. The
+    # prompt gets no time of its own (min_prefill_rate 0): the deadline is 12 s, all told.
     server = Server(tmp_path_factory.mktemp("auth"), workers=[
-        {"name": "llm", "role": "llm",
+        {"name": "llm", "role": "llm", "min_prefill_rate": 0,
          "faults": {"token_delay_seconds": 0.5, "force_regex": "[0-9]{40}"}}],
         api_key=KEY, inference_timeout=12.0).start()
     yield server

@@ -262,7 +262,7 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
 def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
     """A worker that still heartbeats but stopped generating cannot hang a client."""
     server = Server(tmp_path, workers=[
-        {"name": "llm", "role": "llm", "stall_timeout": 12.0,
+        {"name": "llm", "role": "llm", "stall_timeout": 12.0, "min_prefill_rate": 0,
          "faults": {"stall_after_tokens": 4}}], inference_timeout=2.0).start()
     try:
         old = pid_of(server, "llm")

@@ -77,6 +77,13 @@ class GenerationObserver(Protocol):
     def on_resume(self, gen: Generation) -> None: ...
 
 
+def _give_up_at(deadline: float, accepted: Accepted) -> float:
+    """When a generation's gateway stops waiting: the request's deadline, or the later one
+    its worker holds it to (the prompt's reading on top: WorkerSpec.min_prefill_rate), plus
+    the grace."""
+    return max(deadline, accepted.deadline) + STALL_GRACE_S
+
+
 class Generation:
     """A request accepted by a worker: its route, then its Delta frames and the Finished one.
 
@@ -100,7 +107,7 @@ class Generation:
         self.load_wait_ns = load_wait_ns
         # NOTE: the worker ends a request at its deadline itself; this later one only
         # catches a worker that stalled (still heartbeating, no longer generating).
-        self.give_up_at = deadline + STALL_GRACE_S
+        self.give_up_at = _give_up_at(deadline, accepted)
         self.stream = stream
         # The request as the client sent it, which a crash quarantines (a resumed stream's
         # own fingerprint has its resumed tokens).
@@ -256,7 +263,7 @@ class Generation:
             return True
         self.stream, self.accepted = again.stream, again.accepted
         self.stream.resumable = True
-        self.give_up_at = again.deadline + STALL_GRACE_S
+        self.give_up_at = _give_up_at(again.deadline, again.accepted)
         return True
 
     def _ended_at_length(self) -> Finished:

@@ -74,6 +74,12 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # worker"), and other streams decode between the steps. 512 is llama.cpp's own physical
     # batch (n_ubatch).
     max_batch_tokens: int = 512
+    # Tokens per second: a generation's deadline (inference_timeout from its arrival) is
+    # moved by the time its prompt takes to read at this rate, so a long prompt's prefill
+    # (an agent's 12k-token first turn: 8 minutes on 2 CPU cores) is not cut by a deadline
+    # meant for the generation; Ollama and llama-server set no deadline at all. The slowest
+    # reading that still counts as working; 0 = the prompt counts against inference_timeout.
+    min_prefill_rate: float = 5.0
     # The KV cache's limit (whole GB): the pipeline allocates blocks as requests need them.
     kv_cache_gb: float = 1.0
     # Prompt-lookup decoding (llm role): up to this many tokens per step are proposed from
@@ -143,6 +149,8 @@ class WorkerSpec(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
         if self.max_batch_tokens < 0:
             raise ValueError(f"worker {self.name}: max_batch_tokens must be >= 0 (0 = the "
                              "model's context)")
+        if self.min_prefill_rate < 0:
+            raise ValueError(f"worker {self.name}: min_prefill_rate must be >= 0 (0 = off)")
         if not 1 <= self.num_beams <= 16:
             raise ValueError(f"worker {self.name}: num_beams must be 1 to 16")
         if self.prompt_lookup < 0 or self.prompt_lookup_ngram < 1:

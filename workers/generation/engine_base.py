@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import numpy as np
 import openvino_genai as ov_genai
 
 from npu_proxy.protocol.config import WorkerSpec
@@ -29,7 +28,6 @@ from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
     Generate,
-    SamplingParams,
     TokenCount,
     Tokenize,
     TokenLogprob,
@@ -39,7 +37,7 @@ from npu_proxy.workers.faults import FaultInjector
 from npu_proxy.workers.generation import prompt_fit
 from npu_proxy.workers.generation.active import Active, TokenizedRequest
 from npu_proxy.workers.generation.prompting import Prompting
-from npu_proxy.workers.generation.sampling import generation_config, wanted_tokens
+from npu_proxy.workers.generation.sampling import generation_config
 
 log = logging.getLogger(__name__)
 
@@ -277,13 +275,16 @@ class EngineBase:
         if req.resume:
             # NOTE: the client has the prompt's logprobs from the first run.
             params = msgspec.structs.replace(params, prompt_logprobs=False)
-            ids, params = _resumed(ids, req.resume, params, limit)
+            ids, params = prompt_fit.resumed(ids, req.resume, params, limit)
             if ids is None:
                 self._refuse(Failed(id=req.id, seq=0, code=ErrorCode.PROMPT_TOO_LONG,
                                     message="the prompt and the tokens generated before the "
                                     "worker died no longer fit the context"))
                 return None
         n = int(ids.shape[1])
+        if self.spec.min_prefill_rate > 0:  # reading the prompt gets time of its own
+            req = msgspec.structs.replace(
+                req, deadline=req.deadline + n / self.spec.min_prefill_rate)
         forced = self.spec.faults.force_regex
         if forced and params.json_schema is None and params.regex is None:
             log.warning("fault hook: request_id=%s constrained to %r", req.log_id, forced)
@@ -300,7 +301,8 @@ class EngineBase:
         """Tell the gateway the request will run here, before its first token."""
         self.emit(Accepted(id=ready.req.id, seq=0, worker=self.spec.name,
                            device=self.spec.device, prompt_tokens=ready.prompt_tokens,
-                           context=ready.context, dropped=ready.dropped))
+                           context=ready.context, dropped=ready.dropped,
+                           deadline=ready.req.deadline))
 
     def _track(self, ready: TokenizedRequest, handle: Any) -> Active:
         assert self.prompting is not None
@@ -364,17 +366,6 @@ class EngineBase:
                  shown, finished.finish_reason, active.prompt_tokens, active.completion_tokens,
                  extra={"request_id": shown})
         self.emit(finished)
-
-
-def _resumed(ids: np.ndarray[Any, Any], resume: list[int], params: SamplingParams,
-             limit: int) -> tuple[np.ndarray[Any, Any] | None, SamplingParams]:
-    """The prompt's ids followed by the tokens generated before a worker died, and the
-    parameters with what is left of max_tokens; None when they no longer fit `limit`."""
-    if int(ids.shape[1]) + len(resume) > limit:
-        return None, params
-    joined = np.concatenate([ids, np.asarray([resume], dtype=ids.dtype)], axis=1)
-    left = max(1, wanted_tokens(params.max_tokens) - len(resume))
-    return joined, msgspec.structs.replace(params, max_tokens=left)
 
 
 class TokenStreamer(ov_genai.StreamerBase):  # type: ignore[misc]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from npu_proxy.protocol.messages import (
@@ -15,11 +16,12 @@ from npu_proxy.protocol.messages import (
     ErrorCode,
     Failed,
     Generate,
+    SamplingParams,
     TokenCount,
     Tokenize,
 )
 from npu_proxy.workers.generation.prompting import Prompting
-from npu_proxy.workers.generation.sampling import reply_reserve, trim_history
+from npu_proxy.workers.generation.sampling import reply_reserve, trim_history, wanted_tokens
 
 log = logging.getLogger(__name__)
 
@@ -121,3 +123,14 @@ def detokenized(prompting: Prompting, msg: Detokenize) -> Detokenized | Failed:
         return Failed(id=msg.id, seq=0, code=ErrorCode.BAD_REQUEST, message=str(exc))
     return Detokenized(id=msg.id, seq=0, text=text,
                        specials=prompting.specials() if msg.specials else {})
+
+
+def resumed(ids: np.ndarray[Any, Any], resume: list[int], params: SamplingParams,
+            limit: int) -> tuple[np.ndarray[Any, Any] | None, SamplingParams]:
+    """The prompt's ids followed by the tokens generated before a worker died, and the
+    parameters with what is left of max_tokens; None when they no longer fit `limit`."""
+    if int(ids.shape[1]) + len(resume) > limit:
+        return None, params
+    joined = np.concatenate([ids, np.asarray([resume], dtype=ids.dtype)], axis=1)
+    left = max(1, wanted_tokens(params.max_tokens) - len(resume))
+    return joined, msgspec.structs.replace(params, max_tokens=left)
