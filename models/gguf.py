@@ -226,3 +226,35 @@ def read_gguf_header(path: Path, *, max_array_len: int = DEFAULT_MAX_ARRAY_LEN) 
 def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
     """The file's tensor table, where each tensor's data lies (not read)."""
     return _read(path, DEFAULT_MAX_ARRAY_LEN)[1]
+
+
+# The ggml tensor types OpenVINO GenAI's GGUF reader takes (tried with llama-quantize's
+# output of the same file: Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, IQ4_NL and BF16 fail in its load
+# with "gguf_tensor_to_f16 failed" or "Unsupported quantization type").
+READABLE_TENSOR_TYPES = frozenset({0, 1, 2, 3, 8, 12, 14})  # F32 F16 Q4_0 Q4_1 Q8_0 Q4_K Q6_K
+READABLE_FILES = "Q4_K_M, Q4_0, Q4_1, Q6_K, Q8_0 or F16"
+
+
+class UnreadableGGUF(ModelInfoError):
+    """A GGUF file holding tensors of a type OpenVINO GenAI cannot read."""
+
+
+def unreadable(header: GGUFHeader) -> str:
+    """Why OpenVINO GenAI's GGUF reader cannot load a file with this header (tensors of a
+    type it does not take), naming what to use instead; "" when it can."""
+    other = sorted(t for t in header.elements_by_type if t not in READABLE_TENSOR_TYPES)
+    if not other:
+        return ""
+    named = ", ".join(GGML_TENSOR_TYPES.get(t, f"type {t}") for t in other)
+    return (f"the file holds {named} tensors, which OpenVINO GenAI's GGUF reader does not "
+            f"take (it takes F32, F16, Q4_0, Q4_1, Q4_K, Q6_K and Q8_0): use a "
+            f"{READABLE_FILES} file of the same model")
+
+
+def check_readable(path: Path) -> None:
+    """UnreadableGGUF (unreadable()'s words) for a GGUF file OpenVINO GenAI cannot load:
+    raised before a load would fail deep in native code (or a switch unload a working model
+    for it)."""
+    why = unreadable(read_gguf_header(path, max_array_len=0))
+    if why:
+        raise UnreadableGGUF(why)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_proxy.models.digests import DigestCache
+from npu_proxy.models.gguf import ModelInfoError, UnreadableGGUF, check_readable
 from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
 from npu_proxy.models.store import GGUF_IR, converted_from
 from npu_proxy.workers.generation.conversion import (
@@ -72,6 +73,12 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
     gguf = Path(model_path)
     if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
         return model_path
+    try:
+        check_readable(gguf)  # NOTE: a clear error instead of GenAI's from deep in its reader
+    except UnreadableGGUF:
+        raise
+    except (ModelInfoError, OSError):
+        pass  # NOTE: a file this reader cannot follow is GenAI's to judge, as before
     done = ir_folder(cache / GGUF_IR, gguf)
     if (done / COMPLETE).is_file():
         log.info("loading the converted IR of %s from %s", gguf.name, done)

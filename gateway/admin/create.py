@@ -46,7 +46,7 @@ from npu_proxy.gateway.http.util import decode_body, dumps
 from npu_proxy.models.blobs import BlobError, BlobUpload, parse_digest
 from npu_proxy.models.created import MESSAGE_ROLES, CreatedMessage, CreatedModel, derive
 from npu_proxy.models.digests import DigestCache
-from npu_proxy.models.gguf import ModelInfoError, read_gguf_header
+from npu_proxy.models.gguf import ModelInfoError, read_gguf_header, unreadable
 from npu_proxy.models.store import STAGING, safe_relative
 from npu_proxy.models.upkeep import QuotaExceeded, check_room, room
 
@@ -245,12 +245,14 @@ class CreateRoutes:
             raise BlobError(400, f"blob sha256:{hex_digest} for {file!r} not found; upload it "
                                  f"first with POST /api/blobs/sha256:{hex_digest}")
         try:
-            read_gguf_header(path)  # NOTE: the header only, so a worker never loads garbage
+            header = read_gguf_header(path)  # NOTE: the header only: a worker never loads garbage
         # NOTE: RecursionError and MemoryError too: whatever a hostile header makes of the
         # reader is the client's file at fault, never a 500.
         except (ModelInfoError, OSError, ValueError, RecursionError, MemoryError) as exc:
             raise BlobError(400, f"{file!r} (sha256:{hex_digest}) is not in GGUF format: "
                                  f"{str(exc).removeprefix(str(path) + ': ')}") from exc
+        if why := unreadable(header):
+            raise BlobError(400, f"{file!r} cannot be served here: {why}")
         return file, f"sha256:{hex_digest}"
 
     # --- blobs ---------------------------------------------------------------------------

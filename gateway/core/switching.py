@@ -26,12 +26,14 @@ import logging
 import math
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npu_proxy.gateway.core.errors import GatewayError, unavailable
 from npu_proxy.gateway.core.keep_alive import DEFAULT_KEEP_ALIVE
 from npu_proxy.gateway.core.model_table import ROLE_KIND
 from npu_proxy.gateway.core.residency import Residency, ask
+from npu_proxy.models.gguf import ModelInfoError, UnreadableGGUF, check_readable
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.states import ProcessState
@@ -109,6 +111,7 @@ class Switcher:
             self._mark(model.workers)
             return model
         worker = self.pick(model)
+        await _readable(model)
         await self.load(worker, model.runs)
         fresh = self.table.models().get(model.name)
         if fresh is None or not fresh.workers:
@@ -269,3 +272,17 @@ class Switcher:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+async def _readable(model: ServedModel) -> None:
+    """A 400 naming what to use instead for a GGUF file OpenVINO GenAI cannot read, before
+    a worker is switched to it: its model would be unloaded for a load bound to fail."""
+    if model.kind not in ("llm", "vlm") or not model.path.lower().endswith(".gguf"):
+        return  # NOTE: other kinds' GGUFs are read by this server's own converters
+    try:
+        await asyncio.to_thread(check_readable, Path(model.path))
+    except UnreadableGGUF as exc:
+        raise GatewayError(400, "invalid_request", f"model '{model.name}' cannot be served "
+                           f"here: {exc}", param="model") from None
+    except (OSError, ModelInfoError):
+        return  # NOTE: a file that cannot be read at all fails in the load, as before
