@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -233,6 +234,22 @@ def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
 # with "gguf_tensor_to_f16 failed" or "Unsupported quantization type").
 READABLE_TENSOR_TYPES = frozenset({0, 1, 2, 3, 8, 12, 14})  # F32 F16 Q4_0 Q4_1 Q8_0 Q4_K Q6_K
 READABLE_FILES = "Q4_K_M, Q4_0, Q4_1, Q6_K, Q8_0 or F16"
+
+
+# The quantisations of a GGUF file's name (llama.cpp's naming: model-Q5_K_M.gguf) whose
+# tensors are of types outside READABLE_TENSOR_TYPES: known before a download.
+_UNREADABLE_NAME = re.compile(r"(?:^|[-_.])(q5_k(?:_[sm])?|q5_[01]|q3_k(?:_[sml])?|q2_k(?:_s)?"
+                              r"|iq[1-4]_[a-z]+|bf16|tq[12]_0|mxfp4)(?=[-_.]|$)", re.I)
+
+
+def unreadable_name(filename: str) -> str:
+    """Why a GGUF file of this name cannot be loaded here (its quantisation, by llama.cpp's
+    naming, has tensors OpenVINO GenAI does not read), naming what to use; "" otherwise."""
+    found = _UNREADABLE_NAME.search(filename.rsplit("/", 1)[-1].removesuffix(".gguf"))
+    if found is None:
+        return ""
+    return (f"{filename} is quantised as {found.group(1).upper()}, whose tensors OpenVINO "
+            f"GenAI's GGUF reader does not take: use a {READABLE_FILES} file of the model")
 
 
 class UnreadableGGUF(ModelInfoError):

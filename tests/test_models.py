@@ -60,6 +60,11 @@ def hub(source: Path) -> Iterator[FakeHub]:
     for repo in ("test/smol", "test/smol-b", "test/smol-c"):
         hub.add_file(repo, GGUF, source=source)
         hub.add_file(repo, "README.md", data=b"# a test repository\n")
+    # A quantisation OpenVINO GenAI cannot read, alone and beside one it can.
+    hub.add_file("test/q5", "smol-Q5_K_M.gguf", data=b"GGUF not downloaded")
+    hub.add_file("test/q5-and-q4", "smol-Q5_K_M.gguf", data=b"GGUF not downloaded")
+    hub.add_file("test/q5-and-q4", "smol-Q4_0.gguf", data=b"GGUF not downloaded")
+    hub.add_file("test/q5-and-q4", "smol-IQ4_XS.gguf", data=b"GGUF not downloaded")
     hub.add_file("test/evil", "openvino_model.xml", data=b"<net/>")
     hub.add_file("test/evil", "../escape.json", data=b"{}")
     # Names Windows misreads: a device (any extension), a data stream, a trailing dot.
@@ -180,6 +185,23 @@ def test_unsafe_names_are_refused(srv: Server, http: httpx.Client) -> None:
     assert outside_files(srv) - before == {"outside-model",
                                           "outside-model/.npu-proxy-manifest.json"}
     assert not list(srv.tmp.parent.rglob("escape*"))
+
+
+def test_a_quantisation_genai_cannot_read_is_refused_before_its_download(
+        srv: Server, http: httpx.Client) -> None:
+    """A Q5_K_M file (Q5_K tensors) would download and then fail in OpenVINO GenAI's GGUF
+    reader: the pull says so first, and a repository's list of files to choose from names
+    only those that load."""
+    before = sorted(p.relative_to(srv.tmp) for p in (srv.tmp / "cache").rglob("*"))
+    for name in ("hf.co/test/q5", "hf.co/test/q5-and-q4:Q5_K_M"):
+        r = http.post("/api/pull", json={"model": name})
+        assert r.status_code == 400, (name, r.text)
+        assert "quantised as Q5_K_M" in r.json()["error"] and "Q4_K_M" in r.json()["error"]
+    r = http.post("/api/pull", json={"model": "hf.co/test/q5-and-q4"})
+    assert r.status_code == 400 and "name one" in r.json()["error"], r.text
+    assert "smol-Q4_0.gguf" in r.json()["error"] and "Q5_K_M.gguf" not in r.json()["error"]
+    assert "IQ4_XS" not in r.json()["error"]
+    assert sorted(p.relative_to(srv.tmp) for p in (srv.tmp / "cache").rglob("*")) == before
 
 
 def test_cli_pull_lists_the_model(srv: Server, http: httpx.Client, source: Path,

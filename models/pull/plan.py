@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from npu_proxy.models.gguf import unreadable_name
 from npu_proxy.models.registry import (
     ModelNameError,
     ModelSource,
@@ -236,8 +237,9 @@ def select_files(source: ModelSource, files: list[RemoteFile]
         preferred = [p for p in ggufs if "q4_k_m" in p.lower()]
         if len(preferred) == 1:
             return [_single(by_path[preferred[0]])], preferred[0], "gguf"
+        served = [p for p in ggufs if not unreadable_name(p)] or ggufs
         raise PullRefused(f"{repo} has several GGUF files; name one: "
-                          + ", ".join(f"hf.co/{repo}:{p}" for p in ggufs))
+                          + ", ".join(f"hf.co/{repo}:{p}" for p in served))
     raise PullRefused(f"{repo} has neither an OpenVINO IR ({IR_XML}) nor a GGUF file; "
                       f"convert it with: npx-supervisor convert {repo}")
 
@@ -246,4 +248,6 @@ def _single(file: RemoteFile) -> RemoteFile:
     if "-of-0" in file.path.lower():
         raise PullRefused(f"{file.path} is one part of a split GGUF; split files are not "
                           "supported")
+    if why := unreadable_name(file.path):
+        raise PullRefused(why)  # NOTE: before gigabytes are downloaded for a failing load
     return file
