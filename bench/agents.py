@@ -148,12 +148,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="npu-proxy-agents-") as tmp:
         root = Path(tmp)
         (root / "server").mkdir()
-        # NOTE: a client's first prompt takes minutes to read on 2 cores: no deadline on a
-        # request shorter than the client's own; 2 GB of KV cache hold a 32k context and the
-        # prefixes the later tasks reuse.
-        server, _, _ = start_private(
-            root / "server", MODEL, gguf, {"kv_cache_gb": 2.0, "stall_timeout": args.timeout},
-            {"inference_timeout": args.timeout})
+        # NOTE: the server's own deadlines (a client's first prompt takes minutes to read on
+        # 2 cores: its reading has time of its own, workers.min_prefill_rate); 2 GB of KV
+        # cache hold a 32k context and the prefixes the later tasks reuse.
+        server, _, _ = start_private(root / "server", MODEL, gguf, {"kv_cache_gb": 2.0}, {})
         targets = [("this server", server.url)]
         llama = None
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serverctl import Server, wait_for
+from serverctl import Server, wait_for, wait_row
 
 from npu_proxy.gateway.core.resume import Diverged, Isolation, Replay, Resumer
 from npu_proxy.protocol.messages import (
@@ -99,14 +100,25 @@ def test_greedy_streams_killed_mid_way_end_with_their_own_texts(srv: Server) -> 
         assert reply.usage is not None and reply.usage.completion_tokens == TOKENS
         alone[topic] = reply.choices[0].message.content
     old_pid = int(srv.children()["llm"]["pid"])
-    with concurrent.futures.ThreadPoolExecutor(len(TOPICS)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(len(TOPICS) + 1) as pool:
         readers = [Reader(client, topic, pool) for topic in TOPICS]
+        # A whole (non-streamed) answer among them, last in the queue: its headers, made
+        # once it is whole, say that it went on after its worker died.
+        whole = pool.submit(httpx.post, srv.url + "/v1/chat/completions", timeout=600,
+                            json={k: v for k, v in _body(TOPICS[0]).items()
+                                  if k != "extra_body"} | {"ignore_eos": True})
         # NOTE: the worker runs one sequence at a time: it dies in the middle of the first
-        # stream's text, with the other seven accepted and waiting behind it.
+        # stream's text, with the other seven and the whole one accepted and waiting.
         assert readers[0].started.wait(120), "the first stream sent no text"
+        wait_row(srv, "llm", lambda row: row["queue"] >= len(TOPICS))
         os.kill(old_pid, signal.SIGKILL)
         for reader in readers:
             reader.future.result(timeout=600)
+        answer = whole.result(timeout=600)
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["message"]["content"] == alone[TOPICS[0]]
+    assert re.fullmatch(r"(replayed|continued) after \d+ tokens",
+                        answer.headers.get("x-npu-proxy-resumed", "")), answer.headers
     for topic, reader in zip(TOPICS, readers, strict=True):
         assert "".join(reader.chunks) == alone[topic], topic
         assert reader.finish == "length"

@@ -106,15 +106,16 @@ async def _stream(dialect: Dialect, turn: Dispatch, gen: Generation) -> AsyncIte
 
 async def whole(request: Request, dialect: Dialect, turn: Dispatch, gen: Generation) -> Response:
     """The generation collected under disconnect-watch, as one JSON body."""
-    headers = turn.headers(gen)
     try:
         parts = await unless_disconnected(request, _collect(gen))
     except GatewayError as exc:
-        return dialect.error_response(exc, headers)
+        return dialect.error_response(exc, turn.headers(gen))
     finally:
         turn.end()
+    # NOTE: made once the answer is whole: they say where it ended (a resumption's worker)
+    # and how it went on if its worker died (X-NPU-Proxy-Resumed).
     return Response(dumps(turn.reply.body(gen, parts)), media_type="application/json",
-                    headers=headers)
+                    headers=turn.headers(gen))
 
 
 async def _collect(gen: Generation) -> list[str]:

@@ -129,6 +129,9 @@ class Generation:
         # The output's token count at the end of each Delta (to count a part of the output's
         # tokens: a thinking model's reasoning_tokens).
         self.ends: list[int] = []
+        # How it went on after each death of its worker ("continued after 40 tokens"): a
+        # whole (non-streamed) answer says it in X-NPU-Proxy-Resumed.
+        self.resumed: list[str] = []
         self._done = False
 
     def headers(self) -> dict[str, str]:
@@ -141,6 +144,8 @@ class Generation:
             headers["X-NPU-Proxy-Context-Length"] = str(accepted.context)
         if accepted.dropped:
             headers["X-NPU-Proxy-Truncated-Messages"] = str(accepted.dropped)
+        if self.resumed:
+            headers["X-NPU-Proxy-Resumed"] = "; ".join(self.resumed)
         return headers
 
     @property
@@ -229,8 +234,10 @@ class Generation:
                 return False
         else:
             plan.left -= 1
-        log.warning("request_id=%s resumes (%s) after %d tokens: %s", self.stream.id,
-                    "replayed" if replay else "continued", len(self.ids), lost.message)
+        how = "replayed" if replay else "continued"
+        self.resumed.append(f"{how} after {len(self.ids)} tokens")
+        log.warning("request_id=%s resumes (%s) after %d tokens: %s", self.stream.id, how,
+                    len(self.ids), lost.message)
         for observer in self.observers:
             observer.on_resume(self)
         return await self._send_again(replay, text)
