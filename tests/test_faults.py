@@ -390,3 +390,28 @@ def test_worker_computing_inside_a_long_step_is_not_killed(tmp_path: Path) -> No
         assert kid["pid"] == old and kid["restarts"] == 0 and kid["last_error"] == ""
     finally:
         server.stop()
+
+
+def test_consecutive_long_steps_each_get_the_whole_limit(tmp_path: Path) -> None:
+    """An agent's 12k-token prompt read in steps on a loaded machine: each step long, one
+    after the other. The heartbeat after a step came before the engine noted the step's end,
+    so it counted that step as time without progress, and two 90 s steps got the worker
+    killed at its 180 s limit (bench/agents.py with Claude Code). Here: steps of 4 s that
+    hold the GIL, under a limit of 6 s (stall_timeout and inference_timeout); one such step
+    fits, two did not. The prompt's reading gives the request's deadline room for the three
+    (min_prefill_rate 1: a second per prompt token); the limit is inference_timeout's."""
+    server = Server(tmp_path, workers=[
+        {"name": "llm", "role": "llm", "stall_timeout": 6.0, "min_prefill_rate": 1.0,
+         "faults": {"spin_after_tokens": 1, "spin_seconds": 4.0, "spin_times": 3}}],
+        inference_timeout=6.0).start()
+    try:
+        old = pid_of(server, "llm")
+        stream = Stream(server.url, SHORT, 8)
+        stream.future.result(timeout=120)
+        assert stream.error() is None, stream.events[-3:]
+        assert stream.events[-1][1]["choices"][0]["finish_reason"] == "length"
+        kid = server.children()["llm"]
+        assert kid["pid"] == old and kid["restarts"] == 0 and kid["last_error"] == ""
+        assert server.worker_log("llm").count("spinning 4.0 s") == 3
+    finally:
+        server.stop()

@@ -38,7 +38,7 @@ class FaultInjector:
         self.faults = spec.faults
         self.tokens = 0
         self._gapped: set[str] = set()
-        self._spun = False
+        self._spins = 0
 
     def gap_due(self, rid: str, tokens: int) -> bool:
         """True once per request, when its frames should skip a sequence number."""
@@ -98,10 +98,11 @@ class FaultInjector:
 
 
     def _spin_with_gil(self, seconds: float) -> None:
-        """Busy on this thread for `seconds` with the GIL held throughout, once."""
-        if self._spun:
+        """Busy on this thread for `seconds` with the GIL held throughout, spin_times times
+        in all."""
+        if self._spins >= self.faults.spin_times:
             return
-        self._spun = True
+        self._spins += 1
         log.error("fault hook: spinning %.1f s with the GIL held", seconds)
         # NOTE: a thread waiting for the GIL asks for it after one switch interval; with the
         # interval longer than the spin, none asks, so no heartbeat leaves, as in step().

@@ -50,6 +50,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # pipeline step looks like from outside (silent heartbeats, but computing).
     spin_after_tokens: int | None = None
     spin_seconds: float = 0.0
+    # How many of the following steps spin so (once each): consecutive long steps, as an
+    # agent's prefill read in steps is on a loaded machine.
+    spin_times: int = 1
     # Once this many tokens were generated, hold the GIL for good without using the CPU: a
     # deadlock inside a native call.
     freeze_after_tokens: int | None = None

@@ -141,10 +141,18 @@ class EngineBase:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self.progress_at = time.monotonic()
+            began = self.progress_at = time.monotonic()
             if not self._step():
                 self._wake.wait(0.05)
                 self._wake.clear()
+            elif time.monotonic() - began > 1.0:
+                # NOTE: the heartbeat thread, which waited for the GIL the whole step, takes
+                # it as soon as the step returns, before the line after it: its stalled_for
+                # then counts the step just done as time without progress, and the next long
+                # step was killed at busy_limit minus this one (two 90 s steps of an agent's
+                # prefill on a loaded machine). This heartbeat says the step ended.
+                self.progress_at = time.monotonic()
+                self.announce()
 
     def _step(self) -> bool:
         """One round of work on the engine thread; False when there was none to do."""
