@@ -114,3 +114,7 @@ class FaultInjector:
                 pass
         finally:
             sys.setswitchinterval(interval)
+        # NOTE: a thread that waited for the GIL through a native call takes it as soon as the
+        # call returns (its drop request is pending); with the long interval above it asked
+        # for none, so hand the GIL over here as the end of a native step would.
+        time.sleep(0)
