@@ -137,8 +137,12 @@ def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
     argv = [str(claude), "-p", ask.prompt, "--model", ask.model]
     if ask.act:
         # NOTE: its background requests (titles, summaries) go to the same model.
+        # NOTE: the context and reply `npx-supervisor launch claude` tells it; without them
+        # it assumes an unknown model holds 1M tokens, and says so.
         env |= {"ANTHROPIC_SMALL_FAST_MODEL": ask.model,
-                "ANTHROPIC_DEFAULT_HAIKU_MODEL": ask.model}
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": ask.model,
+                "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(ask.context),
+                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(ask.output)}
         argv += ["--permission-mode", "acceptEdits", "--allowedTools",
                  "Bash,Read,Write,Edit,Glob,Grep,LS"]
     return Launch(argv, env, {})

@@ -209,11 +209,17 @@ def a_billing_line(base: str) -> None:
 
 
 def a_system_turn(base: str) -> None:
+    """Claude Code's system turn after the user's message goes after the system prompt, so
+    that the model's turn follows the user's message, not 9 KB of environment."""
     mid = [*TURN[:1], {"role": "system", "content": [{"type": "text", "text": "Be brief.",
                                                        "cache_control": {"type": "ephemeral"}}]},
            *TURN[1:]]
-    _ok(_messages(base, messages=mid))
-    assert _count(base, messages=mid) > _count(base, messages=TURN)
+    joined = _count(base, system="You are terse.\n\nBe brief.", messages=TURN)
+    assert joined > _count(base, system="You are terse.", messages=TURN)
+    sent = _ok(_messages(base, system="You are terse.", messages=mid))
+    assert sent["usage"]["input_tokens"] == _count(base, system="You are terse.", messages=mid) \
+        == joined
+    assert _count(base, messages=mid) == _count(base, system="Be brief.", messages=TURN)
 
 
 def a_defined_tools(base: str) -> None:

@@ -7,8 +7,9 @@ Gemma's and Mistral's role-alternation guards), so every such request was that t
 400. Now, where the template refuses, the system turns' texts are joined, in their order,
 into one leading system message, as agent proxies do for models that predate mid-conversation
 system messages. A template that takes them (Qwen2.5's, SmolLM2's) still gets them where they
-were. The model is SmolLM2-135M under a template with that guard, on a server of its own; what
-it writes is not asserted.
+were, on the OpenAI and Ollama APIs (the Anthropic API appends them to its system prompt:
+test_client_shapes' A-system-turn). The model is SmolLM2-135M under a template with that
+guard, on a server of its own; what it writes is not asserted.
 """
 
 from __future__ import annotations

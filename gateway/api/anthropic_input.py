@@ -2,8 +2,12 @@
 blocks, tools (gateway/api/anthropic.py serves the routes).
 
 - `system` text blocks are joined (`cache_control` anywhere changes nothing); a `system` role
-  inside `messages` (beta mid-conversation-tool-changes, as Claude Code sends) is a system
-  turn at its position.
+  inside `messages` (beta mid-conversation-tool-changes, as Claude Code sends) is appended to
+  the system prompt, in order. Claude Code sends its environment (9 KB) that way, after the
+  user's message; left there it was the last thing before the assistant's turn, and
+  Qwen2.5-Coder-1.5B, continuing from it, repeated it for 2,124 tokens instead of working
+  (bench/agents.py). The Messages API's system instructions are its top-level `system`; the
+  text is the same in every request of a session, so the cached prefix still holds.
 - Claude Code's billing line (`x-anthropic-billing-header: cc_version=...; cch=...;`, a text
   block or the first line of the system prompt, its `cch` new in every request) is metadata
   for Anthropic's servers, not for the model: left out and named in the ignored header.
@@ -158,19 +162,18 @@ async def chat_messages(system: str | list[dict[str, Any]] | None, messages: lis
                         ignored: Ignored | None = None) -> list[ChatMessage]:
     """The chat in the internal form; what the model cannot take (`caps`) is a 400. A user
     message's images go with its text (a tool result's with the tool message). A `system`
-    message inside `messages` (Claude Code's mid-conversation system turns) is a system turn
-    at its position."""
+    message inside `messages` (Claude Code's mid-conversation system turns) is appended to the
+    system prompt (the module's docstring says why)."""
     if not messages:
         raise invalid("messages: at least one message is required", param="messages")
     out: list[ChatMessage] = []
-    if text := system_text(system, ignored):
-        out.append(ChatMessage(role="system", content=text))
+    systems = [system_text(system, ignored)]
     for i, m in enumerate(messages):
         if m.role not in ("user", "assistant", "system"):
             raise invalid(f"messages[{i}].role must be 'user', 'assistant' or 'system'",
                           param="messages")
         if m.role == "system":
-            out.append(ChatMessage(role="system", content=system_text(m.content)))
+            systems.append(system_text(m.content, ignored))
             continue
         blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) \
             else m.content
@@ -216,6 +219,8 @@ async def chat_messages(system: str | list[dict[str, Any]] | None, messages: lis
                                    tool_calls=calls or None))
         elif texts or found or not blocks:
             out.append(ChatMessage(role="user", content="\n\n".join(texts), images=found))
+    if text := "\n\n".join(t for t in systems if t):
+        out.insert(0, ChatMessage(role="system", content=text))
     return out
 
 
