@@ -268,10 +268,11 @@ def unreadable(header: GGUFHeader) -> str:
             f"{READABLE_FILES} file of the same model")
 
 
-def check_readable(path: Path) -> None:
-    """UnreadableGGUF (unreadable()'s words) for a GGUF file OpenVINO GenAI cannot load:
-    raised before a load would fail deep in native code (or a switch unload a working model
-    for it)."""
-    why = unreadable(read_gguf_header(path, max_array_len=0))
-    if why:
-        raise UnreadableGGUF(why)
+def unreadable_file(path: Path) -> str:
+    """unreadable() for the GGUF file at `path`, checked before a load would fail deep in
+    native code (or a switch unload a working model for it); "" also for a file this reader
+    cannot follow, which is GenAI's to judge in the load."""
+    try:
+        return unreadable(read_gguf_header(path, max_array_len=0))
+    except (ModelInfoError, OSError):
+        return ""

@@ -224,6 +224,8 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "supervisor.log"
         self.worker_only = False
+        # The folder a worker's `hold_start_dir` fault hook watches (gated_server).
+        self.gates = tmp / "gates"
 
     def write_config(self, **settings: Any) -> None:
         """Change settings of the config file (before start, or for a restart to read)."""
@@ -358,3 +360,14 @@ def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
         assert time.monotonic() < deadline, f"worker never got there: {row}\n{srv.logs()}"
         time.sleep(0.1)
     return row
+
+
+def gated_server(tmp: Path, worker: dict[str, Any], **settings: Any) -> Server:
+    """A started server whose one llm worker (`worker` adds to it) holds each request after
+    accepting it, until a file named by the request's id appears in `server.gates` (the
+    `hold_start_dir` fault hook): a prefill as long as the test wants."""
+    faults = {**worker.get("faults", {}), "hold_start_dir": str(tmp / "gates")}
+    server = Server(tmp, workers=[{"name": "llm", "role": "llm", **worker, "faults": faults}],
+                    **settings)
+    server.gates.mkdir()
+    return server.start()

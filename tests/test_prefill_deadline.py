@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server
+from serverctl import Server, gated_server
 
 from npu_proxy.protocol.config import ConfigError, load_config
 
@@ -32,13 +32,8 @@ LONG = "one two three four five six seven eight nine ten " * 6  # ~60 tokens: ~3
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("prefill")
-    gates = tmp / "gates"
-    gates.mkdir()
-    server = Server(tmp, workers=[{
-        "name": "llm", "role": "llm", "min_prefill_rate": RATE,
-        "faults": {"hold_start_dir": str(gates)}}], inference_timeout=TIMEOUT).start()
-    server.gates = gates  # type: ignore[attr-defined]
+    server = gated_server(tmp_path_factory.mktemp("prefill"), {"min_prefill_rate": RATE},
+                          inference_timeout=TIMEOUT)
     yield server
     server.stop()
 
@@ -51,7 +46,7 @@ def _generate(srv: Server, rid: str, prompt: str, hold: float) -> dict[str, Any]
                       headers={"X-Request-ID": rid}) as r:
         assert r.status_code == 200
         time.sleep(hold)  # NOTE: wall time past the deadline is what this test is about
-        (srv.gates / rid).touch()  # type: ignore[attr-defined]
+        (srv.gates / rid).touch()
         lines: list[dict[str, Any]] = [json.loads(line) for line in r.iter_lines() if line.strip()]
     assert lines[-1]["done"] is True, lines[-1]
     return lines[-1]

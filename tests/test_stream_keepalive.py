@@ -22,7 +22,7 @@ import httpx2
 import ollama
 import openai
 import pytest
-from serverctl import Server
+from serverctl import Server, gated_server
 
 LLM = "smollm2:135m"
 ANSWER = "ok"
@@ -39,14 +39,8 @@ CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "keepalive.json").rea
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("keepalive")
-    gates = tmp / "gates"
-    gates.mkdir()
-    server = Server(tmp, workers=[{
-        "name": "llm", "role": "llm",
-        "faults": {"hold_start_dir": str(gates), "force_regex": ANSWER}}],
-        stream_keepalive_seconds=0.1).start()
-    server.gates = gates  # type: ignore[attr-defined]
+    server = gated_server(tmp_path_factory.mktemp("keepalive"),
+                          {"faults": {"force_regex": ANSWER}}, stream_keepalive_seconds=0.1)
     yield server
     server.stop()
 
@@ -91,7 +85,7 @@ class Releasing:
 
 def _client(srv: Server, rid: str, marker: bytes, count: int = 1,
             mod: Any = httpx) -> tuple[Any, Releasing]:
-    tee = Releasing(srv.gates / rid, marker, count)  # type: ignore[attr-defined]
+    tee = Releasing(srv.gates / rid, marker, count)
     # NOTE: a stream that never sends the keep-alive is never released: the read timeout
     # fails the test then (the worker's own deadline is minutes away).
     return mod.Client(transport=tee.transport(mod), timeout=60,
@@ -199,7 +193,7 @@ def test_ollama_gets_no_keepalive_as_its_client_fails_on_one(srv: Server) -> Non
     with pytest.raises(json.JSONDecodeError):
         list(mocked.chat(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
 
-    (srv.gates / "ka-ollama").touch()  # type: ignore[attr-defined]
+    (srv.gates / "ka-ollama").touch()
     client = ollama.Client(host=srv.url, headers={"X-Request-ID": "ka-ollama"})
     parts = list(client.chat(model=LLM, messages=[{"role": "user", "content": "Say ok"}],
                              stream=True))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_proxy.models.digests import DigestCache
-from npu_proxy.models.gguf import ModelInfoError, UnreadableGGUF, check_readable
+from npu_proxy.models.gguf import UnreadableGGUF, unreadable_file
 from npu_proxy.models.store import CONVERTED_FROM as COMPLETE
 from npu_proxy.models.store import GGUF_IR, converted_from
 from npu_proxy.workers.generation.conversion import (
@@ -73,12 +73,8 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
     gguf = Path(model_path)
     if gguf.suffix.lower() != ".gguf" or not gguf.is_file():
         return model_path
-    try:
-        check_readable(gguf)  # NOTE: a clear error instead of GenAI's from deep in its reader
-    except UnreadableGGUF:
-        raise
-    except (ModelInfoError, OSError):
-        pass  # NOTE: a file this reader cannot follow is GenAI's to judge, as before
+    if why := unreadable_file(gguf):
+        raise UnreadableGGUF(why)  # NOTE: a clear error instead of GenAI's from its reader
     done = ir_folder(cache / GGUF_IR, gguf)
     if (done / COMPLETE).is_file():
         log.info("loading the converted IR of %s from %s", gguf.name, done)

@@ -33,7 +33,7 @@ from npu_proxy.gateway.core.errors import GatewayError, unavailable
 from npu_proxy.gateway.core.keep_alive import DEFAULT_KEEP_ALIVE
 from npu_proxy.gateway.core.model_table import ROLE_KIND
 from npu_proxy.gateway.core.residency import Residency, ask
-from npu_proxy.models.gguf import ModelInfoError, UnreadableGGUF, check_readable
+from npu_proxy.models.gguf import unreadable_file
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.states import ProcessState
@@ -279,10 +279,6 @@ async def _readable(model: ServedModel) -> None:
     a worker is switched to it: its model would be unloaded for a load bound to fail."""
     if model.kind not in ("llm", "vlm") or not model.path.lower().endswith(".gguf"):
         return  # NOTE: other kinds' GGUFs are read by this server's own converters
-    try:
-        await asyncio.to_thread(check_readable, Path(model.path))
-    except UnreadableGGUF as exc:
+    if why := await asyncio.to_thread(unreadable_file, Path(model.path)):
         raise GatewayError(400, "invalid_request", f"model '{model.name}' cannot be served "
-                           f"here: {exc}", param="model") from None
-    except (OSError, ModelInfoError):
-        return  # NOTE: a file that cannot be read at all fails in the load, as before
+                           f"here: {why}", param="model")
