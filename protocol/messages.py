@@ -115,6 +115,12 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     reasoning_content: str | None = None
 
 
+def joined_system(texts: list[str]) -> str:
+    """System texts as one system prompt, in their order (the Anthropic dialect's system turns
+    inside `messages`; a worker's template that refuses a system turn after the first)."""
+    return "\n\n".join(t for t in texts if t)
+
+
 # --- gateway -> worker -------------------------------------------------------------------
 
 

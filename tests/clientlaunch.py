@@ -136,9 +136,9 @@ def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
             "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1", **extra}
     argv = [str(claude), "-p", ask.prompt, "--model", ask.model]
     if ask.act:
-        # NOTE: its background requests (titles, summaries) go to the same model.
-        # NOTE: the context and reply `npx-supervisor launch claude` tells it; without them
-        # it assumes an unknown model holds 1M tokens, and says so.
+        # NOTE: its background requests (titles, summaries) go to the same model, and it is
+        # told the context and reply `npx-supervisor launch claude` tells it (without them it
+        # assumes an unknown model holds 1M tokens, and says so).
         env |= {"ANTHROPIC_SMALL_FAST_MODEL": ask.model,
                 "ANTHROPIC_DEFAULT_HAIKU_MODEL": ask.model,
                 "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(ask.context),

@@ -20,7 +20,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from serverctl import Server
+from serverctl import Server, wait_for
 
 from npu_proxy.models.locate import locate
 
@@ -385,6 +385,21 @@ THINKING_ROWS = {"R-reasoning-replay", "R-include-encrypted"}
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_field_row(base_url: str, row: str) -> None:
     ROWS[row](base_url)
+
+
+def test_a_moved_system_turn_is_logged(server: Server) -> None:
+    """The A-system-turn move changes where the client's text stands: it is not silent, the
+    gateway's log names it and the request."""
+    mid = [*TURN[:1], {"role": "system", "content": "Be brief."}, *TURN[1:]]
+    r = httpx.post(server.url + "/v1/messages", timeout=120,
+                   headers={"anthropic-version": "2023-06-01", "X-Request-ID": "moved-system-1"},
+                   json={"model": LLM, "max_tokens": 4, "messages": mid})
+    _ok(r)
+    wanted = "messages[1] (role system) appended to the system prompt"
+    # NOTE: the gateway logs through a queue: waited for, not read at once.
+    wait_for(lambda: any(wanted in line and "moved-system-1" in line
+                         for line in server.worker_log("gateway").splitlines()),
+             timeout=30, what="the move in the gateway's log")
 
 
 def test_every_row_has_a_test() -> None:

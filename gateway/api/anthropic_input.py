@@ -41,7 +41,7 @@ from npu_proxy.gateway.content.tools import (
     history_call,
 )
 from npu_proxy.models.capabilities import VISION, Capabilities
-from npu_proxy.protocol.messages import ChatMessage
+from npu_proxy.protocol.messages import ChatMessage, joined_system
 
 UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload")
 IGNORED_BLOCKS = ("thinking", "redacted_thinking")
@@ -174,6 +174,8 @@ async def chat_messages(system: str | list[dict[str, Any]] | None, messages: lis
                           param="messages")
         if m.role == "system":
             systems.append(system_text(m.content, ignored))
+            if ignored is not None:
+                ignored.move(f"messages[{i}] (role system) appended to the system prompt")
             continue
         blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) \
             else m.content
@@ -219,7 +221,7 @@ async def chat_messages(system: str | list[dict[str, Any]] | None, messages: lis
                                    tool_calls=calls or None))
         elif texts or found or not blocks:
             out.append(ChatMessage(role="user", content="\n\n".join(texts), images=found))
-    if text := "\n\n".join(t for t in systems if t):
+    if text := joined_system(systems):
         out.insert(0, ChatMessage(role="system", content=text))
     return out
 

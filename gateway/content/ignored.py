@@ -27,15 +27,21 @@ def _safe(name: str) -> str:
 
 
 class Ignored:
-    """The names of what one request sent and the server left out (in first-seen order)."""
+    """The names of what one request sent and the server left out (in first-seen order), and
+    the few mappings that move the client's text (`moved`: logged, no header)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.moved: list[str] = []
 
     def add(self, name: str) -> None:
         name = _safe(name)
         if name not in self.names and len(self.names) < MAX_NAMES:
             self.names.append(name)
+
+    def move(self, note: str) -> None:
+        if len(self.moved) < MAX_NAMES:
+            self.moved.append(note)
 
     def __bool__(self) -> bool:
         return bool(self.names)
@@ -46,4 +52,7 @@ class Ignored:
     def report(self, path: str, request_id: str) -> None:
         if self.names:
             log.info("ignored what this server cannot act on: %s", ", ".join(self.names),
+                     extra={"path": path, "request_id": request_id})
+        if self.moved:
+            log.info("mapped to what it means: %s", "; ".join(self.moved),
                      extra={"path": path, "request_id": request_id})

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import openvino_genai as ov_genai
 
-from npu_proxy.protocol.messages import Generate, Tokenize
+from npu_proxy.protocol.messages import Generate, Tokenize, joined_system
 from npu_proxy.workers.generation.detok import (
     ByteDetokenizer,
     Detokenizer,
@@ -115,7 +115,7 @@ class Prompting:
         log.info("the chat template refuses a system turn after the first message: %d system "
                  "turns joined into one leading system message", len(systems),
                  extra={"request_id": msg.log_id})
-        return self._apply(msg, [{"role": "system", "content": "\n\n".join(systems)}, *rest])
+        return self._apply(msg, [{"role": "system", "content": joined_system(systems)}, *rest])
 
     def _apply(self, msg: Generate | Tokenize, history: list[dict[str, Any]]) -> str:
         opening = msg.add_generation_prompt if isinstance(msg, Tokenize) else True
