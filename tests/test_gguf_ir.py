@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -59,7 +59,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Converted:
     NOTE: made once for the module: the conversion with its probe at each precision is the
     slowest step here (15-25 s on two loaded cores), and two tests look at its result."""
     cache = tmp_path_factory.mktemp("gguf-ir")
-    logger = logging.getLogger("npu_proxy.workers.gguf_ir")
+    logger = logging.getLogger("npu_proxy.workers")  # NOTE: gguf_ir's and the checks'
     lines, level = _Lines(), logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
@@ -349,16 +349,20 @@ def _constant(node: ov.Node) -> np.ndarray:
 
 
 def _groups(data: np.ndarray, t: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A Q4_1 or Q4_K tensor's (rows, groups) steps and offsets and (rows, groups, 32)
-    values, as llama.cpp's dequantize_row_q4_1/q4_K read them: weight = step * q + offset."""
+    """A Q4_0, Q4_1 or Q4_K tensor's (rows, groups) steps and offsets and (rows, groups, 32)
+    values, as llama.cpp's dequantize_row_q4_0/q4_1/q4_K read them: weight = step * q +
+    offset."""
     dims, kind, offset = t.dims, t.ggml_type, t.offset  # type: ignore[attr-defined]
     rows = int(np.prod(dims[1:]))
-    size, per = {3: (20, 32), 12: (144, 256)}[kind]
+    size, per = {2: (18, 32), 3: (20, 32), 12: (144, 256)}[kind]
     raw = data[offset:offset + rows * (dims[0] // per) * size].reshape(rows, -1, size)
 
     def f16(at: int) -> np.ndarray:
         return raw[:, :, at:at + 2].copy().view("<f2")[:, :, 0].astype(np.float32)
 
+    if kind == 2:
+        qs = raw[:, :, 2:]
+        return f16(0), -8 * f16(0), np.concatenate([qs & 15, qs >> 4], axis=2)
     if kind == 3:
         qs = raw[:, :, 4:]
         return f16(0), f16(2), np.concatenate([qs & 15, qs >> 4], axis=2)
@@ -383,7 +387,7 @@ def _check_4_bit_weights(gguf: Path, folder: Path, every: int) -> tuple[int, int
     data = np.fromfile(gguf, np.uint8)
     by_scales: dict[bytes, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for t in read_gguf_tensors(gguf):
-        if t.ggml_type in (3, 12):
+        if t.ggml_type in (2, 3, 12):
             step, low, values = _groups(data, t)
             keys = step.astype(np.float16)
             for r in range(0, len(step)):
@@ -487,6 +491,64 @@ def test_8_bit_weights_are_llama_cpps_dequantized_weights(converted: Converted) 
     assert worst == 0.0, worst
 
 
+def _eight_bit_constants(model: ov.Model) -> tuple[ov.Node, ov.Node]:
+    """The graph's one i8 weight constant and its scale constant (SmolLM2's embedding)."""
+    (values,) = [op for op in model.get_ordered_ops() if op.get_type_name() == "Constant"
+                 and op.get_element_type() == ov.Type.i8]
+    node = _user(values)
+    while node.get_type_name() != "Multiply":
+        node = _user(node)
+    scale = node.input_value(1).get_node()
+    while scale.get_type_name() == "Convert":
+        scale = scale.input_value(0).get_node()
+    return values, scale
+
+
+def _replaced(node: ov.Node, data: np.ndarray) -> None:
+    node.output(0).replace(ov.op.Constant(np.ascontiguousarray(data)).output(0))
+
+
+def test_the_conversion_refuses_8_bit_weights_that_are_not_the_files(
+        converted: Converted) -> None:
+    """The conversion's own check (workers/generation/gguf_check.py) of the 8-bit weights it
+    publishes: it ran on the embedded model's conversion; it takes the rows reordered (as
+    GenAI reorders attention rows) and refuses a value or a step changed, or rows whose
+    steps are another row's."""
+    from npu_proxy.workers.generation.gguf_check import WrongWeights, check_8_bit
+
+    assert "8-bit weights checked against the file: 1 graph matrices, 1 of 1 tensors in" \
+        in converted.log, converted.log
+    gguf = locate(Config(), "smollm2:135m").path
+    order = np.random.default_rng(0).permutation(49152)
+
+    def changed(values_of: Any, scale_of: Any) -> tuple[int, int]:
+        model = ov.Core().read_model(converted.folder / "openvino_model.xml")
+        values, scale = _eight_bit_constants(model)
+        _replaced(values, values_of(np.asarray(values.get_data()).copy()))
+        _replaced(scale, scale_of(np.asarray(scale.get_data()).copy()))
+        return check_8_bit(model, gguf)
+
+    def same(a: np.ndarray) -> np.ndarray:
+        return a
+
+    def one_value(a: np.ndarray) -> np.ndarray:
+        a[7, 3, 5] ^= 1
+        return a
+
+    def one_step(a: np.ndarray) -> np.ndarray:
+        a.reshape(-1)[100] *= 1.01
+        return a
+
+    assert changed(same, same) == (1, 1)
+    assert changed(lambda a: a[order], lambda a: a[order]) == (1, 1)
+    with pytest.raises(WrongWeights, match="steps differ"):
+        changed(lambda a: a[order], same)
+    with pytest.raises(WrongWeights, match="values are not the file's"):
+        changed(one_value, same)
+    with pytest.raises(WrongWeights, match="steps differ"):
+        changed(same, one_step)
+
+
 def test_q4_1_weights_are_llama_cpps_dequantized_weights(converted: Converted) -> None:
     """Every Q4_1 weight of the file, as the converted graph computes it, is d * q + m of
     its block (numpy, from the file's bytes), to f16 rounding of the zero point: GenAI's
@@ -494,6 +556,51 @@ def test_q4_1_weights_are_llama_cpps_dequantized_weights(converted: Converted) -
     gguf = locate(Config(), "smollm2:135m").path
     checked, rows, worst = _check_4_bit_weights(gguf, converted.folder, 1)
     assert checked == rows > 100_000
+    assert worst <= 1 / 64, worst
+
+
+def _q4_0_copy(source: Path, target: Path) -> None:
+    """`source` with its Q4_1 tensors requantized to Q4_0 by llama.cpp's own GGUF package (its
+    numpy quantizer, as llama-quantize rounds), everything else as it is."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        value = 2 if field.name == "general.file_type" else field.contents()  # MOSTLY_Q4_0
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    Q4_1, Q4_0 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0
+    tensors = [(t.name, gguf.quants.quantize(gguf.quants.dequantize(t.data, Q4_1), Q4_0), Q4_0)
+               if t.tensor_type == Q4_1 else (t.name, t.data, t.tensor_type)
+               for t in reader.tensors]
+    for name, data, kind in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+
+
+def test_q4_0_weights_are_checked_in_the_conversion(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A Q4_0 file (Ollama's older default quantization): GenAI's zero point 8 is exact; the
+    conversion checks every Q4_0 tensor against the file's bytes all the same, and the graph
+    computes llama.cpp's weights."""
+    gguf = tmp_path / "smollm2-q4_0.gguf"
+    _q4_0_copy(locate(Config(), "smollm2:135m").path, gguf)
+    caplog.set_level(logging.INFO, logger="npu_proxy.workers")
+    folder = Path(loadable(str(gguf), tmp_path / "cache"))
+    assert folder.parent.name == GGUF_IR, caplog.text
+    assert "4-bit weights checked against the file: 210 of 210 tensors, 0 zero points made " \
+        "exact" in caplog.text
+    checked, rows, worst = _check_4_bit_weights(gguf, folder, 7)
+    assert checked > rows // 7 * 0.9
     assert worst <= 1 / 64, worst
 
 

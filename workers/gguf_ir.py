@@ -232,19 +232,25 @@ def agrees(saved: Path, rewritten: Path, folder: Path) -> bool:
 
 
 def _exact_weights(folder: Path, gguf: Path) -> None:
-    """The saved graph's Q4_1 zero points made exact from the file's bytes (checked there),
-    saved in its place."""
+    """The saved graph's Q4_1 and Q4_K zero points made exact from the file's bytes (checked
+    there), saved in its place; its 8-bit weights checked against the file's (WrongWeights:
+    not published)."""
     import openvino as ov
 
+    from npu_proxy.workers.generation.gguf_check import WrongWeights, check_8_bit
     from npu_proxy.workers.generation.gguf_exact import exact_zero_points
 
     model = ov.Core().read_model(folder / "openvino_model.xml")
     try:
         exact = exact_zero_points(model, gguf)
+        check_8_bit(model, gguf)
+    except WrongWeights:
+        raise
     except Exception:
         # NOTE: a file GenAI read but whose tensor table this reader cannot follow (an
         # offset past its end, a type it does not know) keeps the graph as GenAI made it.
-        log.exception("could not make the 4-bit zero points exact: keeping them as converted")
+        log.exception("could not check the weights against the file: keeping them as "
+                      "converted")
         return
     if exact:
         # NOTE: saved beside, then renamed over: the model read maps the old .bin file.

@@ -1,14 +1,15 @@
 """A converted GGUF's 4-bit weights made exactly llama.cpp's (issue 44, point 2): Q4_1 and
-Q4_K.
+Q4_K; Q4_0's checked.
 
-llama.cpp dequantizes a group of 32 weights as `step * q + offset` (q 4 bits; Q4_1: step d,
-offset m; Q4_K: step d * scale, offset -dmin * min, with 6-bit scales and minimums per
-group). OpenVINO GenAI's GGUF reader stores it as `s * (q - z)` with s the step and z a
-*4-bit* zero point, round(-offset / s): every group's offset moves by up to half a step.
-Measured on the embedded SmolLM2-135M Q4_1 (bench/perplexity.py, GPL-3, context 512):
-perplexity x1.26 of llama-perplexity's on the same file. Here each such zero point becomes
-the exact -offset / s (f16), from the file's own bytes; the same graph then scored within
-0.3 % of llama.cpp.
+llama.cpp dequantizes a group of 32 weights as `step * q + offset` (q 4 bits; Q4_0: step d,
+offset -8 d; Q4_1: step d, offset m; Q4_K: step d * scale, offset -dmin * min, with 6-bit
+scales and minimums per group). OpenVINO GenAI's GGUF reader stores it as `s * (q - z)` with s
+the step and z a *4-bit* zero point, round(-offset / s): every group's offset moves by up to
+half a step. Measured on the embedded SmolLM2-135M Q4_1 (bench/perplexity.py, GPL-3, context
+512): perplexity x1.26 of llama-perplexity's on the same file. Here each such zero point
+becomes the exact -offset / s (f16), from the file's own bytes; the same graph then scored
+within 0.3 % of llama.cpp. Q4_0's zero point, 8, is exact already: it goes through the same
+check (and comes out the same).
 
 Which file tensor a graph constant came from is found by its scales (GenAI's step, rounded
 to f16 as the graph holds it; rows may be reordered: GenAI undoes llama.cpp's row
@@ -33,7 +34,7 @@ from npu_proxy.models.gguf import GGUFTensor, read_gguf_tensors
 
 log = logging.getLogger(__name__)
 
-Q4_1, Q4_K = 3, 12  # ggml's type numbers
+Q4_0, Q4_1, Q4_K = 2, 3, 12  # ggml's type numbers
 BLOCK = 32
 
 
@@ -56,8 +57,8 @@ class FileTensor:
     def values(self, buf: mmap.mmap) -> np.ndarray[Any, Any]:
         """(rows, groups, 32) 4-bit values."""
         raw = _raw(buf, self.tensor)
-        if self.tensor.ggml_type == Q4_1:
-            qs = raw[:, :, 4:]
+        if self.tensor.ggml_type in (Q4_0, Q4_1):
+            qs = raw[:, :, 2 if self.tensor.ggml_type == Q4_0 else 4:]
             return np.concatenate([qs & 15, qs >> 4], axis=2)
         # NOTE: Q4_K: 4 chunks of 32 bytes per 256 weights; a chunk's low nibbles are one
         # group of 32, its high nibbles the next.
@@ -65,10 +66,10 @@ class FileTensor:
         return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(raw.shape[0], -1, BLOCK)
 
 
-# A block's bytes and weights: Q4_1 d (f16), m (f16), 16 bytes of 4-bit values (element j
-# the low nibble, j + 16 the high), 32 weights; Q4_K d, dmin (f16), 12 bytes of 6-bit group
-# scales and minimums, 128 bytes of 4-bit values, 256 weights.
-_LAYOUT = {Q4_1: (20, 32), Q4_K: (144, 256)}
+# A block's bytes and weights: Q4_0 d (f16) and Q4_1 d, m (f16), then 16 bytes of 4-bit
+# values (element j the low nibble, j + 16 the high), 32 weights; Q4_K d, dmin (f16), 12 bytes
+# of 6-bit group scales and minimums, 128 bytes of 4-bit values, 256 weights.
+_LAYOUT = {Q4_0: (18, 32), Q4_1: (20, 32), Q4_K: (144, 256)}
 
 
 def _raw(buf: mmap.mmap, tensor: GGUFTensor) -> np.ndarray[Any, Any]:
@@ -98,7 +99,10 @@ def _k4_scales(raw: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndar
 def read_tensor(buf: mmap.mmap, tensor: GGUFTensor) -> FileTensor:
     raw = _raw(buf, tensor)
     rows = raw.shape[0]
-    if tensor.ggml_type == Q4_1:
+    if tensor.ggml_type == Q4_0:
+        step = _f16(raw, 0)
+        offset = -8 * step
+    elif tensor.ggml_type == Q4_1:
         step, offset = _f16(raw, 0), _f16(raw, 2)
     else:
         scales, mins = _k4_scales(raw)
@@ -212,6 +216,14 @@ def _exact(found: Decompression, tensor: FileTensor, rows: np.ndarray[Any, Any],
     return Exact(zero[:, :, None], q, scale.astype(np.float16)[:, :, None])
 
 
+def _already(found: Decompression, exact: Exact) -> bool:
+    """The graph computes the exact weights as it is (Q4_0's zero point 8)."""
+    if exact.values is not None or exact.scale is not None:
+        return False
+    zero = _unpack_u4(found.zero, tuple(found.zero.get_output_shape(0)))
+    return bool(np.array_equal(zero.astype(np.float32), exact.zero.astype(np.float32)))
+
+
 def _u4_constant(values: np.ndarray[Any, Any]) -> Any:
     """A u4 constant of `values` (0-15), packed two per byte, the first in the low nibble."""
     import openvino as ov
@@ -243,8 +255,8 @@ def _apply(found: Decompression, exact: Exact) -> None:
 
 
 def exact_zero_points(model: Any, gguf: Path) -> int:
-    """Replace the u4 zero points of `model`'s Q4_1 and Q4_K weights by the exact ones from
-    `gguf` (checked); the number of constants replaced."""
+    """Replace the u4 zero points of `model`'s Q4_0, Q4_1 and Q4_K weights by the exact ones
+    from `gguf` (checked); the number of constants replaced."""
     tensors = [t for t in read_gguf_tensors(gguf)
                if t.ggml_type in _LAYOUT and t.dims[0] % _LAYOUT[t.ggml_type][1] == 0]
     if not tensors:
@@ -262,11 +274,13 @@ def exact_zero_points(model: Any, gguf: Path) -> int:
                     continue
                 exact = _exact(found, tensor, rows, buf)
                 if exact is not None:
-                    _apply(found, exact)
-                    replaced += 1
                     done.add(tensor.name)
+                    if not _already(found, exact):
+                        _apply(found, exact)
+                        replaced += 1
                 break
     kept = sorted(t.name for t in tensors if t.name not in done)
-    log.info("4-bit zero points made exact: %d of %d tensors%s", replaced, len(tensors),
+    log.info("4-bit weights checked against the file: %d of %d tensors, %d zero points made "
+             "exact%s", len(done), len(tensors), replaced,
              f" (kept as converted: {', '.join(kept[:8])})" if kept else "")
     return replaced
