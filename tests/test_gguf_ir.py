@@ -560,8 +560,9 @@ def test_q4_1_weights_are_llama_cpps_dequantized_weights(converted: Converted) -
 
 
 def _q4_0_copy(source: Path, target: Path) -> None:
-    """`source` with its Q4_1 tensors requantized to Q4_0 by llama.cpp's own GGUF package (its
-    numpy quantizer, as llama-quantize rounds), everything else as it is."""
+    """`source` with its Q4_1 tensors requantized by llama.cpp's own GGUF package (its numpy
+    quantizers, as llama-quantize rounds): the attention's query and key to Q8_0 (rows GenAI
+    reorders), the others to Q4_0; everything else as it is."""
     import gguf
 
     reader = gguf.GGUFReader(source)
@@ -573,10 +574,15 @@ def _q4_0_copy(source: Path, target: Path) -> None:
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         value = 2 if field.name == "general.file_type" else field.contents()  # MOSTLY_Q4_0
         writer.add_key_value(field.name, value, kind, sub_type=sub)
-    Q4_1, Q4_0 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0
-    tensors = [(t.name, gguf.quants.quantize(gguf.quants.dequantize(t.data, Q4_1), Q4_0), Q4_0)
-               if t.tensor_type == Q4_1 else (t.name, t.data, t.tensor_type)
-               for t in reader.tensors]
+    kinds = gguf.GGMLQuantizationType
+
+    def copied(t: Any) -> tuple[str, np.ndarray, Any]:
+        if t.tensor_type != kinds.Q4_1:
+            return t.name, t.data, t.tensor_type
+        kind = kinds.Q8_0 if t.name.endswith(("attn_q.weight", "attn_k.weight")) else kinds.Q4_0
+        return t.name, gguf.quants.quantize(gguf.quants.dequantize(t.data, kinds.Q4_1), kind), kind
+
+    tensors = [copied(t) for t in reader.tensors]
     for name, data, kind in tensors:
         writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
     writer.write_header_to_file()
@@ -589,16 +595,19 @@ def _q4_0_copy(source: Path, target: Path) -> None:
 
 def test_q4_0_weights_are_checked_in_the_conversion(tmp_path: Path,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    """A Q4_0 file (Ollama's older default quantization): GenAI's zero point 8 is exact; the
-    conversion checks every Q4_0 tensor against the file's bytes all the same, and the graph
-    computes llama.cpp's weights."""
+    """A Q4_0 file (Ollama's older default quantization) with Q8_0 attention: GenAI's zero
+    point 8 is exact; the conversion checks every Q4_0 and Q8_0 tensor against the file's
+    bytes all the same (the query's and key's rows reordered), and the graph computes
+    llama.cpp's weights."""
     gguf = tmp_path / "smollm2-q4_0.gguf"
     _q4_0_copy(locate(Config(), "smollm2:135m").path, gguf)
     caplog.set_level(logging.INFO, logger="npu_proxy.workers")
     folder = Path(loadable(str(gguf), tmp_path / "cache"))
     assert folder.parent.name == GGUF_IR, caplog.text
-    assert "4-bit weights checked against the file: 210 of 210 tensors, 0 zero points made " \
+    assert "4-bit weights checked against the file: 150 of 150 tensors, 0 zero points made " \
         "exact" in caplog.text
+    assert "8-bit weights checked against the file: 61 graph matrices, 61 of 61 tensors" \
+        in caplog.text
     checked, rows, worst = _check_4_bit_weights(gguf, folder, 7)
     assert checked > rows // 7 * 0.9
     assert worst <= 1 / 64, worst
