@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ PRELOAD = Path(__file__).parent / "clients" / "loopback_only.cjs"
 KEY = "placeholder-key"
 # The exit status of a run that timed out (kept as a run, so its shape test does not redo it).
 TIMED_OUT = -1000
+DONE = -1001  # stopped once its work was there (execute's `done`)
 PROMPT = "Say OK"
 
 
@@ -253,7 +256,8 @@ PACKAGE = {"codex": "@openai/codex", "codex-oss": "@openai/codex",
 
 @dataclass
 class Run:
-    """A client's run: its exit status (TIMED_OUT), output, and the exchanges recorded."""
+    """A client's run: its exit status (TIMED_OUT, DONE), output, and the exchanges
+    recorded."""
     name: str
     rc: int
     out: str
@@ -268,8 +272,12 @@ class Run:
         return [e for e in self.proxy.inference() if e.path.split("?")[0] == path]
 
 
-def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float) -> Run:
-    """Runs the client in `tmp`/work against a capturing proxy in front of `base_url`."""
+def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float,
+            done: Callable[[CaptureProxy], bool] | None = None) -> Run:
+    """Runs the client in `tmp`/work against a capturing proxy in front of `base_url`. With
+    `done`, the client is stopped (exit DONE) once the work it was asked for is there, as
+    `done` judges from the folder and the exchanges so far: what it says afterwards is not
+    waited for."""
     work = tmp / "work"
     work.mkdir(exist_ok=True)
     proxy = CaptureProxy(base_url, read_timeout=timeout)
@@ -280,16 +288,46 @@ def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float)
     for path, text in launch.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text.replace("{PROXY}", proxy.url))
+    deadline = time.monotonic() + timeout
     try:
-        proc = subprocess.run(argv, env=env, cwd=work, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        # NOTE: kept as a run (exit "timeout") so its shape test does not start it again.
-        rc, out, err = TIMED_OUT, _text(exc.stdout), _text(exc.stderr)
+        with (tmp / f"{name}.out").open("w+") as out, (tmp / f"{name}.err").open("w+") as err:
+            # NOTE: its own session, so that a stop takes the client's children too.
+            proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, text=True, start_new_session=True)
+            rc = _wait(proc, deadline, lambda: done is not None and done(proxy))
+            out.seek(0)
+            err.seek(0)
+            text, errors = out.read(), err.read()
     finally:
         proxy.close()
-    return Run(name, rc, out, err, proxy)
+    return Run(name, rc, text, errors, proxy)
+
+
+def _wait(proc: subprocess.Popen[str], deadline: float, done: Callable[[], bool]) -> int:
+    """The client's exit status; TIMED_OUT past `deadline`, DONE once `done()` (the client
+    and its children then stopped: SIGTERM, SIGKILL after a grace)."""
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        finished = done()
+        if finished or time.monotonic() > deadline:
+            _stop(proc)
+            return DONE if finished else TIMED_OUT
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _text(data: bytes | str | None) -> str:
