@@ -80,6 +80,15 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(
     assert lp.text_offset == offsets
 
 
+def _same(a: float, b: float) -> bool:
+    """One prediction computed twice. NOTE: the CPU plugin's kernels split a step's tokens by
+    how many there are (one generated token; prompts of 17 or 18 tokens), so the same
+    position's log-probability comes out with different float error, which grows with the
+    logits: 0.149 apart for a token at -7.1 on an AMX CPU at f32 (below 0.1 on AVX2). Another
+    position's prediction is another number altogether."""
+    return abs(a - b) < 0.1 + 0.05 * max(abs(a), abs(b))
+
+
 def test_a_token_scores_as_the_model_gave_it(oai: openai.OpenAI) -> None:
     """The first token greedy decoding writes after the text has, when the text with it is
     scored, the log-probability generation gave it: the scores are the model's predictions,
@@ -94,14 +103,14 @@ def test_a_token_scores_as_the_model_gave_it(oai: openai.OpenAI) -> None:
     assert scored is not None and scored.tokens and scored.token_logprobs
     assert scored.tokens[-1] == token
     last = scored.token_logprobs[-1]
-    assert last is not None and abs(last - logprob) < 0.1, (last, logprob)
+    assert last is not None and _same(last, logprob), (last, logprob)
     # NOTE: causal: the text's own tokens score the same whatever follows them.
     alone = _scored(oai, TEXT).choices[0].logprobs
     assert alone is not None and alone.token_logprobs
     n = len(alone.token_logprobs)
     assert scored.tokens[:n] == alone.tokens
     for a, b in zip(alone.token_logprobs[1:], scored.token_logprobs[1:n], strict=True):
-        assert a is not None and b is not None and abs(a - b) < 0.1
+        assert a is not None and b is not None and _same(a, b), (a, b)
 
 
 def test_token_ids_score_as_their_text_in_lm_evaluation_harness_form(
@@ -124,7 +133,7 @@ def test_token_ids_score_as_their_text_in_lm_evaluation_harness_form(
     assert len(texts.token_logprobs) == len(ids)
     assert lp.token_logprobs[0] is None and texts.token_logprobs[0] is None
     for a, b in zip(texts.token_logprobs[1:], lp.token_logprobs[1:len(ids)], strict=True):
-        assert a is not None and b is not None and abs(a - b) < 0.1, (a, b)
+        assert a is not None and b is not None and _same(a, b), (a, b)
 
 
 def test_echo_with_logprobs_streams_the_prompt_first_then_the_tokens(

@@ -39,7 +39,9 @@ def assert_tidy(text: str, schema: dict[str, Any], stopped: bool = True) -> None
     """No long runs of whitespace outside strings; parsed and valid against `schema` when the
     reply ended by itself."""
     outside = STRINGS.sub('""', text)
-    assert "\n\n\n" not in outside and " " * 20 not in outside, repr(text)
+    # NOTE: what the grammar forces (json_grammar.WS): at most two newlines, then at most 20
+    # spaces or tabs; a deep tree may use all 20 (seen on an AMX CPU).
+    assert "\n\n\n" not in outside and " " * 21 not in outside, repr(text)
     if stopped:
         jsonschema.validate(json.loads(text), schema)
 
@@ -132,11 +134,8 @@ def test_compiled_shapes_run(http: httpx.Client, schema: dict[str, Any]) -> None
     resp = http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
-    text = choice["message"]["content"]
-    outside = STRINGS.sub('""', text)
-    assert "\n\n\n" not in outside and " " * 20 not in outside, repr(text)
-    if choice["finish_reason"] == "stop":  # a string may run to max_tokens: not forced
-        jsonschema.validate(json.loads(text), schema)
+    # NOTE: a string may run to max_tokens (not forced): validated only when it stopped.
+    assert_tidy(choice["message"]["content"], schema, stopped=choice["finish_reason"] == "stop")
 
 
 def test_the_rest_is_left_to_genai(http: httpx.Client) -> None:
