@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from npu_proxy.models.gguf import GGUFTensor, read_gguf_tensors
+from npu_proxy.workers.generation.gguf_exact import through_converts
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ def _first_input_is(node: Any, source: Any) -> bool:
 
 
 def _data(node: Any) -> np.ndarray[Any, Any]:
-    while node.get_type_name() == "Convert":
-        node = node.input_value(0).get_node()
+    node = through_converts(node)
     if node.get_type_name() != "Constant":
         raise WrongWeights(f"{node.get_friendly_name()}: an 8-bit weight's zero point or scale "
                            "is not a constant")

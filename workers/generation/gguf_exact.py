@@ -118,7 +118,7 @@ def _unpack_u4(const: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
     return values[: int(np.prod(shape))].reshape(shape)
 
 
-def _source(node: Any) -> Any:
+def through_converts(node: Any) -> Any:
     while node.get_type_name() == "Convert":
         node = node.input_value(0).get_node()
     return node
@@ -139,11 +139,11 @@ def _decompressions(model: Any) -> list[Decompression]:
     for op in model.get_ordered_ops():
         if op.get_type_name() != "Subtract":
             continue
-        weights, zero = (_source(op.input_value(i).get_node()) for i in range(2))
+        weights, zero = (through_converts(op.input_value(i).get_node()) for i in range(2))
         users = [t.get_node() for t in op.output(0).get_target_inputs()]
         if len(users) != 1 or users[0].get_type_name() != "Multiply":
             continue
-        scale = _source(users[0].input_value(1).get_node())
+        scale = through_converts(users[0].input_value(1).get_node())
         kinds = [(n.get_type_name(), str(n.get_element_type())) for n in (weights, zero, scale)]
         u4 = ("Constant", "<Type: 'uint4_t'>")
         if kinds[0] == u4 and kinds[1] == u4 and kinds[2][0] == "Constant":
