@@ -9,9 +9,10 @@ Ollama's API on the shared server, gets a ~10,000-token prompt whose first line 
 every API's usage counts the whole prompt (the /tokenize count of the same chat), and
 /tokenize gives back the marker's tokens first.
 
-NOTE: the chat APIs render the same messages to the same prompt, so after the first prefill
-the others reuse its prefix (prefix caching); the raw prompt of completions and generate is
-another, shared by the two.
+NOTE: one prefill of ~10,000 tokens takes 30-50 s on two cores, so every API reads the same
+prompt: the chat APIs render the same messages to it, and completions and generate send it
+as the template renders it (`rendered`), so after the first prefill the others reuse its
+prefix (prefix caching).
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def text_count(base_url: str, model: str) -> int:
     return count
 
 
+@pytest.fixture(scope="module")
+def rendered(base_url: str, model: str, chat_count: int) -> str:
+    """The chat's prompt as the model's template renders it (/detokenize of the chat's
+    tokens), for the APIs that take a raw prompt: the same tokens, so the same prefill."""
+    tokens = tokenize(base_url, {"model": model, "messages": CHAT})["tokens"]
+    r = httpx.post(base_url + "/detokenize", json={"model": model, "tokens": tokens},
+                   timeout=600)
+    assert r.status_code == 200, r.text
+    text = str(r.json()["prompt"])
+    assert MARKER in text and tokenize(base_url, {"model": model, "prompt": text})["count"] \
+        == chat_count
+    return text
+
+
 def test_tokenize_gives_back_the_first_line_first(base_url: str, model: str,
                                                   text_count: int) -> None:
     whole = tokenize(base_url, {"model": model, "prompt": TEXT})
@@ -98,11 +113,11 @@ def test_openai_chat_reads_the_whole_prompt(base_url: str, model: str, chat_coun
     assert raw.headers["x-npu-proxy-context-length"] == str(CONTEXT)
 
 
-def test_openai_completions_read_the_whole_prompt(base_url: str, model: str,
-                                                  text_count: int) -> None:
+def test_openai_completions_read_the_whole_prompt(base_url: str, model: str, rendered: str,
+                                                  chat_count: int) -> None:
     oai = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    done = oai.completions.create(model=model, prompt=TEXT, max_tokens=1)
-    assert done.usage is not None and done.usage.prompt_tokens == text_count
+    done = oai.completions.create(model=model, prompt=rendered, max_tokens=1)
+    assert done.usage is not None and done.usage.prompt_tokens == chat_count
 
 
 def test_responses_read_the_whole_prompt(base_url: str, model: str, chat_count: int) -> None:
@@ -123,12 +138,13 @@ def test_anthropic_counts_and_reads_the_whole_prompt(base_url: str, model: str,
 
 def test_ollama_chat_and_generate_read_the_whole_prompt(base_url: str, model: str,
                                                         chat_count: int,
-                                                        text_count: int) -> None:
+                                                        rendered: str) -> None:
     client = ollama.Client(host=base_url, timeout=600)
     chat = client.chat(model=model, messages=CHAT, options={"num_predict": 1})
     assert chat.prompt_eval_count == chat_count
-    made = client.generate(model=model, prompt=TEXT, raw=True, options={"num_predict": 1})
-    assert made.prompt_eval_count == text_count
+    made = client.generate(model=model, prompt=rendered, raw=True,
+                           options={"num_predict": 1})
+    assert made.prompt_eval_count == chat_count
 
 
 def test_the_cap_is_found_in_a_converted_gguf_tokenizer_and_lifted() -> None:
