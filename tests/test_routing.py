@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openvino_genai as ov_genai
 import pytest
-from serverctl import Server, free_port_block
+from serverctl import Server, free_port_block, wait_row
 
 from npu_proxy.models.registry import package_file
 
@@ -24,12 +24,20 @@ LONG = [{"role": "user", "content": "Summarise this text in one line. " + " ".jo
     f"Sentence {i} says that the weather was pleasant." for i in range(40))}]
 
 
+HELD = "held-"  # requests with an X-Request-ID that starts so wait for their gate file
+
+
 def fleet(tmp: Path, **settings: object) -> Server:
-    return Server(tmp, workers=[
+    # NOTE: the npu worker holds a request whose id starts with HELD before it generates,
+    # until srv.gates has a file of that id: its one slot stays taken as long as a test says.
+    faults = {"hold_start_dir": str(tmp / "gates"), "hold_start_prefix": HELD}
+    server = Server(tmp, workers=[
         {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": NPU_LIMIT,
-         "min_response_len": 128, "max_queue": 1},
+         "min_response_len": 128, "max_queue": 1, "faults": faults},
         {"name": "llm", "role": "llm", "device": "CPU"},
     ], **settings)
+    server.gates.mkdir()
+    return server
 
 
 @pytest.fixture(scope="module", params=["ipc", "tcp"])
@@ -120,18 +128,19 @@ class HeldStream:
     """A chat stream read in a thread that generates until cut: `started` is set at its
     first content, `cut()` closes it (the gateway then aborts it) and records when."""
 
-    def __init__(self, url: str, messages: list[dict[str, str]]) -> None:
+    def __init__(self, url: str, messages: list[dict[str, str]], rid: str) -> None:
         self.started = threading.Event()
         self._cut = threading.Event()
         self.ended = 0.0
         pool = concurrent.futures.ThreadPoolExecutor(1)
-        self.future = pool.submit(self._run, url, messages)
+        self.future = pool.submit(self._run, url, messages, rid)
         pool.shutdown(wait=False)
 
-    def _run(self, url: str, messages: list[dict[str, str]]) -> httpx.Headers:
+    def _run(self, url: str, messages: list[dict[str, str]], rid: str) -> httpx.Headers:
         body = {"model": LLM, "messages": messages, "max_tokens": 4000, "stream": True,
                 "temperature": 0, "ignore_eos": True}
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                          headers={"X-Request-ID": rid}, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {") and \
                         json.loads(line[6:])["choices"][0]["delta"].get("content"):
@@ -146,34 +155,29 @@ class HeldStream:
         return self.future.result(timeout=120)
 
 
-def _wait_queue(srv: Server, worker: str, depth: int) -> None:
-    """Until the worker's heartbeat reports `depth` requests waiting in its queue."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rows = httpx.get(srv.url + "/health/devices", timeout=10).json()["workers"]
-        if next(w for w in rows if w["name"] == worker)["queue"] == depth:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"worker {worker} never reported a queue of {depth}")
-
-
 def test_npu_serves_one_at_a_time_and_reroutes_when_queue_full(srv: Server) -> None:
-    # NOTE: driven by what the server reports (first token, queue depth), never by sleeps:
-    # `a` generates on the npu worker until it is cut, `b` waits in its queue (max_queue 1),
-    # so `c` finds the queue full and goes to the llm worker.
-    a = HeldStream(srv.url, SHORT)
+    # NOTE: driven by what the server reports (queue depth, in flight), never by sleeps or by
+    # how fast tokens come: `a` holds the npu worker's one slot (held before it generates,
+    # whatever the machine's speed), `b` waits in its queue (max_queue 1), so `c` finds the
+    # queue full and goes to the llm worker; then `a` runs until cut, and `b` after it.
+    rid = HELD + "a"
+    a = HeldStream(srv.url, SHORT, rid)
     try:
-        assert a.started.wait(120), "the first request never produced a token"
+        wait_row(srv, "npu", lambda row: row["in_flight"] == 1)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             b = pool.submit(_stream, srv.url, SHORT, 10)
-            _wait_queue(srv, "npu", 1)
+            wait_row(srv, "npu", lambda row: row["queue"] == 1)
             hc, text_c, _, _ = pool.submit(_stream, srv.url, SHORT, 10).result()
             assert hc["x-npu-proxy-worker"] == "llm"
             assert hc["x-npu-proxy-route-reason"] == "queue_full"
             assert text_c
+            assert not a.started.is_set()
+            (srv.gates / rid).touch()
+            assert a.started.wait(120), "the first request never produced a token"
             ha = a.cut()
             hb, _, b_first, _ = b.result()
     finally:
+        (srv.gates / rid).touch()
         a.cut()
     assert ha["x-npu-proxy-worker"] == "npu" and hb["x-npu-proxy-worker"] == "npu"
     # The second request started producing tokens only after the first one ended.

@@ -55,9 +55,9 @@ class FaultInjector:
 
     def hold_start(self, shown: str) -> None:
         """Block until the hold_start_until file, or this request's file in hold_start_dir,
-        exists (when set)."""
+        exists (when set); with hold_start_prefix, only requests whose id starts with it."""
         gate = self.faults.hold_start_until
-        if self.faults.hold_start_dir:
+        if self.faults.hold_start_dir and shown.startswith(self.faults.hold_start_prefix):
             gate = str(Path(self.faults.hold_start_dir) / re.sub(r"[^A-Za-z0-9._-]", "_", shown))
         if gate and not Path(gate).exists():
             log.warning("fault hook: holding request_id=%s before it starts", shown)

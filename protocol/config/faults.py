@@ -41,6 +41,9 @@ class FaultHooks(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True)
     # named after its X-Request-ID (other characters than [A-Za-z0-9._-] as "_"), so a test
     # can hold several requests, one after the other, in a long "prefill" of its making.
     hold_start_dir: str = ""
+    # With hold_start_dir, hold only the requests whose X-Request-ID starts with this; the
+    # others run as ever (a server that other tests share can hold one request of a test's).
+    hold_start_prefix: str = ""
     # Constrain every generation that has no other constraint (JSON schema, regex) to this
     # regular expression: a test hook that makes a tiny model answer in a given shape (e.g.
     # `<think>…</think>answer`) through any API.
