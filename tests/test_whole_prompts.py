@@ -5,14 +5,14 @@ model's context: an agent's ~12k-token first request (system prompt and tool def
 first) reached Qwen2.5-Coder (context 32,768) as its last 8,192 tokens, with `prompt_tokens`
 8192 and no other sign. Here a model made from the embedded SmolLM2 with a 16,384-token
 context in its GGUF header (tests/long_context.py), uploaded as a blob and created through
-Ollama's API on the shared server, gets a ~10,000-token prompt whose first line is a marker:
+Ollama's API on the shared server, gets a ~8,800-token prompt whose first line is a marker:
 every API's usage counts the whole prompt (the /tokenize count of the same chat), and
 /tokenize gives back the marker's tokens first.
 
-NOTE: one prefill of ~10,000 tokens takes 30-50 s on two cores, so every API reads the same
-prompt: the chat APIs render the same messages to it, and completions and generate send it
-as the template renders it (`rendered`), so after the first prefill the others reuse its
-prefix (prefix caching).
+NOTE: one prefill of ~8,800 tokens takes 25-45 s on two cores (so the prompt is only ~600
+tokens past the cap), and every API reads the same prompt: the chat APIs render the same
+messages to it, and completions and generate send it as the template renders it
+(`rendered`), so after the first prefill the others reuse its prefix (prefix caching).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from serverctl import MODEL_CACHE, Server
 CONTEXT = 16384
 CAP = 8192  # what GenAI's GGUF tokenizer keeps
 MARKER = "Codeword: PELICAN-7. Remember it."
-TEXT = MARKER + "\n" + "The river runs past the old mill. " * 1250
+TEXT = MARKER + "\n" + "The river runs past the old mill. " * 1100
 CHAT = [{"role": "user", "content": TEXT}]
 
 
