@@ -5,6 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from installed import SLOW, Freeze
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
@@ -110,10 +111,29 @@ def tiny_vlm_path() -> Path:
     return ensure(MODEL_CACHE)
 
 
+def _runs(item: pytest.Item) -> bool:
+    """Not skipped by a skipif whose condition is already known."""
+    return not any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _early_freeze(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Freeze | None]:
+    """The PyInstaller build starts with the session when a test of this run will use it
+    (minutes of mostly one core, in the idle cycles of the tests before it), not when that
+    test's turn comes."""
+    if not SLOW or not any(_runs(item) and "frozen_folder" in getattr(item, "fixturenames", ())
+                           for item in request.session.items):
+        yield None
+        return
+    build = Freeze(tmp_path_factory.mktemp("frozen"))
+    yield build
+    build.stop()
+
+
 @pytest.fixture(scope="session")
-def frozen_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def frozen_folder(_early_freeze: Freeze | None,
+                  tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The PyInstaller one-folder build of the tree, made once for the slow tests that use
     it (the folder itself, the Debian package)."""
-    from installed import freeze
-
-    return freeze(tmp_path_factory.mktemp("frozen"))
+    return (_early_freeze or Freeze(tmp_path_factory.mktemp("frozen"))).folder()
