@@ -111,6 +111,14 @@ def tiny_vlm_path() -> Path:
     return ensure(MODEL_CACHE)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that use the frozen folder run last, so its build has the whole run
+    before them to take idle cycles in (`_early_freeze`)."""
+    frozen = {item.module for item in items if isinstance(item, pytest.Function)
+              and "frozen_folder" in item.fixturenames}
+    items.sort(key=lambda item: getattr(item, "module", None) in frozen)
+
+
 def _runs(item: pytest.Item) -> bool:
     """Not skipped by a skipif whose condition is already known."""
     return not any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
