@@ -5,7 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from installed import SLOW, Freeze
+from installed import SLOW, Builds
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
@@ -111,37 +111,51 @@ def tiny_vlm_path() -> Path:
     return ensure(MODEL_CACHE)
 
 
+# NOTE: the session fixtures of the packaging builds (tests/installed.py Builds).
+PACKAGED = ("frozen_folder", "deb_package")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that use the frozen folder run last, so its build has the whole run
-    before them to take idle cycles in (`_early_freeze`)."""
-    frozen = {item.module for item in items if isinstance(item, pytest.Function)
-              and "frozen_folder" in item.fixturenames}
-    items.sort(key=lambda item: getattr(item, "module", None) in frozen)
+    """The modules that use a packaging build run last, so the build has the whole run
+    before them to take idle cycles in (`_early_builds`)."""
+    late = {item.module for item in items if isinstance(item, pytest.Function)
+            and set(PACKAGED) & set(item.fixturenames)}
+    items.sort(key=lambda item: getattr(item, "module", None) in late)
 
 
-def _runs(item: pytest.Item) -> bool:
-    """Not skipped by a skipif whose condition is already known."""
-    return not any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
+def _wanted(session: pytest.Session, fixture: str) -> bool:
+    """Does a test of this run that is not skipped already (a skipif whose condition is
+    known) use `fixture`?"""
+    return any(fixture in getattr(item, "fixturenames", ()) and not any(
+        m.args and m.args[0] is True for m in item.iter_markers("skipif"))
+        for item in session.items)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _early_freeze(request: pytest.FixtureRequest,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Freeze | None]:
-    """The PyInstaller build starts with the session when a test of this run will use it
-    (minutes of mostly one core, in the idle cycles of the tests before it), not when that
-    test's turn comes."""
-    if not SLOW or not any(_runs(item) and "frozen_folder" in getattr(item, "fixturenames", ())
-                           for item in request.session.items):
+def _early_builds(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds | None]:
+    """The packaging builds start with the session when a test of this run will use them
+    (minutes of mostly one core, in the idle cycles of the tests before them), not when
+    that test's turn comes."""
+    if not SLOW or not any(_wanted(request.session, name) for name in PACKAGED):
         yield None
         return
-    build = Freeze(tmp_path_factory.mktemp("frozen"))
-    yield build
-    build.stop()
+    builds = Builds(tmp_path_factory.mktemp("packaging"),
+                    deb=_wanted(request.session, "deb_package"))
+    yield builds
+    builds.stop()
 
 
 @pytest.fixture(scope="session")
-def frozen_folder(_early_freeze: Freeze | None,
-                  tmp_path_factory: pytest.TempPathFactory) -> Path:
+def frozen_folder(_early_builds: Builds | None) -> Path:
     """The PyInstaller one-folder build of the tree, made once for the slow tests that use
     it (the folder itself, the Debian package)."""
-    return (_early_freeze or Freeze(tmp_path_factory.mktemp("frozen"))).folder()
+    assert _early_builds is not None, "a slow build outside CI or NPU_PROXY_SLOW_TESTS"
+    return _early_builds.folder()
+
+
+@pytest.fixture(scope="session")
+def deb_package(_early_builds: Builds | None) -> Path:
+    """The Debian package deploy/debian/build.py made from the frozen folder."""
+    assert _early_builds is not None, "a slow build outside CI or NPU_PROXY_SLOW_TESTS"
+    return _early_builds.deb()
