@@ -45,12 +45,21 @@ TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a 
 TOKENS = 48
 
 
+HELD = "held-"  # requests with an X-Request-ID that starts so wait for their gate file
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("resume"), workers=[
-        {"name": "llm", "role": "llm", "deterministic": True, "max_queue": 16}],
-        stream_resumes=1, crash_quarantine_seconds=300.0, backoff_initial=0.2).start()
-    yield server
+    tmp = tmp_path_factory.mktemp("resume")
+    # NOTE: the worker holds a request whose id starts with HELD after taking it from its
+    # queue, before it generates, until srv.gates has a file of that id.
+    faults = {"hold_start_dir": str(tmp / "gates"), "hold_start_prefix": HELD}
+    server = Server(tmp, workers=[
+        {"name": "llm", "role": "llm", "deterministic": True, "max_queue": 16,
+         "faults": faults}],
+        stream_resumes=1, crash_quarantine_seconds=300.0, backoff_initial=0.2)
+    server.gates.mkdir()
+    yield server.start()
     server.stop()
 
 
@@ -64,16 +73,17 @@ class Reader:
     """One streamed chat read with the OpenAI SDK in a thread."""
 
     def __init__(self, client: openai.OpenAI, topic: str,
-                 pool: concurrent.futures.ThreadPoolExecutor) -> None:
+                 pool: concurrent.futures.ThreadPoolExecutor, rid: str = "") -> None:
         self.chunks: list[str] = []
         self.finish: str | None = None
         self.usage: Any = None
         self.started = threading.Event()
-        self.future = pool.submit(self._run, client, topic)
+        self.future = pool.submit(self._run, client, topic, rid)
 
-    def _run(self, client: openai.OpenAI, topic: str) -> None:
+    def _run(self, client: openai.OpenAI, topic: str, rid: str) -> None:
         stream = client.chat.completions.create(
-            stream=True, stream_options={"include_usage": True}, **_body(topic))
+            stream=True, stream_options={"include_usage": True},
+            extra_headers={"X-Request-ID": rid} if rid else None, **_body(topic))
         for chunk in stream:
             if chunk.usage is not None:
                 self.usage = chunk.usage
@@ -100,17 +110,26 @@ def test_greedy_streams_killed_mid_way_end_with_their_own_texts(srv: Server) -> 
         assert reply.usage is not None and reply.usage.completion_tokens == TOKENS
         alone[topic] = reply.choices[0].message.content
     old_pid = int(srv.children()["llm"]["pid"])
+    # NOTE: the worker runs one sequence at a time. The first stream is taken and held before
+    # it generates (fault hook), so the other seven and a whole (non-streamed) answer are
+    # all accepted and waiting behind it whatever the machine's speed; then every gate
+    # opens, and the worker dies in the middle of the first stream's text. The whole one,
+    # last in the queue, says in its headers (made once it is whole) that it went on after
+    # its worker died.
+    rids = [f"{HELD}{i}" for i in range(len(TOPICS))] + [f"{HELD}whole"]
     with concurrent.futures.ThreadPoolExecutor(len(TOPICS) + 1) as pool:
-        readers = [Reader(client, topic, pool) for topic in TOPICS]
-        # A whole (non-streamed) answer among them, last in the queue: its headers, made
-        # once it is whole, say that it went on after its worker died.
+        readers = [Reader(client, TOPICS[0], pool, rids[0])]
+        wait_row(srv, "llm", lambda row: row["in_flight"] == 1)
+        readers += [Reader(client, topic, pool, rid)
+                    for topic, rid in zip(TOPICS[1:], rids[1:], strict=False)]
         whole = pool.submit(httpx.post, srv.url + "/v1/chat/completions", timeout=600,
+                            headers={"X-Request-ID": rids[-1]},
                             json={k: v for k, v in _body(TOPICS[0]).items()
                                   if k != "extra_body"} | {"ignore_eos": True})
-        # NOTE: the worker runs one sequence at a time: it dies in the middle of the first
-        # stream's text, with the other seven and the whole one accepted and waiting.
+        wait_row(srv, "llm", lambda row: row["queue"] == len(TOPICS))
+        for rid in rids:
+            (srv.gates / rid).touch()
         assert readers[0].started.wait(120), "the first stream sent no text"
-        wait_row(srv, "llm", lambda row: row["queue"] >= len(TOPICS))
         os.kill(old_pid, signal.SIGKILL)
         for reader in readers:
             reader.future.result(timeout=600)
