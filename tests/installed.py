@@ -68,8 +68,9 @@ class Builds:
                 if self._stopped:
                     return False
                 self._proc = subprocess.Popen(
-                    with_parent(command), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=env, preexec_fn=lambda: os.nice(19))
+                    with_parent(command, group=True), cwd=self.tmp, stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    preexec_fn=lambda: os.nice(19))
             code = self._proc.wait()
         self.outcomes[name] = (code, log_path.read_text(errors="replace")[-9000:])
         return code == 0

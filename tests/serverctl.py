@@ -92,9 +92,26 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-def with_parent(command: list[str]) -> list[str]:
-    """`command`, ended (SIGTERM) when this process dies."""
-    return [sys.executable, "-c", _WITH_PARENT, str(os.getpid()), *command]
+# The same for a command whose own children would outlive it (pipx's pip, PyInstaller's
+# isolated interpreters): the small interpreter stays, in a process group of its own with the
+# command, and ends the whole group when the signal comes.
+_GROUP_WITH_PARENT = """
+import ctypes, os, signal, subprocess, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # NOTE: the test process died before prctl
+os.setpgid(0, 0)
+signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(0, signal.SIGKILL))
+sys.exit(subprocess.Popen(sys.argv[2:]).wait())
+"""
+
+
+def with_parent(command: list[str], group: bool = False) -> list[str]:
+    """`command`, ended (SIGTERM) when this process dies; with `group`, every process it
+    started as well (SIGKILL to its process group)."""
+    return [sys.executable, "-c", _GROUP_WITH_PARENT if group else _WITH_PARENT,
+            str(os.getpid()), *command]
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
