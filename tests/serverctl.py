@@ -379,6 +379,19 @@ def wait_row(srv: Server, name: str, check: Callable[[dict[str, Any]], bool],
     return row
 
 
+# Requests whose X-Request-ID starts so wait for their gate file (held_faults).
+HELD = "held-"
+
+
+def held_faults(tmp: Path) -> dict[str, str]:
+    """The fault hooks with which a worker of a server in `tmp` holds a request whose id
+    starts with HELD, after taking it from its queue and before it generates, until
+    `server.gates` (made here) has a file of that id: a slot stays taken as long as a test
+    says, on a server that other tests' requests pass through unheld."""
+    (tmp / "gates").mkdir(parents=True, exist_ok=True)
+    return {"hold_start_dir": str(tmp / "gates"), "hold_start_prefix": HELD}
+
+
 def gated_server(tmp: Path, worker: dict[str, Any], **settings: Any) -> Server:
     """A started server whose one llm worker (`worker` adds to it) holds each request after
     accepting it, until a file named by the request's id appears in `server.gates` (the

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serverctl import Server, wait_for, wait_row
+from serverctl import HELD, Server, held_faults, wait_for, wait_row
 
 from npu_proxy.gateway.core.resume import Diverged, Isolation, Replay, Resumer
 from npu_proxy.protocol.messages import (
@@ -45,20 +45,13 @@ TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow of winter", "a 
 TOKENS = 48
 
 
-HELD = "held-"  # requests with an X-Request-ID that starts so wait for their gate file
-
-
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("resume")
-    # NOTE: the worker holds a request whose id starts with HELD after taking it from its
-    # queue, before it generates, until srv.gates has a file of that id.
-    faults = {"hold_start_dir": str(tmp / "gates"), "hold_start_prefix": HELD}
     server = Server(tmp, workers=[
         {"name": "llm", "role": "llm", "deterministic": True, "max_queue": 16,
-         "faults": faults}],
+         "faults": held_faults(tmp)}],
         stream_resumes=1, crash_quarantine_seconds=300.0, backoff_initial=0.2)
-    server.gates.mkdir()
     yield server.start()
     server.stop()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openvino_genai as ov_genai
 import pytest
-from serverctl import Server, free_port_block, wait_row
+from serverctl import HELD, Server, free_port_block, held_faults, wait_row
 
 from npu_proxy.models.registry import package_file
 
@@ -24,20 +24,13 @@ LONG = [{"role": "user", "content": "Summarise this text in one line. " + " ".jo
     f"Sentence {i} says that the weather was pleasant." for i in range(40))}]
 
 
-HELD = "held-"  # requests with an X-Request-ID that starts so wait for their gate file
-
-
 def fleet(tmp: Path, **settings: object) -> Server:
-    # NOTE: the npu worker holds a request whose id starts with HELD before it generates,
-    # until srv.gates has a file of that id: its one slot stays taken as long as a test says.
-    faults = {"hold_start_dir": str(tmp / "gates"), "hold_start_prefix": HELD}
-    server = Server(tmp, workers=[
+    # NOTE: the npu worker holds a request whose id starts with HELD (its one slot taken).
+    return Server(tmp, workers=[
         {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": NPU_LIMIT,
-         "min_response_len": 128, "max_queue": 1, "faults": faults},
+         "min_response_len": 128, "max_queue": 1, "faults": held_faults(tmp)},
         {"name": "llm", "role": "llm", "device": "CPU"},
     ], **settings)
-    server.gates.mkdir()
-    return server
 
 
 @pytest.fixture(scope="module", params=["ipc", "tcp"])
