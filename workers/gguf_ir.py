@@ -36,6 +36,7 @@ from npu_proxy.workers.generation.conversion import (
     child_main,
     convert_in_child,
 )
+from npu_proxy.workers.generation.tokenizer_cap import lift_in_place
 
 # NOTE: named, not __name__: the conversion's child runs this module as __main__, and its
 # lines reach the worker's log under this name (workers/generation/conversion.py).
@@ -78,6 +79,7 @@ def loadable(model_path: str, cache: Path, stop: threading.Event | None = None,
     done = ir_folder(cache / GGUF_IR, gguf)
     if (done / COMPLETE).is_file():
         log.info("loading the converted IR of %s from %s", gguf.name, done)
+        _lift_tokenizer_cap(done)  # NOTE: a folder converted before the conversion did it
         return str(done)
     _prune(done.parent)
     try:
@@ -284,6 +286,16 @@ def _rewrite(folder: Path) -> None:
             (folder / f"rewritten{suffix}").unlink()
 
 
+def _lift_tokenizer_cap(folder: Path) -> None:
+    """GenAI's GGUF reader caps the tokenizer's output at 8,192 tokens whatever the model's
+    context: the folder's tokenizer files rewritten without the cap (tokenizer_cap.py), so
+    the pipeline's own tokenizer encodes whole prompts and the worker builds no second one."""
+    try:
+        lift_in_place(folder)
+    except OSError as exc:  # NOTE: a read-only cache: the worker lifts it in memory then
+        log.warning("could not lift the tokenizer's length cap in %s: %s", folder, exc)
+
+
 def _flush(folder: Path) -> None:
     """The folder's files written through to the disk, before the COMPLETE file says it is
     whole: a crash or a power cut then never leaves a complete-looking folder with a file cut
@@ -324,6 +336,7 @@ def _convert(gguf: Path, done: Path, staging: Path | None = None, hang: bool = F
             raise RuntimeError("OpenVINO GenAI saved no openvino_model.xml")
         _exact_weights(staging, gguf)
         _rewrite(staging)
+        _lift_tokenizer_cap(staging)
         while hang:
             # NOTE: the test fault hook hang_in_conversion: all saved but the COMPLETE file.
             log.error("fault hook: conversion held before the folder is complete")

@@ -8,15 +8,18 @@ without a word (issue 42). Tokenizers converted by openvino_tokenizers from Tran
 files truncate only when encode() asks (a `Truncate` behind a runtime switch), so they have
 no such node.
 
-The worker therefore counts and encodes with a tokenizer built from the folder's files with
-that constant replaced by the largest int32: every prompt is encoded whole, and the worker's
-own limits (prompt_fit.py) refuse or trim it visibly. The files on disk stay as they are;
-the pipeline gets token ids, never text, so its own copy of the tokenizer is not used.
+So that constant is replaced by the largest int32: every prompt is encoded whole, and the
+worker's own limits (prompt_fit.py) refuse or trim it visibly. In the folders the model cache
+converts GGUF files into (workers/gguf_ir.py) the tokenizer's files are rewritten so, once
+(lift_in_place), and the pipeline loads them as they are; elsewhere (a folder this process
+may not change) the worker builds the lifted tokenizer in memory beside the pipeline's
+(whole_tokenizer), which gets token ids, never text.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +73,15 @@ def find_caps(xml: str, weights: bytes) -> list[Cap]:
     return caps
 
 
-def uncapped(xml: str, weights: bytes, caps: list[Cap]) -> tuple[str, bytes]:
-    """The IR with each cap's Const pointing at NO_CAP, appended to the weights (a Const's
-    bytes may be shared with another Const, so they are never overwritten)."""
+def live_caps(xml: str, weights: bytes) -> list[Cap]:
+    """The caps that still cut: those below NO_CAP (a lifted tokenizer keeps the Minimum)."""
+    return [cap for cap in find_caps(xml, weights) if cap.value < NO_CAP]
+
+
+def uncapped(xml: str, weights: bytes, caps: list[Cap], value: int = NO_CAP) -> tuple[str, bytes]:
+    """The IR with each cap's Const pointing at `value` (NO_CAP: no cap), appended to the
+    weights (a Const's bytes may be shared with another Const, so they are never
+    overwritten)."""
     root = ET.fromstring(xml)
     extra = bytearray(weights)
     for cap in caps:
@@ -83,8 +92,41 @@ def uncapped(xml: str, weights: bytes, caps: list[Cap]) -> tuple[str, bytes]:
             extra.append(0)
         data.set("offset", str(len(extra)))
         data.set("size", str(cap.dtype.itemsize))
-        extra += np.array([NO_CAP], cap.dtype).tobytes()
+        extra += np.array([value], cap.dtype).tobytes()
     return ET.tostring(root, encoding="unicode"), bytes(extra)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """`path` replaced by `data` at once: written beside, synced, renamed over it."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    with partial.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def lift_in_place(folder: Path) -> bool:
+    """The folder's tokenizer files rewritten without their caps; False if there were none.
+
+    NOTE: the weights go first and only grow (uncapped() appends), so a process that reads the
+    folder meanwhile, with the old or the new XML, finds every offset it names. A file shared
+    by hard links elsewhere keeps its content there (a new file takes the name)."""
+    xml_path = folder / f"{TOKENIZER}.xml"
+    if not xml_path.is_file():
+        return False
+    xml = xml_path.read_text(encoding="utf-8")
+    weights = (folder / f"{TOKENIZER}.bin").read_bytes()
+    caps = live_caps(xml, weights)
+    if not caps:
+        return False
+    xml, weights = uncapped(xml, weights, caps)
+    _replace(folder / f"{TOKENIZER}.bin", weights)
+    _replace(xml_path, xml.encode("utf-8"))
+    log.info("the tokenizer's length cap of %s tokens is lifted in %s: prompts are encoded "
+             "whole and held to the model's context", ", ".join(str(c.value) for c in caps),
+             folder)
+    return True
 
 
 def whole_tokenizer(folder: str | Path) -> Any:
@@ -96,7 +138,7 @@ def whole_tokenizer(folder: str | Path) -> Any:
         return None
     xml = xml_path.read_text(encoding="utf-8")
     weights = (path / f"{TOKENIZER}.bin").read_bytes()
-    caps = find_caps(xml, weights)
+    caps = live_caps(xml, weights)
     if not caps:
         return None
     import openvino as ov
