@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openvino_genai as ov_genai
 import pytest
-from serverctl import HELD, Server, free_port_block, held_faults, wait_row
+from serverctl import HELD, Server, free_port_block, held_faults, small_llm, wait_row
 
 from npu_proxy.models.registry import package_file
 
@@ -26,11 +26,13 @@ LONG = [{"role": "user", "content": "Summarise this text in one line. " + " ".jo
 
 def fleet(tmp: Path, **settings: object) -> Server:
     # NOTE: the npu worker holds a request whose id starts with HELD (its one slot taken).
+    # The model cut to two layers (serverctl.small_llm): routing is decided by token counts
+    # and worker states, and both workers start four times in this module.
     return Server(tmp, workers=[
         {"name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": NPU_LIMIT,
          "min_response_len": 128, "max_queue": 1, "faults": held_faults(tmp)},
         {"name": "llm", "role": "llm", "device": "CPU"},
-    ], **settings)
+    ], models=small_llm(), **settings)
 
 
 @pytest.fixture(scope="module", params=["ipc", "tcp"])
