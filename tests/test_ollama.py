@@ -18,7 +18,7 @@ import ollama
 import openai
 import pytest
 from langchain_ollama import ChatOllama
-from serverctl import Server
+from serverctl import Server, small_llm
 from starlette.requests import Request
 
 from npu_proxy.gateway.api.ollama.template import render
@@ -491,8 +491,10 @@ def test_gateway_does_not_import_openvino() -> None:
 
 
 def test_mid_stream_failure_is_an_error_line(tmp_path: Path) -> None:
+    # NOTE: the two-layer model (serverctl.small_llm): the test looks at how the stream ends.
     srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
-                                      "faults": {"exit_after_tokens": 5}}]).start()
+                                      "faults": {"exit_after_tokens": 5}}],
+                 models=small_llm()).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as c:
             resp = c.post("/api/generate", json={

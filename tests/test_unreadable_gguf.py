@@ -23,7 +23,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from serverctl import Server, worker_row
+from serverctl import Server, small_llm, worker_row
 
 from npu_proxy.models.gguf import UnreadableGGUF, unreadable_file
 from npu_proxy.workers.gguf_ir import loadable
@@ -55,8 +55,10 @@ Q5_FILE = gguf([("token_embd.weight", Q6_K), ("blk.0.ffn_up.weight", Q5_K),
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("unreadable")
     (tmp / "q5.gguf").write_bytes(Q5_FILE)
+    # NOTE: the served model is the two-layer one (serverctl.small_llm): only whether it
+    # stays loaded and serves is looked at.
     server = Server(tmp, workers=[{"name": "llm", "role": "llm"}],
-                    models={Q5: {"path": str(tmp / "q5.gguf")}}).start()
+                    models={**small_llm(), Q5: {"path": str(tmp / "q5.gguf")}}).start()
     yield server
     server.stop()
 
