@@ -15,10 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server
+from serverctl import Server, small_llm
 
 LONG_ANSWER = {"model": "smollm2:135m", "max_tokens": 4000, "ignore_eos": True,
                "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+
+# NOTE: every server here serves the embedded model cut to two layers (serverctl.small_llm):
+# these tests are about slots and aborts, never what the model says. At its ~200 tokens/s a
+# lost abort's 4,000 tokens end within the waits below, so each test also reads in the
+# worker's log that its abort arrived.
 
 
 def _row(srv: Server, worker: str = "llm") -> dict[str, Any]:
@@ -35,48 +40,6 @@ def _wait_free(srv: Server, worker: str = "llm", timeout: float = 60) -> dict[st
     return row
 
 
-def test_a_frame_gap_ends_the_request_and_frees_both_slots(tmp_path: Path) -> None:
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
-                                     "faults": {"gap_after_tokens": 8}}]).start()
-    try:
-        error = None
-        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
-                          json={**LONG_ANSWER, "stream": True}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {") and "error" in json.loads(line[6:]):
-                    error = json.loads(line[6:])["error"]
-        assert error is not None and "frame" in error["message"]
-        row = _wait_free(srv)
-        # NOTE: without the abort the worker would go on to 4,000 tokens for nobody.
-        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
-    finally:
-        srv.stop()
-
-
-def test_a_client_gone_before_acceptance_frees_both_slots(tmp_path: Path) -> None:
-    gate = tmp_path / "accept"
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
-                                     "faults": {"hold_accept_until": str(gate)}}]).start()
-    try:
-        # The worker takes nothing until the gate exists: the client gives up first.
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(srv.url + "/v1/chat/completions", json=LONG_ANSWER, timeout=1.0)
-        deadline = time.monotonic() + 60
-        while _row(srv)["gateway_requests"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _row(srv)["gateway_requests"] == 0
-        gate.touch()
-        # The worker now takes the request, then its abort.
-        row = _wait_free(srv)
-        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
-        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
-            "model": "smollm2:135m", "max_tokens": 4,
-            "messages": [{"role": "user", "content": "Hi"}]})
-        assert r.status_code == 200
-    finally:
-        srv.stop()
-
-
 def _wait_log(srv: Server, worker: str, needle: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -87,11 +50,67 @@ def _wait_log(srv: Server, worker: str, needle: str, timeout: float = 60) -> str
     raise AssertionError(f"{needle!r} never appeared in {worker}.log:\n{srv.worker_log(worker)}")
 
 
+def _finished_line(srv: Server, worker: str, request_id: str) -> str:
+    """The worker's log line that says how request `request_id` (its X-Request-ID) ended."""
+    needle = f"finished request_id={request_id} "
+    log = _wait_log(srv, worker, needle)
+    return next(x for x in log.splitlines() if needle in x)
+
+
+def test_a_frame_gap_ends_the_request_and_frees_both_slots(tmp_path: Path) -> None:
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
+                                     "faults": {"gap_after_tokens": 8}}],
+                 models=small_llm()).start()
+    try:
+        error = None
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
+                          headers={"X-Request-ID": "gap-1"},
+                          json={**LONG_ANSWER, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and "error" in json.loads(line[6:]):
+                    error = json.loads(line[6:])["error"]
+        assert error is not None and "frame" in error["message"]
+        # NOTE: without the abort the worker would go on to 4,000 tokens for nobody.
+        line = _finished_line(srv, "llm", "gap-1")
+        assert "reason=abort" in line, line
+        row = _wait_free(srv)
+        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
+    finally:
+        srv.stop()
+
+
+def test_a_client_gone_before_acceptance_frees_both_slots(tmp_path: Path) -> None:
+    gate = tmp_path / "accept"
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm",
+                                     "faults": {"hold_accept_until": str(gate)}}],
+                 models=small_llm()).start()
+    try:
+        # The worker takes nothing until the gate exists: the client gives up first.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/chat/completions", json=LONG_ANSWER, timeout=1.0,
+                       headers={"X-Request-ID": "gone-1"})
+        deadline = time.monotonic() + 60
+        while _row(srv)["gateway_requests"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _row(srv)["gateway_requests"] == 0
+        gate.touch()
+        # The worker now takes the request, then its abort (queued or after its first step).
+        _wait_log(srv, "llm", "abort request_id=gone-1 ")
+        row = _wait_free(srv)
+        assert row["in_flight"] == 0 and row["gateway_requests"] == 0
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200
+    finally:
+        srv.stop()
+
+
 def test_an_npu_abort_between_dequeue_and_start_is_not_lost(tmp_path: Path) -> None:
     gate = tmp_path / "start"
     srv = Server(tmp_path, workers=[{
         "name": "npu", "role": "npu", "device": "CPU", "max_prompt_len": 256,
-        "faults": {"hold_start_until": str(gate)}}]).start()
+        "faults": {"hold_start_until": str(gate)}}], models=small_llm()).start()
     try:
         with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
                           headers={"X-Request-ID": "race-1"},

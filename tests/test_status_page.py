@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from serverctl import Server, wait_for
+from serverctl import Server, small_llm, wait_for
 
 from npu_proxy.gateway.core.recent import Recent
 from npu_proxy.gateway.pages.status import cookie_name, cookie_token
@@ -126,12 +126,22 @@ def test_snapshot_shows_workers_rates_and_open_pages(base_url: str) -> None:
 # --- a server with an API key, and a browser ---------------------------------------------
 
 
+# The file without which the keyed server's llm worker stays loading (its fault hook).
+LOAD_GATE = "llm-may-load"
+
+
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("status"), workers=[
-        {"name": "llm", "role": "llm"},
+    tmp = tmp_path_factory.mktemp("status")
+    (tmp / LOAD_GATE).touch()
+    # NOTE: the embedded model cut to two layers (serverctl.small_llm): these tests are about
+    # the page, keys and states, never what the model says. Its restart is quick enough to
+    # come and go between two of the page's snapshots (one a second), so the browser test
+    # holds the restarted worker's load (hold_load_until) until the page has shown it.
+    server = Server(tmp, workers=[
+        {"name": "llm", "role": "llm", "faults": {"hold_load_until": str(tmp / LOAD_GATE)}},
         {"name": "embed", "role": "embed"},
-    ], api_key=KEY, backoff_initial=0.2, status_max_streams=2).start()
+    ], api_key=KEY, backoff_initial=0.2, status_max_streams=2, models=small_llm()).start()
     yield server
     server.stop()
 
@@ -239,6 +249,7 @@ def test_page_in_a_browser_follows_a_worker_restart(keyed: Server) -> None:
         pytest.skip("no Chromium found (Debian package `chromium`; .ci/run installs it)")
     args = ["--no-sandbox"] if os.geteuid() == 0 else []
     origin = keyed.url
+    gate = keyed.tmp / LOAD_GATE
     requests: list[str] = []
     csp_errors: list[str] = []
     with sync_playwright() as pw:
@@ -271,8 +282,10 @@ def test_page_in_a_browser_follows_a_worker_restart(keyed: Server) -> None:
             page.evaluate("window.__sameDocument = true")
             loads = len(navigations)
 
+            gate.unlink()  # the restarted worker stays loading until the page shows it
             os.kill(int(keyed.children()["llm"]["pid"]), signal.SIGKILL)
             expect(llm).to_have_attribute("data-state", NOT_READY, timeout=60_000)
+            gate.touch()
             expect(llm).to_have_attribute("data-state", SERVING, timeout=240_000)
             expect(restarts).to_have_text(str(before + 1), timeout=30_000)
             expect(page.locator("#errors")).to_contain_text("llm")
@@ -280,6 +293,7 @@ def test_page_in_a_browser_follows_a_worker_restart(keyed: Server) -> None:
             assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
             assert len(navigations) == loads
         finally:
+            gate.touch()
             browser.close()
     # One stream served the page throughout: no polling, no reconnect.
     assert sum(u.startswith(origin + "/status/events") for u in requests) == 1, requests

@@ -7,13 +7,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverctl import Server, alive, descendants
+from serverctl import Server, alive, descendants, small_llm
 
 from npu_proxy.protocol.config import ConfigError, load_config
 
+# NOTE: the servers whose llm worker loads serve the embedded model cut to two layers
+# (serverctl.small_llm): these tests are about processes, never what the model says. The
+# embed-only and lazy servers load no LLM and are left as they are.
+
 
 def test_sigterm_leaves_no_process(tmp_path: Path) -> None:
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start()
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}], models=small_llm()).start()
     assert srv.proc is not None
     kids = descendants(srv.proc.pid)
     pids = {c["pid"] for c in srv.children().values()}
@@ -31,7 +35,7 @@ def test_sigterm_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_stop_command_and_private_runtime_folder(tmp_path: Path) -> None:
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start()
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}], models=small_llm()).start()
     assert srv.proc is not None
     runtime = Path(srv.config.runtime_dir)
     assert runtime.stat().st_mode & 0o777 == 0o700
@@ -62,7 +66,7 @@ def test_configuration_precedence(tmp_path: Path) -> None:
 def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     """Even SIGKILL of the supervisor (no exit path runs) leaves no orphan: parent-death
     signal."""
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start()
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}], models=small_llm()).start()
     assert srv.proc is not None
     kids = descendants(srv.proc.pid)
     assert len(kids) >= 2

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 import zmq
-from serverctl import Server, free_port_block, wait_for, wait_row, worker_row
+from serverctl import Server, free_port_block, small_llm, wait_for, wait_row, worker_row
 from zmq.utils.monitor import recv_monitor_message
 
 from npu_proxy.models.registry import package_file
@@ -40,11 +40,16 @@ LLM = "smollm2:135m"
 FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
           zmq.EVENT_HANDSHAKE_FAILED_AUTH}
 
+# NOTE: the servers whose llm worker loads serve the embedded model cut to two layers
+# (serverctl.small_llm): these tests are about sockets, keys and waits, and each chat asks
+# for a few tokens whatever they say. Load takes the name it serves, as for the full model.
+
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("zmqsec"), workers=[{"name": "llm", "role": "llm"}],
-                    transport="tcp", tcp_base_port=free_port_block(4)).start()
+                    transport="tcp", tcp_base_port=free_port_block(4),
+                    models=small_llm()).start()
     yield server
     server.stop()
 
@@ -196,14 +201,15 @@ def _two_hosts(tmp_path: Path, faults: dict[str, Any],
                heartbeat_timeout: float = 10.0) -> tuple[Server, Server]:
     """A (a gateway only) and B (a worker `far` only, with these fault hooks), on loopback
     TCP with keys exchanged as files, as docs/deployment.md tells; neither started."""
+    # NOTE: both hosts name the same models, as a deployment's would.
     gateway_host = Server(tmp_path / "a", transport="tcp", tcp_base_port=free_port_block(2),
-                          workers=[])
+                          workers=[], models=small_llm())
     a_keys = Path(gateway_host.config.keys_path())
     gateway_host.cli("keys")
     worker_port = free_port_block(4)
     worker_host = Server(tmp_path / "b", workers=[{"name": "far", "role": "llm",
                                                    "faults": faults}],
-                         transport="tcp", tcp_base_port=worker_port,
+                         transport="tcp", tcp_base_port=worker_port, models=small_llm(),
                          client_key_files=[str(a_keys / "client.key")])
     b_keys = Path(worker_host.config.keys_path())
     worker_host.cli("keys")
