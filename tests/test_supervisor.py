@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,3 +149,30 @@ def test_two_instances_of_one_user_each_have_a_runtime_folder(
     finally:
         first.stop()
         second.stop()
+
+
+# The main-thread wait of an idle embed, rerank or speech worker (InboxEngine._arrivals),
+# with a signal handler that runs past the wait's deadline, as SIGTERM's drain may.
+_INBOX_WAIT = """
+import os, signal, threading, time
+from npu_proxy.protocol.config import WorkerSpec
+from npu_proxy.workers.engine import InboxEngine
+stop = threading.Event()
+def handler(signum, frame):
+    time.sleep(0.2)
+    stop.set()
+signal.signal(signal.SIGUSR1, handler)
+threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+for _ in InboxEngine(WorkerSpec(name="embed", role="embed"), lambda frame: None)._arrivals(stop):
+    pass
+print("stopped")
+"""
+
+
+def test_an_idle_worker_told_to_stop_in_its_inbox_wait_stops() -> None:
+    """CPython 3.11's SimpleQueue.get(timeout=...) waits for ever once a signal handler has
+    outlasted its deadline: an idle embed worker unloaded after its keep_alive was killed at
+    the grace period instead of stopping (seen in test_lazy)."""
+    done = subprocess.run([sys.executable, "-c", _INBOX_WAIT], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr

@@ -75,7 +75,11 @@ class InboxEngine(Generic[Msg]):
         self.spec = spec
         self.emit = emit
         # (arrival time, message): queue time counts from arrival, not from serving.
-        self._inbox: queue.SimpleQueue[tuple[float, Msg]] = queue.SimpleQueue()
+        # NOTE: a Queue, not a SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=...) waits
+        # for ever when a signal handler (SIGTERM's, on this main thread) runs past the
+        # deadline (it recomputes a negative timeout, which means none), so a worker told to
+        # drain while idle never stopped and was killed at the grace period.
+        self._inbox: queue.Queue[tuple[float, Msg]] = queue.Queue()
         self._busy = 0
         self.generated_tokens = 0
         self.served = 0

@@ -68,7 +68,7 @@ class EngineBase:
         self.context_length = context_length
         self.emit = emit
         self.faults = FaultInjector(spec)
-        self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._inbox: queue.Queue[Request] = queue.Queue()  # NOTE: see InboxEngine's
         self._wake = threading.Event()
         self._active: dict[str, Active] = {}
         # NOTE: ids, not a count: a request ends on one of several threads and paths (finish,
