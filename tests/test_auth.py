@@ -11,7 +11,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from serverctl import Server
+from serverctl import Server, small_llm
 
 LLM = "smollm2:135m"
 KEY = "test-key-123"
@@ -23,10 +23,12 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # long answer outlasts the deadline whatever the model would say and however fast the
     # machine, and the deadline leaves room for the first token on a loaded machine. The
     # prompt gets no time of its own (min_prefill_rate 0): the deadline is 12 s, all told.
+    # The small model (serverctl.small_llm): what these tests see is status codes and how
+    # answers end, never what they say.
     server = Server(tmp_path_factory.mktemp("auth"), workers=[
         {"name": "llm", "role": "llm", "min_prefill_rate": 0,
          "faults": {"token_delay_seconds": 0.5, "force_regex": "[0-9]{40}"}}],
-        api_key=KEY, inference_timeout=12.0).start()
+        api_key=KEY, inference_timeout=12.0, models=small_llm()).start()
     yield server
     server.stop()
 

@@ -15,7 +15,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from serverctl import Server, wait_for
+from serverctl import Server, small_llm, wait_for
 
 LLM = "smollm2:135m"
 # NOTE: short, so that the load below is held past it: the time a request waits for a load
@@ -47,11 +47,12 @@ def _state(srv: Server) -> str:
 def test_a_first_load_and_a_crash_restart_are_waited_for(tmp_path: Path) -> None:
     gate = tmp_path / "load-may-finish"
     # NOTE: the worker loads only once the gate file exists (each process it runs), so
-    # every state the test looks at lasts until the test ends it.
+    # every state the test looks at lasts until the test ends it. The small model
+    # (serverctl.small_llm): two loads, and answers of 3 tokens nobody reads.
     srv = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "load_timeout": 600.0,
          "faults": {"hold_load_until": str(gate)}},
-    ], backoff_initial=0.1, inference_timeout=INFERENCE_TIMEOUT)
+    ], backoff_initial=0.1, inference_timeout=INFERENCE_TIMEOUT, models=small_llm())
     srv.start(wait=False)
     try:
         srv.wait_http(120)

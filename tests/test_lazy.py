@@ -16,7 +16,7 @@ import httpx
 import ollama
 import openai
 import pytest
-from serverctl import Server, descendants, wait_for
+from serverctl import Server, descendants, small_llm, wait_for
 
 from npu_proxy.protocol.config import Config, WorkerSpec
 from npu_proxy.protocol.states import Event, ProcessState, transition
@@ -29,13 +29,14 @@ KEEP_ALIVE = 3.0
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The default workers, with a short keep_alive for embed and a rerank worker whose
-    every load crashes (a start that fails)."""
+    every load crashes (a start that fails). The llm, which no test here asks, serves the
+    small model (serverctl.small_llm): it only loads at start."""
     server = Server(tmp_path_factory.mktemp("lazy"), workers=[
         {"name": "llm", "role": "llm"},
         {"name": "embed", "role": "embed", "keep_alive": KEEP_ALIVE},
         {"name": "rerank", "role": "rerank", "max_restarts": 1,
          "faults": {"crash_in_load": True}},
-    ], backoff_initial=0.2).start()
+    ], backoff_initial=0.2, models=small_llm()).start()
     yield server
     server.stop()
 
@@ -193,11 +194,12 @@ def test_a_lazy_llm_started_after_a_crash_and_an_unload_loads_as_a_first_load(
     gate = tmp_path / "load-may-finish"
     gate.touch()
     # NOTE: the only LLM worker, so /health/ready answers for it alone; its loads are held
-    # while the gate file is missing, so each state below lasts until the test ends it.
+    # while the gate file is missing, so each state below lasts until the test ends it. The
+    # small model (serverctl.small_llm): three loads, and answers of 3 tokens nobody reads.
     srv = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "lazy": True, "keep_alive": KEEP_ALIVE,
          "load_timeout": 600.0, "faults": {"hold_load_until": str(gate)}},
-    ], backoff_initial=0.1).start()
+    ], backoff_initial=0.1, models=small_llm()).start()
     try:
         assert _ready(srv).json()["not_loaded"] == ["llm"]
         _generate(srv.url)  # started on demand

@@ -16,6 +16,8 @@ from reaper import RUN_ENV
 from serverctl import alive, descendants, kill_all, wait_for
 
 TESTS = Path(__file__).parent
+# NOTE: the servers below serve the full model, not serverctl.small_llm: their one worker is
+# lazy, so no model is loaded in these tests.
 
 _STARTER = """
 import sys, time

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 from errors import error_message
-from serverctl import Server
+from serverctl import Server, small_llm
 
 LLM = "smollm2:135m"
 CONTEXT = 8192  # smollm2:135m's max_position_embeddings
@@ -125,10 +125,12 @@ MADE, ALIAS, COPY = (f"npx-test-{what}-{RUN}:latest" for what in ("made", "alias
 
 @pytest.fixture(scope="module")
 def low(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: the small model (serverctl.small_llm): these tests see status codes and answers
+    # of one token that end at max_tokens.
     srv = Server(tmp_path_factory.mktemp("limits"), workers=[{"name": "llm", "role": "llm"}],
                  max_messages=MAX_MESSAGES, max_tools=MAX_TOOLS, max_prompt_chars=MAX_CHARS,
                  max_body_bytes=MAX_BODY, max_json_objects=MAX_OBJECTS,
-                 model_aliases={ALIAS: MADE}).start()
+                 model_aliases={ALIAS: MADE}, models=small_llm()).start()
     yield srv
     srv.stop()
 

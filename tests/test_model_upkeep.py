@@ -86,6 +86,8 @@ def srv(cache: Path, hub: FakeHub) -> Iterator[Server]:
         env.setenv("HF_HOME", str(cache.parent / "hf-home"))
         env.delenv("HF_HUB_OFFLINE", raising=False)
         env.delenv("HF_TOKEN", raising=False)
+        # NOTE: the full model, not serverctl.small_llm: this cache is the test's own (seeded
+        # with the full model's conversion), where the small GGUF would be converted again.
         server = Server(cache.parent, workers=[{"name": "llm", "role": "llm"}],
                         model_cache=str(seed_cache(cache)), max_cache_bytes=QUOTA,
                         pull_threads=1)

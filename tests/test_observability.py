@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from serverctl import Server, free_port, stop_process, wait_for
+from serverctl import Server, free_port, small_llm, stop_process, wait_for
 
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.metrics import Metrics
@@ -212,7 +212,10 @@ def test_one_request_is_found_in_both_logs_by_its_id(server: Server) -> None:
 
 
 def test_ready_flips_and_a_killed_worker_restarts(tmp_path: Path) -> None:
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}]).start(wait=False)
+    # NOTE: the small model (serverctl.small_llm) on both private servers: they test health,
+    # states and restarts, and load the model twice (here) or at the stop (the hung load).
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}],
+                 models=small_llm()).start(wait=False)
     try:
         srv.wait_http(60)
         seen: list[int] = []
@@ -263,7 +266,8 @@ def test_ready_flips_and_a_killed_worker_restarts(tmp_path: Path) -> None:
 
 def test_health_answers_while_the_worker_hangs_in_load(tmp_path: Path) -> None:
     srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm", "load_timeout": 600.0,
-                                     "faults": {"hang_in_load": True}}]).start(wait=False)
+                                     "faults": {"hang_in_load": True}}],
+                 models=small_llm()).start(wait=False)
     try:
         srv.wait_http(60)
         srv.wait_state("llm", ("loading",), 60)

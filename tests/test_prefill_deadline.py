@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverctl import Server, gated_server
+from serverctl import Server, gated_server, small_llm
 
 from npu_proxy.protocol.config import ConfigError, load_config
 
@@ -32,8 +32,11 @@ LONG = "one two three four five six seven eight nine ten " * 6  # ~60 tokens: ~3
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: the small model (serverctl.small_llm): the prefill is the test's hold, and the
+    # allowance counts the prompt's tokens (the same tokenizer); it never ends by itself, so
+    # a generation ends at its 3 tokens or at its deadline.
     server = gated_server(tmp_path_factory.mktemp("prefill"), {"min_prefill_rate": RATE},
-                          inference_timeout=TIMEOUT)
+                          inference_timeout=TIMEOUT, models=small_llm())
     yield server
     server.stop()
 

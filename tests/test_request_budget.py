@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from errors import error_message
-from serverctl import Server
+from serverctl import HELD, Server, held_faults, small_llm
 
 from npu_proxy.gateway.content.json_size import ToolBudget, measure
 from npu_proxy.gateway.content.tools import Tool, ToolChoice, ToolRequest, call_schema
@@ -127,28 +127,43 @@ BODY_LIMIT = 512 * 1024
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Bodies up to 512 KiB, so a worker takes messages up to 2 MiB (2 * max_body_bytes +
     1 MiB); prompts up to 8 M characters and enums of any size, so the tools below pass that
-    socket limit while within every limit of the request itself."""
-    srv = Server(tmp_path_factory.mktemp("budget"), workers=[{"name": "llm", "role": "llm"}],
+    socket limit while within every limit of the request itself. Its worker holds a request
+    whose id starts with HELD (serverctl.held_faults) until the test opens its gate.
+
+    NOTE: the small model (serverctl.small_llm): what is seen is status codes and whether a
+    stream ends whole, never its text."""
+    tmp = tmp_path_factory.mktemp("budget")
+    srv = Server(tmp, workers=[{"name": "llm", "role": "llm", "faults": held_faults(tmp)}],
                  max_body_bytes=BODY_LIMIT, max_prompt_chars=8_000_000,
-                 max_schema_enum_values=1_000_000).start()
+                 max_schema_enum_values=1_000_000, models=small_llm()).start()
     yield srv
     srv.stop()
 
 
-def _stream(url: str, first: threading.Event, out: dict[str, Any]) -> None:
+VICTIM = HELD + "budget-victim"
+
+
+def _stream(url: str, accepted: threading.Event, out: dict[str, Any]) -> None:
+    """A stream the worker accepted (its headers came) and holds until the test opens its
+    gate: in flight on the worker's link while the test sends what must not reach it."""
     body = {"model": LLM, "messages": HI, "stream": True, "max_tokens": 24,
             "ignore_eos": True, "temperature": 0}
     chunks = 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=180) as r:
-        out["status"] = r.status_code
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunks += 1
-                first.set()
-            elif line == "data: [DONE]":
-                out["done"] = True
-    out["chunks"] = chunks
-    first.set()
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=180,
+                          headers={"X-Request-ID": VICTIM}) as r:
+            out["status"] = r.status_code
+            accepted.set()
+            for line in r.iter_lines():
+                # NOTE: text chunks only: a held stream also sends keep-alives.
+                if line.startswith("data: {") and any(
+                        c["delta"].get("content") for c in json.loads(line[6:])["choices"]):
+                    chunks += 1
+                elif line == "data: [DONE]":
+                    out["done"] = True
+        out["chunks"] = chunks
+    finally:
+        accepted.set()
 
 
 def test_a_request_past_the_workers_socket_limit_is_refused_at_the_gateway(
@@ -160,23 +175,32 @@ def test_a_request_past_the_workers_socket_limit_is_refused_at_the_gateway(
                "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]}
     data = _body(hostile)
     assert len(data) < BODY_LIMIT
-    first, out = threading.Event(), dict[str, Any]()
-    victim = threading.Thread(target=_stream, args=(small.url, first, out))
+    accepted, out = threading.Event(), dict[str, Any]()
+    victim = threading.Thread(target=_stream, args=(small.url, accepted, out))
     victim.start()
-    assert first.wait(180)
-    r = httpx.post(small.url + "/v1/chat/completions", content=data, timeout=60, headers=JSON)
-    assert r.status_code == 413, r.text
-    assert r.json()["error"]["code"] == "request_too_large"
-    assert "2 * max_body_bytes + 1 MiB" in r.json()["error"]["message"]
-    # The same request as an Ollama chat: its own shape.
-    r = httpx.post(small.url + "/api/chat", timeout=60, headers=JSON, content=_body({
-        "model": LLM, "stream": False, "messages": HI, "tools": hostile["tools"],
-        "options": {"num_predict": 1, "tool_choice": "required"}}))
-    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"], r.text
+    try:
+        assert accepted.wait(180) and out.get("status") == 200, out
+        _refused(small.url, data, hostile)
+        assert "done" not in out, out  # still held, so in flight through the refusals
+    finally:
+        (small.gates / VICTIM).touch()  # NOTE: also on a failure, or the join waits 180 s
     victim.join(180)
+    # The held stream, released after the refusals, is served whole on the same link.
     assert out == {"status": 200, "done": True, "chunks": out["chunks"]} and out["chunks"] > 1
     # The link to the worker still carries requests (a dropped connection loses them).
     r = httpx.post(small.url + "/v1/chat/completions", timeout=120, json={
         "model": LLM, "messages": HI, "max_tokens": 2})
     assert r.status_code == 200, r.text
     assert small.children()["llm"]["restarts"] == 0
+
+
+def _refused(url: str, data: bytes, hostile: dict[str, Any]) -> None:
+    r = httpx.post(url + "/v1/chat/completions", content=data, timeout=60, headers=JSON)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert "2 * max_body_bytes + 1 MiB" in r.json()["error"]["message"]
+    # The same request as an Ollama chat: its own shape.
+    r = httpx.post(url + "/api/chat", timeout=60, headers=JSON, content=_body({
+        "model": LLM, "stream": False, "messages": HI, "tools": hostile["tools"],
+        "options": {"num_predict": 1, "tool_choice": "required"}}))
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["error"], r.text

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tomli_w
-from serverctl import SUPERVISOR, Server, alive, descendants, wait_for
+from serverctl import SUPERVISOR, Server, alive, descendants, small_llm, wait_for
 
 from npu_proxy.supervisor import winservice
 from npu_proxy.supervisor.service_unit import TEMPLATE, render_unit
@@ -114,7 +114,8 @@ def test_unit_runs_this_program_with_the_config_and_hardening(tmp_path: Path) ->
 def test_exec_start_serves_and_kill_signal_stops_it_cleanly(tmp_path: Path) -> None:
     """The unit's own command line, run as systemd would (its RuntimeDirectory made 0700 and
     %t given), serves; the unit's KillSignal to the main process stops everything, exit 0."""
-    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}])
+    # NOTE: the small model (serverctl.small_llm): the test starts and stops, nothing asks.
+    srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm"}], models=small_llm())
     settings = _unit(_dry_run_unit(srv.config_path))
     run_root = tmp_path / "run"
     run_root.mkdir(mode=0o700)

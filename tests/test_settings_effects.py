@@ -17,17 +17,19 @@ import httpx
 import openai
 import pytest
 import tomli_w
-from serverctl import SUPERVISOR, Server
+from serverctl import SUPERVISOR, Server, small_llm
 
 MISSING = "no-such-model:1b"
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: the small model (serverctl.small_llm): the answers here are 2 tokens nobody reads.
     server = Server(tmp_path_factory.mktemp("settings"), workers=[
         {"name": "llm", "role": "llm"}],
         log_format="json", log_max_bytes=4096, log_backups=1,
-        responses_store_max=1, max_schema_depth=3, claude_model=MISSING).start()
+        responses_store_max=1, max_schema_depth=3, claude_model=MISSING,
+        models=small_llm()).start()
     try:
         yield server
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serverctl import Server
+from serverctl import Server, small_llm
 
 from npu_proxy.gateway.core.worker_link import WorkerLink
 from npu_proxy.protocol.config import WorkerSpec
@@ -205,11 +205,12 @@ def test_one_worker_through_its_life_cycle(tmp_path: Path) -> None:
     gate = tmp_path / "load-may-finish"
     # NOTE: every state the test checks lasts until the test ends it: loading until the
     # gate file exists, backoff for ten minutes unless started by hand, stopped until
-    # started. Nothing depends on how fast this machine is.
+    # started. Nothing depends on how fast this machine is. The small model
+    # (serverctl.small_llm): two loads, no request.
     srv = Server(tmp_path, workers=[
         {"name": "llm", "role": "llm", "load_timeout": 1800.0,
          "faults": {"hold_load_until": str(gate)}},
-    ], backoff_initial=600.0, backoff_max=600.0)
+    ], backoff_initial=600.0, backoff_max=600.0, models=small_llm())
     srv.start(wait=False)
     try:
         srv.wait_http(120)

@@ -22,7 +22,7 @@ import httpx2
 import ollama
 import openai
 import pytest
-from serverctl import Server, gated_server
+from serverctl import Server, gated_server, small_llm
 
 LLM = "smollm2:135m"
 ANSWER = "ok"
@@ -39,8 +39,11 @@ CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "keepalive.json").rea
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # NOTE: the small model (serverctl.small_llm), which never ends by itself: force_regex
+    # ends every answer ("stop") after its "ok", whatever model writes it.
     server = gated_server(tmp_path_factory.mktemp("keepalive"),
-                          {"faults": {"force_regex": ANSWER}}, stream_keepalive_seconds=0.1)
+                          {"faults": {"force_regex": ANSWER}}, stream_keepalive_seconds=0.1,
+                          models=small_llm())
     yield server
     server.stop()
 
