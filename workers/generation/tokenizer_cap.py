@@ -96,6 +96,18 @@ def uncapped(xml: str, weights: bytes, caps: list[Cap], value: int = NO_CAP) -> 
     return ET.tostring(root, encoding="unicode"), bytes(extra)
 
 
+def _capped(folder: Path) -> tuple[str, bytes, list[Cap]] | None:
+    """The folder's tokenizer IR (XML, weights) and its live caps, or None when it has no
+    tokenizer IR or no cap that still cuts."""
+    xml_path = folder / f"{TOKENIZER}.xml"
+    if not xml_path.is_file():
+        return None
+    xml = xml_path.read_text(encoding="utf-8")
+    weights = (folder / f"{TOKENIZER}.bin").read_bytes()
+    caps = live_caps(xml, weights)
+    return (xml, weights, caps) if caps else None
+
+
 def _replace(path: Path, data: bytes) -> None:
     """`path` replaced by `data` at once: written beside, synced, renamed over it."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
@@ -112,17 +124,13 @@ def lift_in_place(folder: Path) -> bool:
     NOTE: the weights go first and only grow (uncapped() appends), so a process that reads the
     folder meanwhile, with the old or the new XML, finds every offset it names. A file shared
     by hard links elsewhere keeps its content there (a new file takes the name)."""
-    xml_path = folder / f"{TOKENIZER}.xml"
-    if not xml_path.is_file():
+    capped = _capped(folder)
+    if capped is None:
         return False
-    xml = xml_path.read_text(encoding="utf-8")
-    weights = (folder / f"{TOKENIZER}.bin").read_bytes()
-    caps = live_caps(xml, weights)
-    if not caps:
-        return False
-    xml, weights = uncapped(xml, weights, caps)
+    xml, weights = uncapped(*capped)
     _replace(folder / f"{TOKENIZER}.bin", weights)
-    _replace(xml_path, xml.encode("utf-8"))
+    _replace(folder / f"{TOKENIZER}.xml", xml.encode("utf-8"))
+    caps = capped[2]
     log.info("the tokenizer's length cap of %s tokens is lifted in %s: prompts are encoded "
              "whole and held to the model's context", ", ".join(str(c.value) for c in caps),
              folder)
@@ -133,18 +141,14 @@ def whole_tokenizer(folder: str | Path) -> Any:
     """The folder's tokenizer with its length caps lifted (an openvino_genai.Tokenizer), or
     None when it has none (or the folder has no tokenizer IR: the pipeline's own serves)."""
     path = Path(folder)
-    xml_path = path / f"{TOKENIZER}.xml"
-    if not path.is_dir() or not xml_path.is_file():
-        return None
-    xml = xml_path.read_text(encoding="utf-8")
-    weights = (path / f"{TOKENIZER}.bin").read_bytes()
-    caps = live_caps(xml, weights)
-    if not caps:
+    capped = _capped(path)
+    if capped is None:
         return None
     import openvino as ov
     import openvino_genai as ov_genai
 
-    xml, weights = uncapped(xml, weights, caps)
+    caps = capped[2]
+    xml, weights = uncapped(*capped)
     detok_xml = (path / f"{DETOKENIZER}.xml").read_text(encoding="utf-8")
     detok_bin = (path / f"{DETOKENIZER}.bin").read_bytes()
     tokenizer = ov_genai.Tokenizer(
