@@ -11,12 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from serverctl import Server, alive, descendants, wait_for
-from small_gguf import copy_gguf
+from serverctl import Server, alive, descendants, small_llm, wait_for
 
-from npu_proxy.models.locate import locate
 from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR
-from npu_proxy.protocol.config import Config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc/PID/status; PR_SET_PDEATHSIG is Linux's")
@@ -59,25 +56,17 @@ def _complete(cache: Path) -> list[Path]:
     return [p for p in (cache / GGUF_IR).iterdir() if (p / CONVERTED_FROM).exists()]
 
 
-@pytest.fixture(scope="module")
-def two_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded SmolLM2 cut to its first two layers (tests/small_gguf.py).
-
-    NOTE: what a worker ended mid-conversion leaves does not depend on the model's size, and
-    the conversion up to the hold (GenAI's reader, the weight checks, the rewrite and its
-    probe) takes a third of the whole model's: the SIGKILL case converts twice."""
-    return copy_gguf(locate(Config(), "smollm2:135m").path,
-                     tmp_path_factory.mktemp("gguf") / "smollm2-2-layers.gguf", layers=2)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_worker_ended_mid_conversion_leaves_no_conversion_behind(
-        tmp_path: Path, two_layers: Path, signum: int) -> None:
+        tmp_path: Path, signum: int) -> None:
+    # NOTE: the embedded SmolLM2 cut to two layers (small_llm()): what a worker ended
+    # mid-conversion leaves does not depend on the model's size, and the conversion up to the
+    # hold (GenAI's reader, the weight checks, the rewrite and its probe) takes a third of the
+    # whole model's; the SIGKILL case converts twice. Into a private cache: it converts.
     cache = tmp_path / "cache"
     srv = Server(tmp_path, workers=[{"name": "llm", "role": "llm", "load_timeout": 600.0,
                                      "faults": {"hang_in_conversion": True}}],
-                 models={"smollm2:135m": {"path": str(two_layers)}},
-                 model_cache=str(cache)).start(wait=False)
+                 models=small_llm(), model_cache=str(cache)).start(wait=False)
     try:
         wait_for(lambda: HELD in _log(srv), timeout=300, what="no conversion held")
         row = srv.children()["llm"]
