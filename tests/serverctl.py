@@ -179,6 +179,11 @@ def free_port_block(n: int) -> int:
     a row here."""
     low, high = _ephemeral_range()
     spans = [(1024, low - n), (high + 1, 65536 - n)]
+    # NOTE: each xdist worker (a test process of its own) picks from its own share of them.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    spans = [(a + (b - a) * worker // workers, a + (b - a) * (worker + 1) // workers - n)
+             for a, b in spans]
     spans = [(a, b) for a, b in spans if b > a]
     rng = random.Random()
     for _ in range(200):

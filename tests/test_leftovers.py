@@ -74,7 +74,9 @@ def test_a_killed_pytest_run_leaves_no_process_and_no_folder(tmp_path: Path) -> 
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}  # NOTE: a run of its own
     env |= {"PYTHONPATH": str(TESTS), "INNER_REPORT": str(report)}
-    base = tmp_path / "inner-base"
+    # NOTE: a short name: the inner server's IPC paths lie under it (a Unix socket path has
+    # 107 bytes at most; an xdist worker's base folder adds its own level).
+    base = tmp_path / "b"
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "reaper",
          "--basetemp", str(base), "--rootdir", str(inner), str(inner / "test_inner.py")],

