@@ -31,10 +31,11 @@ MODEL_CACHE = Path(os.environ.get("NPU_PROXY_TEST_MODEL_CACHE",
                                   Path.home() / ".cache" / "npu-proxy-test" / "models"))
 
 
-def seed_cache(cache: Path) -> Path:
+def seed_cache(cache: Path, copy: bool = False) -> Path:
     """Give a test's private model cache the shared cache's conversion of the embedded
     SmolLM2 GGUF to IR, hard-linked (nothing is copied; what the private server writes stays
-    private). Returns `cache`.
+    private), or with `copy` copied: files of its own, whose pages in the page cache no other
+    process reads in or evicts (92 MB). Returns `cache`.
 
     NOTE: a server on an empty cache converts the GGUF (with its numeric probe) before it is
     ready, 20-60 s on two loaded cores, and it is not what tests with a cache of their own are
@@ -50,6 +51,8 @@ def seed_cache(cache: Path) -> Path:
 
         def link(src: str, dst: str) -> None:
             try:
+                if copy:
+                    raise OSError("a copy was asked for")
                 os.link(src, dst)
             except OSError:  # another file system
                 shutil.copy2(src, dst)
