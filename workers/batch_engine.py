@@ -34,6 +34,9 @@ from npu_proxy.workers.generation.weights import read_back_by_page, release_afte
 
 log = logging.getLogger(__name__)
 
+# The warm-up's prompt length: past the row count at which the CPU plugin changes kernels.
+WARM_UP_TOKENS = 32
+
 _DONE = (
     ov_genai.GenerationStatus.FINISHED,
     ov_genai.GenerationStatus.CANCEL,
@@ -217,13 +220,22 @@ class BatchEngine(EngineBase):
         return ov_genai.draft_model(self.draft_path, device, **props)
 
     def warm_up(self) -> None:
-        """A one-token generation, so the first real request does not pay for compilation;
-        then the weight files' pages, which the plugin has copied by now, the code that
-        compiling ran and the heap it freed are let go (generation/weights.py)."""
+        """A short generation, so the first real request does not pay for compilation; then
+        the weight files' pages, which the plugin has copied by now, the code that compiling
+        ran and the heap it freed are let go (generation/weights.py).
+
+        NOTE: a prompt of WARM_UP_TOKENS, then one decoded token: the CPU plugin repacks
+        each matrix product's weights for a kernel chosen by the rows of the step (here one
+        for up to ~5 rows, another from ~8), reading them from the mapped file the first
+        time a step of that size runs. Warmed up on a one-token prompt, the first prompt of
+        8 tokens or more (any chat) read all of SmolLM2's layer weights back in, 52 MiB
+        resident for good after the release."""
         assert self.prompting is not None
-        cfg = generation_config(SamplingParams(max_tokens=1, temperature=0.0),
-                                self.base_config, 1)
-        ids = self.prompting.encode("Hello")
+        cfg = generation_config(SamplingParams(max_tokens=2, temperature=0.0),
+                                self.base_config, 2)
+        cfg.ignore_eos = True  # NOTE: the second token is the decode step's warm-up.
+        length = max(1, min(WARM_UP_TOKENS, self.context_length - 2))
+        ids = self.prompting.encode(" ".join(["Hello"] * WARM_UP_TOKENS))[:, :length]
         handle = self.pipe.add_request(self._handle_id(), ov.Tensor(ids), cfg)
         while self.pipe.has_non_finished_requests():
             self.pipe.step()
