@@ -20,6 +20,8 @@ security and size limits:
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -119,6 +121,29 @@ def tcp_ports(config: Config) -> list[tuple[str, int, str]]:
             ports.append((config.worker_host, _tcp_port(config, 2 + 2 * index + offset),
                           f"worker {spec.name} {direction}"))
     return ports
+
+
+# The longest path a Unix socket may have: sun_path holds 108 bytes on Linux (104 on macOS
+# and the BSDs), its terminating NUL included.
+IPC_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+
+
+def ipc_path_refusal(config: Config) -> str | None:
+    """Why this instance's ipc sockets cannot be made (a path longer than a Unix socket's
+    may be: ZeroMQ would fail with "File name too long" once started), or None."""
+    if config.transport == "tcp":
+        return None
+    paths = [str(e)[len("ipc://"):] for e in (control_endpoint(config), events_endpoint(config))]
+    paths += [str(worker_endpoint(config, spec.name, "out"))[len("ipc://"):]
+              for spec in config.local_workers()]
+    longest = max(paths, key=lambda p: len(os.fsencode(p)))
+    size = len(os.fsencode(longest))
+    if size <= IPC_PATH_MAX:
+        return None
+    return (f"the runtime folder {config.runtime_path()} is too long for its sockets: {longest} "
+            f"is {size} bytes, and a Unix socket's path may have at most {IPC_PATH_MAX}. Set "
+            "runtime_dir (NPU_PROXY_RUNTIME_DIR) to a shorter folder, give the worker a "
+            "shorter name, or use transport = \"tcp\"")
 
 
 def request_limit(config: Config) -> int:

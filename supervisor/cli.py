@@ -68,6 +68,7 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
         call(load(**kw), Start(worker=worker), Ok)
         click.echo(f"started {worker}")
         return
+    from npu_proxy.protocol.sockets import ipc_path_refusal
     from npu_proxy.supervisor.devices import discover_cached
     from npu_proxy.supervisor.runtime_dir import RuntimeDirError, prepare_runtime_dir
     from npu_proxy.supervisor.service.loop import Supervisor
@@ -82,9 +83,9 @@ def start(worker: str | None, quiet: bool, allow_remote: bool, worker_only: bool
 
     # NOTE: the bind is checked before device discovery, so a refusal comes at once.
     first = load(**kw, allow_unauthenticated_remote=opt_out)
-    refusal = first.remote_bind_refusal()
-    if refusal is not None:
-        raise click.ClickException(refusal)
+    for refusal in (first.remote_bind_refusal(), ipc_path_refusal(first)):
+        if refusal is not None:
+            raise click.ClickException(refusal)
     try:
         prepare_runtime_dir(first.runtime_path())
     except RuntimeDirError as exc:

@@ -20,6 +20,9 @@ import tomli_w
 from serverctl import SUPERVISOR, Server
 from test_observability import query, running_prometheus, wait_for
 
+from npu_proxy.protocol.config import load_config
+from npu_proxy.protocol.sockets import ipc_path_refusal
+
 LLM = "smollm2:135m"
 KEY = "sec-test-key-5f1c"
 EVIL = "http://evil.example"
@@ -395,3 +398,32 @@ def test_a_symlinked_runtime_folder_is_refused(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert "symbolic link" in out.stderr and str(tmp_path / "rt") in out.stderr
     assert list(target.iterdir()) == []
+
+
+def test_a_runtime_folder_too_long_for_its_sockets_is_refused_naming_the_fix(
+        tmp_path: Path) -> None:
+    """A Unix socket's path has at most 107 bytes on Linux: a deep runtime folder is refused
+    before anything starts, with what to change, not ZeroMQ's "File name too long" from a
+    half-started supervisor."""
+    deep = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    out = _start(tmp_path, runtime_dir=str(deep), workers=[{"name": "llm", "role": "llm"}])
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr, out.stderr
+    for fix in ("NPU_PROXY_RUNTIME_DIR", "shorter", 'transport = "tcp"', str(deep)):
+        assert fix in out.stderr, out.stderr
+    assert not deep.exists()
+
+
+def test_the_socket_path_limit_counts_the_longest_worker_name_in_bytes(tmp_path: Path) -> None:
+    def refusal(runtime: str, name: str, transport: str = "ipc") -> str | None:
+        config = tmp_path / "c.toml"
+        config.write_text(tomli_w.dumps({"runtime_dir": runtime, "transport": transport,
+                                         "workers": [{"name": name, "role": "embed"}]}))
+        return ipc_path_refusal(load_config(config, env={}))
+
+    folder = "/" + "r" * 50
+    # "<folder>/<name>.out": 51 + 1 + len(name) + 4 bytes; 107 is the most.
+    assert refusal(folder, "w" * 51) is None
+    assert refusal(folder, "w" * 52) is not None
+    assert refusal(folder, "é" * 26) is not None  # NOTE: 52 bytes in 26 characters
+    assert refusal(folder, "w" * 52, "tcp") is None
