@@ -129,22 +129,24 @@ SHARED = {"packaging": (*PACKAGED, "_builds"), "qwen": ("qwen",),
 _TESTS = Path(__file__).resolve().parent
 
 
-def _group_of(uses: set[str] | str) -> str | None:
-    """The SHARED group of a module that uses these fixtures (its closure), or whose source
-    names them as a parameter (`name: Type`)."""
-    for group, fixtures in SHARED.items():
-        for name in fixtures:
-            if name in uses if isinstance(uses, set) else re.search(
-                    rf"\b{name}\s*:\s*[A-Z]", uses):
-                return group
-    return None
+def _group_using(fixtures: set[str]) -> str | None:
+    """The SHARED group of a test that uses these fixtures (its closure)."""
+    return next((group for group, names in SHARED.items() if fixtures.intersection(names)),
+                None)
+
+
+def _group_named(source: str) -> str | None:
+    """The SHARED group of a module whose source names one of its fixtures as a parameter
+    (`name: Type`)."""
+    return next((group for group, names in SHARED.items()
+                 if any(re.search(rf"\b{name}\s*:\s*[A-Z]", source) for name in names)), None)
 
 
 @functools.cache
 def _module_group(module: str) -> str:
     """A module's xdist group, from its source (xdist's controller does not collect)."""
     path = _TESTS.parent / module
-    return _group_of(path.read_text()) or module if path.is_file() else module
+    return _group_named(path.read_text()) or module if path.is_file() else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -175,7 +177,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        used = _group_of(set(getattr(item, "fixturenames", ())))
+        used = _group_using(set(getattr(item, "fixturenames", ())))
         if used is not None and used != _module_group(module):
             raise pytest.UsageError(f"{module} uses the shared fixture of group {used} but its "
                                     "source does not name it as a typed parameter "

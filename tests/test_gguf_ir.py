@@ -4,7 +4,7 @@ dequantized weights, and its graph is rewritten with fewer matrix products that 
 same numbers.
 
 NOTE: the conversions here are of the embedded SmolLM2 cut to its first two layers
-(serverctl.small_llm(), tests/small_gguf.py): the same tensor types, tokenizer and template,
+(serverctl.small_gguf(), tests/small_gguf.py): the same tensor types, tokenizer and template,
 and every check is per tensor or per layer, at a tenth of the thirty layers' conversion.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai as ov_genai
 import pytest
-from serverctl import LLM, SMALL_LAYERS, small_llm
+from serverctl import SMALL_LAYERS, small_gguf
 
 from npu_proxy.models.digests import sha256_file
 from npu_proxy.models.store import CONVERTED_FROM, GGUF_IR, Manifest, ManifestFile, ModelStore
@@ -40,11 +40,6 @@ def _prompt(path: str) -> tuple[str, list[int]]:
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     ids = tokenizer.encode(prompt, add_special_tokens=False).input_ids.data
     return prompt, [int(i) for i in ids.ravel()]
-
-
-def _smollm2() -> Path:
-    """The embedded SmolLM2's GGUF cut to its first SMALL_LAYERS layers."""
-    return Path(small_llm()[LLM]["path"])
 
 
 # The graph's matrix products: per layer q, k, v, o, gate, up and down (q, k and v one product
@@ -81,7 +76,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Converted:
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
     try:
-        folder = loadable(str(_smollm2()), cache)
+        folder = loadable(str(small_gguf()), cache)
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)
@@ -90,7 +85,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Converted:
 
 def test_converted_once_then_loaded_as_ir(converted: Converted,
                                           caplog: pytest.LogCaptureFixture) -> None:
-    gguf = _smollm2()
+    gguf = small_gguf()
     caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
     assert "converting" in converted.log
     assert "differs" not in converted.log and "could not check" not in converted.log
@@ -161,7 +156,7 @@ def test_a_copy_of_a_converted_gguf_loads_its_ir(converted: Converted, tmp_path:
                                                  caplog: pytest.LogCaptureFixture) -> None:
     copy = tmp_path / "elsewhere" / "copied.gguf"  # a new inode, path and modification time
     copy.parent.mkdir()
-    shutil.copyfile(_smollm2(), copy)
+    shutil.copyfile(small_gguf(), copy)
     caplog.set_level(logging.INFO, logger="npu_proxy.workers.gguf_ir")
     assert loadable(str(copy), converted.cache) == str(converted.folder)
     assert "converting" not in caplog.text and "loading the converted IR" in caplog.text
@@ -189,7 +184,7 @@ def not_kept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     of the rewrite's numbers takes it as the graph before the rewrite (each conversion costs
     seconds of GenAI's reader). Converted in this process: loadable() converts in a child,
     which has no patch."""
-    gguf = _smollm2()
+    gguf = small_gguf()
     folder = ir_folder(tmp_path_factory.mktemp("not-kept") / GGUF_IR, gguf)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf_ir, "agrees", lambda saved, rewritten, folder: False)
@@ -545,7 +540,7 @@ def _check_8_bit_weights(gguf: Path, folder: Path) -> tuple[int, int, float]:
 def test_8_bit_weights_are_llama_cpps_dequantized_weights(converted: Converted) -> None:
     """SmolLM2's Q8_0 embedding (also its output layer), as the converted graph computes
     it: the file's values, each block's f16 step exactly."""
-    gguf = _smollm2()
+    gguf = small_gguf()
     matched, tensors, worst = _check_8_bit_weights(gguf, converted.folder)
     assert matched == tensors == 1
     assert worst == 0.0, worst
@@ -578,7 +573,7 @@ def test_the_conversion_refuses_8_bit_weights_that_are_not_the_files(
 
     assert "8-bit weights checked against the file: 1 graph matrices, 1 of 1 tensors in" \
         in converted.log, converted.log
-    gguf = _smollm2()
+    gguf = small_gguf()
     order = np.random.default_rng(0).permutation(49152)
 
     def changed(values_of: Any, scale_of: Any) -> tuple[int, int]:
@@ -613,7 +608,7 @@ def test_q4_1_weights_are_llama_cpps_dequantized_weights(converted: Converted) -
     """Every Q4_1 weight of the file, as the converted graph computes it, is d * q + m of
     its block (numpy, from the file's bytes), to f16 rounding of the zero point: GenAI's
     own conversion rounds the minimum to a 4-bit zero point, up to half a step off."""
-    gguf = _smollm2()
+    gguf = small_gguf()
     checked, rows, worst = _check_4_bit_weights(gguf, converted.folder, 1)
     assert checked == rows > 1000 * SMALL_LAYERS
     assert worst <= 1 / 64, worst
@@ -645,7 +640,7 @@ def test_q4_0_weights_are_checked_in_the_conversion(tmp_path: Path,
     llama.cpp's weights."""
     from small_gguf import copy_gguf
 
-    gguf = copy_gguf(_smollm2(), tmp_path / "smollm2-q4_0.gguf",
+    gguf = copy_gguf(small_gguf(), tmp_path / "smollm2-q4_0.gguf",
                      Q4_0_LAYERS, _q4_0, file_type=2)  # NOTE: MOSTLY_Q4_0
     caplog.set_level(logging.INFO, logger="npu_proxy.workers")
     folder = Path(loadable(str(gguf), tmp_path / "cache"))
