@@ -708,9 +708,12 @@ def vlm_server(tmp_path_factory: pytest.TempPathFactory, tiny_vlm_path: Path
         max_image_pixels=VLM_MAX_PIXELS, max_images=VLM_MAX_IMAGES).start()
     # NOTE: the examples reach the model through a created one with an earlier exchange (a
     # MESSAGE, as a Modelfile gives it): the alias path a user of the examples takes.
+    # NOTE: with a Modelfile's PARAMETER num_predict, as a user bounds a model's replies: the
+    # chat example samples (no temperature), and the tiny VLM's sampled text ended after
+    # 7-75 tokens mostly, once only at its 8,192-token context (96 s of a CI run).
     ollama.Client(host=server.url).create(model=BRIEF, from_=VLM, messages=[
         {"role": "user", "content": "Describe the picture as JSON."},
-        {"role": "assistant", "content": SHORT_ANSWER}])
+        {"role": "assistant", "content": SHORT_ANSWER}], parameters={"num_predict": 512})
     yield server
     server.stop()
 
@@ -852,8 +855,8 @@ def test_the_anthropic_and_openai_sdks_send_images(vlm_server: Server) -> None:
 # NOTE: structured-outputs-image with every length in its schema bounded (pydantic Field
 # max_length, an integer range for `confidence`): the example's own schema bounds no string,
 # and the tiny VLM's greedy JSON on another CPU repeated `"high-end, "` inside one until the
-# token limit, so the reply did not parse (issue 28). Bounded, any greedy decode is a short
-# object of the schema.
+# token limit, so the reply did not parse (issue 28). Bounded, any greedy decode is an object
+# of the schema of at most ~450 characters, within the model's num_predict (vlm_server).
 MULTIMODAL_CHAT = """
 import ollama
 
@@ -868,7 +871,7 @@ print(response.message.content)
 
 STRUCTURED_OUTPUTS_IMAGE = """
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import Annotated, List, Literal, Optional
 
 from pydantic import BaseModel, Field
 
@@ -885,7 +888,7 @@ class ImageDescription(BaseModel):
     summary: str = Field(max_length=40)
     objects: List[Object] = Field(max_length=2)
     scene: str = Field(max_length=24)
-    colors: List[str] = Field(max_length=3)
+    colors: List[Annotated[str, Field(max_length=16)]] = Field(max_length=3)
     time_of_day: Literal['Morning', 'Afternoon', 'Evening', 'Night']
     setting: Literal['Indoor', 'Outdoor', 'Unknown']
     text_content: Optional[str] = Field(default=None, max_length=24)
