@@ -16,7 +16,7 @@ import zmq
 
 from npu_proxy.protocol.config import Config
 from npu_proxy.protocol.keys import KeysError
-from npu_proxy.protocol.sockets import connect, control_endpoint
+from npu_proxy.protocol.sockets import connect, control_endpoint, ipc_path_refusal
 from npu_proxy.protocol.states import ProcessState
 
 # --- commands (CLI, gateway -> supervisor) -----------------------------------------------
@@ -170,6 +170,8 @@ def call(config: Config, command: Command, expect: type[R], timeout: float = 30.
     nothing answers within `timeout` seconds (on tcp also when the instance's keys are
     missing, or the socket's owner cannot prove it holds them), CommandRefused on Refused.
     """
+    if (refusal := ipc_path_refusal(config)) is not None:
+        raise NoSupervisor(refusal)  # NOTE: none can run there (ZeroMQ: "File name too long")
     endpoint = control_endpoint(config)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)

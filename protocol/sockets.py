@@ -128,17 +128,22 @@ def tcp_ports(config: Config) -> list[tuple[str, int, str]]:
 IPC_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
 
 
-def ipc_path_refusal(config: Config) -> str | None:
-    """Why this instance's ipc sockets cannot be made (a path longer than a Unix socket's
-    may be: ZeroMQ would fail with "File name too long" once started), or None."""
+def longest_ipc_path(config: Config) -> str | None:
+    """The longest path of this instance's ipc sockets (control, events, each local worker's),
+    or None on tcp."""
     if config.transport == "tcp":
         return None
     paths = [str(e)[len("ipc://"):] for e in (control_endpoint(config), events_endpoint(config))]
     paths += [str(worker_endpoint(config, spec.name, "out"))[len("ipc://"):]
               for spec in config.local_workers()]
-    longest = max(paths, key=lambda p: len(os.fsencode(p)))
-    size = len(os.fsencode(longest))
-    if size <= IPC_PATH_MAX:
+    return max(paths, key=lambda p: len(os.fsencode(p)))
+
+
+def ipc_path_refusal(config: Config) -> str | None:
+    """Why this instance's ipc sockets cannot be made (a path longer than a Unix socket's
+    may be: ZeroMQ would fail with "File name too long"), or None."""
+    longest = longest_ipc_path(config)
+    if longest is None or (size := len(os.fsencode(longest))) <= IPC_PATH_MAX:
         return None
     return (f"the runtime folder {config.runtime_path()} is too long for its sockets: {longest} "
             f"is {size} bytes, and a Unix socket's path may have at most {IPC_PATH_MAX}. Set "

@@ -27,6 +27,7 @@ from npu_proxy.models.locate import NotLocated, Origin, build_seconds, locate
 from npu_proxy.models.registry import ModelSourceMissing
 from npu_proxy.protocol import control
 from npu_proxy.protocol.config import DEFAULT_LLM_MODEL, Config, WorkerSpec, speech_missing
+from npu_proxy.protocol.sockets import IPC_PATH_MAX, ipc_path_refusal, longest_ipc_path
 from npu_proxy.supervisor.cli_common import config_options, load
 
 Status = Literal["ok", "warn", "fail"]
@@ -114,6 +115,18 @@ def check_runtime_dir(path: Path) -> Check:
     if mode != 0o700:
         return Check(name, "fail", f"{path} has mode {mode:04o}, must be 0700")
     return Check(name, "ok", f"{path} (uid {st.st_uid}, 0700)")
+
+
+def check_socket_paths(config: Config) -> list[Check]:
+    """On ipc: whether the longest socket path fits a Unix socket's."""
+    longest = longest_ipc_path(config)
+    if longest is None:
+        return []
+    refusal = ipc_path_refusal(config)
+    if refusal is not None:
+        return [Check("socket paths", "fail", refusal)]
+    return [Check("socket paths", "ok",
+                  f"the longest {len(os.fsencode(longest))} of {IPC_PATH_MAX} bytes ({longest})")]
 
 
 def check_model_cache(path: Path) -> Check:
@@ -263,9 +276,9 @@ def examine(config: Config, info: OpenVINOInfo, run_selftest: bool = True,
     checks += check_worker_devices(config, info.devices) if info.devices else []
     checks += check_models(config)
     checks += check_speech(config)
-    checks += check_speech(config)
     checks.append(check_model_cache(config.model_cache_path()))
     checks.append(check_runtime_dir(config.runtime_path()))
+    checks += check_socket_paths(config)
     checks.append(check_port(config))
     tests = [selftest(config, d.name, tokens) for d in info.devices if not d.error] \
         if run_selftest else []

@@ -143,3 +143,16 @@ def test_doctor_shows_the_speech_roles_and_what_they_need(tmp_path: Path) -> Non
     assert re.search(r"OK +model of asr +whisper:tiny.en at .*whisper-tiny-en \(embedded, "
                      r"built in \d+\.\d s\)", done.stdout), done.stdout
 
+
+
+def test_doctor_fails_on_a_runtime_folder_too_long_for_its_sockets(tmp_path: Path) -> None:
+    done = _doctor(_config(tmp_path), "--no-selftest")
+    assert re.search(r"OK +socket paths +the longest \d+ of 107 bytes", done.stdout), done.stdout
+
+    deep = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    done = _doctor(_config(tmp_path, runtime_dir=str(deep)), "--no-selftest")
+    assert done.returncode == 1
+    assert re.search(r"FAIL +socket paths +the runtime folder .* is too long for its sockets",
+                     done.stdout), done.stdout
+    # NOTE: and each check once: espeak-ng's was listed twice.
+    assert len(re.findall(r"^ +\S+ +espeak-ng ", done.stdout, re.M)) == 1, done.stdout

@@ -412,6 +412,11 @@ def test_a_runtime_folder_too_long_for_its_sockets_is_refused_naming_the_fix(
     for fix in ("NPU_PROXY_RUNTIME_DIR", "shorter", 'transport = "tcp"', str(deep)):
         assert fix in out.stderr, out.stderr
     assert not deep.exists()
+    # NOTE: and the commands that talk to a running instance say the same, not a traceback.
+    status = subprocess.run([SUPERVISOR, "status", "--config", str(tmp_path / "refused.toml")],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode != 0
+    assert "too long for its sockets" in status.stderr and "Traceback" not in status.stderr
 
 
 def test_the_socket_path_limit_counts_the_longest_worker_name_in_bytes(tmp_path: Path) -> None:
