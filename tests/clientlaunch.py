@@ -19,6 +19,7 @@ from shutil import which
 
 import pytest
 from clientcap import CaptureProxy, Exchange
+from serverctl import with_parent
 
 LLM = "smollm2:135m"
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,9 +292,10 @@ def execute(name: str, launch: Launch, tmp: Path, base_url: str, timeout: float,
     deadline = time.monotonic() + timeout
     try:
         with (tmp / f"{name}.out").open("w+") as out, (tmp / f"{name}.err").open("w+") as err:
-            # NOTE: its own session, so that a stop takes the client's children too.
-            proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, text=True, start_new_session=True)
+            # NOTE: in a process group of its own, so that a stop takes the client's children
+            # too, ended with this process: a SIGKILLed test run left Codex running.
+            proc = subprocess.Popen(with_parent(argv, group=True), env=env, cwd=work,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True)
             rc = _wait(proc, deadline, lambda: done is not None and done(proxy))
             out.seek(0)
             err.seek(0)
@@ -322,7 +324,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            proc.send_signal(sig)  # NOTE: gone, or its wrapper has not made its group yet
         try:
             proc.wait(timeout=grace)
             return
