@@ -77,11 +77,17 @@ class WorkerProcess:
 
     # --- publishing ----------------------------------------------------------------------
 
-    def publish(self, beat: Heartbeat) -> None:
-        """A heartbeat, to every subscriber (subscriptions waiting are granted first)."""
-        data = encode(beat)
+    def publish(self) -> None:
+        """A heartbeat of this moment, to every subscriber (subscriptions waiting are granted
+        first)."""
         held = gateway_heartbeats_held(self.spec)
         with self._pub_lock:
+            # NOTE: taken under the lock, so heartbeats leave in the order they were taken. The
+            # heartbeat thread, given the GIL as a long step ended, took one that counted the
+            # step as time without progress; the engine thread's announce then took and sent
+            # the fresh one first, the stale one went last, and the next long step was killed
+            # at the limit minus the step before (CI, a loaded machine).
+            data = encode(self.heartbeat())
             self.routes.grant(self._pub)
             for topic in [TOPIC_HEARTBEAT] if held else self.routes.topics:
                 self._pub.send_multipart((topic, data))
@@ -123,12 +129,12 @@ class WorkerProcess:
 
     def _announce(self) -> None:
         """A heartbeat now, from the engine thread (see Engine.announce)."""
-        self.publish(self.heartbeat())
+        self.publish()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.publish(self.heartbeat())
+                self.publish()
             except zmq.ZMQError:
                 return
             self._stop.wait(HEARTBEAT_INTERVAL)
@@ -240,7 +246,7 @@ class WorkerProcess:
             self.load_seconds = time.monotonic() - started
             log.info("ready in %.1f s", self.load_seconds)
             self.state = ProcessState.READY
-            self.publish(self.heartbeat())
+            self.publish()
             engine.run(self._stop)
         except Exception as exc:
             if self._draining.is_set() and self.engine is None:
@@ -250,7 +256,7 @@ class WorkerProcess:
             log.exception("worker failed")
             self.state = ProcessState.FAILED
             self.error = str(exc)
-            self.publish(self.heartbeat())
+            self.publish()
             time.sleep(0.2)
             self._stop.set()
             receiver.join(1.0)
@@ -259,7 +265,7 @@ class WorkerProcess:
 
     def _stopped(self, receiver: threading.Thread) -> int:
         self.state = ProcessState.STOPPED
-        self.publish(self.heartbeat())
+        self.publish()
         receiver.join(1.0)
         time.sleep(0.05)
         self._pub.close(linger=200)
