@@ -12,8 +12,9 @@ from installed import Builds
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
-# prints the slowest modules after the slowest tests (tests/budget.py).
-pytest_plugins = ["reaper", "budget"]
+# prints the slowest modules after the slowest tests (tests/budget.py); stops a run at once on
+# a disk too full for it (tests/preflight.py).
+pytest_plugins = ["reaper", "budget", "preflight"]
 
 LLM = "smollm2:135m"
 
