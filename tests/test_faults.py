@@ -196,11 +196,13 @@ def test_gateway_killed_is_replaced_and_workers_keep_running(srv: Server) -> Non
     kids = srv.children()
     workers = {n: c["pid"] for n, c in kids.items() if n != "gateway"}
     os.kill(kids["gateway"]["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 20
+    # NOTE: a hang guard, not a speed: the new gateway's start (imports, binding, hearing
+    # the workers) took seconds on a loaded machine.
+    deadline = time.monotonic() + 120
     ok = False
     while time.monotonic() < deadline and not ok:
         try:
-            r = httpx.post(srv.url + "/v1/chat/completions", timeout=10, json={
+            r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
                 "model": LLM, "messages": SHORT, "max_tokens": 3})
             ok = r.status_code == 200
         except httpx.HTTPError:
@@ -232,7 +234,7 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
         assert "stuck" in hung["last_error"]
         # Meanwhile the gateway stays alive and the healthy worker serves.
         for _ in range(5):
-            assert httpx.get(server.url + "/health", timeout=1.0).status_code == 200
+            assert httpx.get(server.url + "/health", timeout=10).status_code == 200
         r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
             "model": LLM, "messages": SHORT, "max_tokens": 3})
         assert r.status_code == 200
