@@ -25,17 +25,20 @@ pytestmark = pytest.mark.skipif(not Path(HAPROXY).exists(),
                                 reason="haproxy not installed (.ci/run installs it)")
 
 
-def instance(tmp: Path, name: str) -> Server:
+def instance(tmp: Path, name: str, **worker: Any) -> Server:
     # NOTE: each instance names its worker differently, so a response's
     # x-npu-proxy-worker header says which instance served it.
-    return Server(tmp / name, workers=[{"name": f"llm-{name}", "role": "llm"}])
+    return Server(tmp / name, workers=[{"name": f"llm-{name}", "role": "llm", **worker}])
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[Server, Server]]:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a, b = instance(tmp_path, "a"), instance(tmp_path, "b")
+    # NOTE: a's tokens come 50 ms apart at least, so its streams are still running when the
+    # test kills it, however fast the machine is.
+    a = instance(tmp_path, "a", faults={"token_delay_seconds": 0.05})
+    b = instance(tmp_path, "b")
     a.start(wait=False)
     b.start(wait=False)
     try:

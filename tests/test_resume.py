@@ -148,9 +148,12 @@ def test_greedy_streams_killed_mid_way_end_with_their_own_texts(srv: Server) -> 
 @pytest.fixture(scope="module")
 def batching(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # NOTE: a request whose X-Request-ID starts with "poison-" makes the worker exit at its
-    # first token (a test hook); others run as ever.
+    # first token (a test hook); others run as ever, each token 50 ms apart at least: a
+    # stream is still running seconds after its first tokens, however fast the machine (a
+    # kill or a poison meant for its middle landed within ~0.5 s of its end before).
     server = Server(tmp_path_factory.mktemp("resume-batching"), workers=[
-        {"name": "llm", "role": "llm", "faults": {"exit_on_request": "poison-"}}],
+        {"name": "llm", "role": "llm", "faults": {"exit_on_request": "poison-",
+                                                  "token_delay_seconds": 0.05}}],
         stream_resumes=1, backoff_initial=0.2, crash_quarantine_seconds=300.0).start()
     yield server
     server.stop()
