@@ -335,7 +335,8 @@ def test_worker_stopped_mid_stream_is_lost_within_the_heartbeat_timeout(
     try:
         stream = Stream(server.url, SHORT, 4000)
         stream.wait_tokens(3)
-        assert device_row(server, "llm")["state"] == "busy"
+        # NOTE: the state is the supervisor's, sent on after it heard the worker: waited for.
+        wait_for(lambda: device_row(server, "llm")["state"] == "busy", 60)
         os.kill(old, signal.SIGSTOP)
         seen = _lost_and_restarted(server, stream, old)
         err = stream.error()
