@@ -382,8 +382,13 @@ class Server:
             return ""
 
     def worker_log(self, name: str) -> str:
-        return (Path(self.config.runtime_dir) / "logs" / f"{name}.log").read_text(
-            errors="replace")
+        """What process `name` logged so far ("" before the supervisor made its log: the
+        gateway may answer before a worker's process is started)."""
+        try:
+            return (Path(self.config.runtime_dir) / "logs" / f"{name}.log").read_text(
+                errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def stop(self, timeout: float = 30.0) -> set[int]:
         """SIGTERM the supervisor; returns the pids of its descendants that outlived it."""
