@@ -127,10 +127,6 @@ class WorkerProcess:
             recovering=self.recovering,
         )
 
-    def _announce(self) -> None:
-        """A heartbeat now, from the engine thread (see Engine.announce)."""
-        self.publish()
-
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -236,7 +232,7 @@ class WorkerProcess:
                 while not held.exists() and not self._stop.is_set():
                     time.sleep(0.1)
             engine: Engine = build_engine(self)
-            engine.announce = self._announce
+            engine.announce = self.publish  # NOTE: a heartbeat now, from the engine thread
             engine.load(self._compile_properties())
             # NOTE: bench/start.py reads this line: where a start's time goes.
             log.info("pipeline built in %.1f s", time.monotonic() - started)
