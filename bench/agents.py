@@ -5,6 +5,7 @@ this server and against llama.cpp's `llama-server --jinja` on the same GGUF, in 
 
     python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
                            [--tasks read-and-answer,create-a-file] [--timeout 2400]
+                           [--results FILE]
 
 The clients are the ones `make setup` installs into .clients/ (tests/clients/package.json),
 each started as tests/clientlaunch.py starts them (private HOME, a placeholder key, telemetry
@@ -21,6 +22,12 @@ Q4_K_M GGUF from PyPI (tests/qwen_coder.py) unless --model-gguf names another; b
 get each client's own sampling parameters. One server busy at a time: each task runs on this
 server, then on llama-server. Prints a line per run, then per client and server: tasks
 completed, requests, prompt tokens, wall time.
+
+The whole run is hours on 2 cores (each client's first prompt alone is minutes on each
+server), so it can be taken in parts: with `--results FILE` each run's outcome is appended to
+FILE as a JSON line once it ends, runs already there are not run again, and the summary counts
+every run in FILE. A part that starts anew starts both servers anew, so its first task of a
+client reads that client's prompt without a kept prefix, as the run's first part did.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -112,6 +119,13 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
                    prompt_tokens(run), seconds, run.rc, why)
 
 
+def recorded(results: Path | None) -> list[Outcome]:
+    """The outcomes an earlier part of the run appended to `results`."""
+    if results is None or not results.is_file():
+        return []
+    return [Outcome(**json.loads(line)) for line in results.read_text().splitlines() if line]
+
+
 def report(outcomes: list[Outcome], servers: list[str]) -> None:
     print("\nclient    server        tasks  requests  prompt tokens  wall s")
     for client in dict.fromkeys(o.client for o in outcomes):
@@ -134,6 +148,8 @@ def main() -> None:
                     help="seconds one client may take for one task")
     ap.add_argument("--keep", type=Path, help="a folder to keep each run's exchanges and "
                     "files in")
+    ap.add_argument("--results", type=Path, help="a JSON-lines file of outcomes: appended "
+                    "to as runs end, and the runs already in it are not run again")
     args = ap.parse_args()
     # NOTE: SIGTERM ends the run as Ctrl-C does: both servers stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -144,7 +160,8 @@ def main() -> None:
         raise SystemExit(f"clients: {', '.join(ASKED)}; tasks: "
                          f"{', '.join(t.name for t in TASKS)}")
     gguf = args.model_gguf or ensure(MODEL_CACHE)
-    outcomes: list[Outcome] = []
+    outcomes = recorded(args.results)
+    done_before = {(o.client, o.task, o.server) for o in outcomes}
     with tempfile.TemporaryDirectory(prefix="npu-proxy-agents-") as tmp:
         root = Path(tmp)
         (root / "server").mkdir()
@@ -162,12 +179,17 @@ def main() -> None:
             for client in clients:
                 for task in tasks:
                     for name, url in targets:
+                        if (client, task.name, name) in done_before:
+                            continue
                         try:
                             outcome = attempt(client, task, name, url, root, args.timeout,
                                               args.keep)
                         except pytest.skip.Exception as exc:
                             raise SystemExit(f"{client}: {exc}") from None
                         outcomes.append(outcome)
+                        if args.results is not None:
+                            with args.results.open("a") as sink:
+                                sink.write(json.dumps(asdict(outcome)) + "\n")
                         print(f"{client} {task.name} on {name}: "
                               f"{'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
                               f"{outcome.requests} requests, {outcome.prompt_tokens} prompt "

@@ -1,6 +1,7 @@
 """A first run's answers: the examples of Ollama's API documentation and of the README, on the
-embedded model with its own defaults, beside the same requests with a frequency penalty of
-0.3 (the nearest GenAI has to Ollama's repeat_penalty), in one run.
+embedded model with its own defaults (among them a frequency penalty of 0.3, the nearest
+GenAI has to Ollama's repeat_penalty), beside the same requests with that penalty turned off
+(`frequency_penalty: 0`), in one run.
 
     python bench/first_run.py [--seeds 3]
 
@@ -8,7 +9,7 @@ A server with the default workers is started in a scratch folder (tests/serverct
 shared model cache). Each example runs once per seed in each variant; printed per example and
 variant: how many answers ended where the model stopped (`done_reason` / `finish_reason`
 "stop") rather than at the output limit, the median output tokens and the median seconds,
-then the ratio of the medians (defaults / with the penalty). The seconds depend on the
+then the ratio of the medians (without the penalty / the defaults). The seconds depend on the
 machine and its load; the counts and the ratio are what carries over.
 """
 
@@ -46,11 +47,11 @@ def _run(client: httpx.Client, path: str, body: dict[str, Any], seed: int,
     """(stopped by the model, output tokens, seconds) of one request."""
     body = dict(body)
     if path.startswith("/api/"):
-        body["options"] = {"seed": seed, **({} if plain else {"frequency_penalty": 0.3})}
+        body["options"] = {"seed": seed, **({"frequency_penalty": 0.0} if plain else {})}
     else:
         body["seed"] = seed
-        if not plain:
-            body["frequency_penalty"] = 0.3
+        if plain:
+            body["frequency_penalty"] = 0.0
     began = time.monotonic()
     reply = client.post(path, json=body, timeout=900.0)
     seconds = time.monotonic() - began
@@ -80,10 +81,10 @@ def main() -> None:
                         stopped = sum(r[0] for r in runs)
                         tokens = statistics.median(r[1] for r in runs)
                         medians[plain] = statistics.median(r[2] for r in runs)
-                        variant = "the model's defaults" if plain else "frequency_penalty 0.3"
+                        variant = "frequency_penalty 0" if plain else "the model's defaults"
                         print(f"{name:<30} {variant:<26} {stopped:>4}/{len(runs):<3} "
                               f"{tokens:>7.0f} {medians[plain]:>8.1f}", flush=True)
-                    print(f"{'':<30} {'seconds, defaults / with':<26} "
+                    print(f"{'':<30} {'seconds, without / defaults':<26} "
                           f"{medians[True] / medians[False]:>21.2f}")
         finally:
             server.stop()

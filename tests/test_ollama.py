@@ -130,7 +130,8 @@ def test_sdk_show(client: ollama.Client) -> None:
     assert "<|im_start|>" in (shown.template or "")
     # The model's own defaults, as Ollama's library lists a model's Modelfile parameters.
     lines = {tuple(line.split()) for line in (shown.parameters or "").splitlines()}
-    assert {("num_ctx", "8192"), ("temperature", "0.2"), ("top_p", "0.9")} <= lines
+    assert {("num_ctx", "8192"), ("temperature", "0.2"), ("top_p", "0.9"),
+            ("frequency_penalty", "0.3")} <= lines
     assert "PARAMETER temperature 0.2" in (shown.modelfile or "")
     assert shown.details is not None and shown.details.quantization_level == "Q4_1"
     assert shown.modified_at is not None
