@@ -4,6 +4,8 @@ request rebuilt from its shape (every key, array element, type, role, tool and c
 and config value as the client sent them; short filler where the client wrote text) goes to
 the shared server, which must accept it and start answering in that API's stream. So a server
 change that refuses a client's shape is caught where the clients themselves are not installed.
+A fixture named `<client>-<version>.json` is an earlier pin's record, kept for the shapes that
+version sent and the current pin's run did not (users update their clients late).
 """
 
 from __future__ import annotations
