@@ -34,29 +34,31 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED = 10
 
 
-class ToolTag(msgspec.Struct, frozen=True):
+class ToolTag(msgspec.Struct, frozen=True, omit_defaults=True):
     """One way a call is written: `begin`, then a value matching `schema` (a JSON schema),
     then `end`."""
 
     begin: str
     schema: str
     end: str
+    # A newline may come before and after the value (a call between marker lines).
+    padded: bool = False
 
 
 class ToolTags(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Tool calls under tool_choice auto: the output is free, but once the model writes
-    `trigger` what follows must complete one of `tags` (OpenVINO GenAI's triggered structural
-    tags); after it the output is free again.
+    """Tool calls under tool_choice auto: the output is free, but once the model writes one
+    of `triggers` what follows must complete one of `tags` (OpenVINO GenAI's triggered
+    structural tags); after it the output is free again. Each tag's begin starts with a
+    trigger.
 
-    A template with call markers (`<tool_call>`): the trigger is the marker and one tag holds
-    a call of any offered tool (gateway/content/tools/forcing.py `auto_call_schema`) up to the
-    closing marker. A template that writes bare JSON (Llama 3.x): the trigger is `{"name"` and
-    each tool has its tag, `{"name": "<tool>", "parameters": ` + its parameters + `}`."""
+    A template with call markers (`<tool_call>`): one tag holds a call of any offered tool
+    (gateway/content/tools/forcing.py `auto_call_schema`) between the markers, and, since
+    models offered them still write calls as bare or fenced JSON, `{"name"` is a second
+    trigger. Bare JSON, and a template that writes it (Llama 3.x): each tool has its tag,
+    `{"name": "<tool>", "arguments": ` (or `"parameters"`) + its parameters + `}`."""
 
-    trigger: str
+    triggers: tuple[str, ...]
     tags: tuple[ToolTag, ...]
-    # A newline may come before and after the value (a call between marker lines).
-    padded: bool = False
     # At most one call (parallel tool calls off): the output ends after it.
     single: bool = False
 

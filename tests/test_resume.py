@@ -273,13 +273,19 @@ def test_what_can_resume() -> None:
     for held in (_plan(SamplingParams(json_schema='{"type": "object"}')),
                  _plan(SamplingParams(regex="[a-z]+")), _plan(SamplingParams(), images=True)):
         assert held.allows("llm", [], "") and not held.allows("llm", [1], "{")
-    tags = ToolTags("<tool_call>", (ToolTag("<tool_call>", "{}", "</tool_call>"),), padded=True)
+    bare_tag = ToolTag('{"name": "a", "arguments": ', "{}", "}")
+    tags = ToolTags(("<tool_call>", '{"name"'), (
+        ToolTag("<tool_call>", "{}", "</tool_call>", padded=True), bare_tag))
     marked = _plan(SamplingParams(tool_tags=tags))
     assert marked.allows("llm", [1], "Let me look.")
     assert not marked.allows("llm", [1], 'Let me look.<tool_call>\n{"name": "re')
     done = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\nOk'
     assert marked.allows("llm", [1], done)
-    bare = _plan(SamplingParams(tool_tags=ToolTags('{"name"', (
+    assert marked.allows("llm", [1], done + done)
+    # A bare call after a marked one closed, or begun in a fence, may still be held.
+    assert not marked.allows("llm", [1], done + '{"name": "a", "arg')
+    assert not marked.allows("llm", [1], 'Here:\n```json\n{"name": "a", "arguments": {}}')
+    bare = _plan(SamplingParams(tool_tags=ToolTags(('{"name"',), (
         ToolTag('{"name": "a", "parameters": ', "{}", "}"),))))
     assert bare.allows("llm", [1], "Sure.")
     assert not bare.allows("llm", [1], '{"name": "a", "parameters": {}}')

@@ -104,8 +104,27 @@ def test_parser_finds_calls_followed_by_text() -> None:
     assert streamed + rest == "Done."
 
 
+@pytest.mark.parametrize(("text", "before"), [
+    ('Let me look. {"name": "get_weather", "arguments": {"city": "Paris"}}', "Let me look. "),
+    # Qwen2.5-Coder-1.5B under Codex CLI wrote its call fenced (issue 42).
+    ('Let me look.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'
+     "Done.", "Let me look.\nDone."),
+])
+def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
+    """A bare or fenced call after text (the tool grammar's `{"name"` trigger holds one
+    anywhere): the text before it flows, the fence goes with the call."""
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    assert before.startswith(streamed) and streamed.startswith("Let me look.")
+    rest, calls = parser.finish()
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert streamed + rest == before
+
+
 @pytest.mark.parametrize("text", [
     "The weather in Paris is sunny.", '{"city": "Paris"}',
+    'A record: {"name": "Alice", "age": 3}. More text.',
+    "Run it:\n```bash\nls -l\n```\nThen `cat` it.\n```",
     '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',
     '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
 ])

@@ -28,6 +28,9 @@ from npu_proxy.models.locate import locate
 
 LLM = "smollm2:135m"
 BARE = "llama-style:135m"
+# The same, under a template that also names `<tool_call>` markers (as Qwen2.5's does): a
+# bare call is held to the schema all the same (Qwen2.5-Coder wrote one under Codex CLI).
+MARKED = "marked-style:135m"
 TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nYou can call these functions:\n"
     "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
@@ -41,6 +44,9 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_time", "description": "The time now",
                                       "parameters": {"type": "object", "properties": {}}}},
 ]
+MARKED_TEMPLATE = TEMPLATE.replace("dictionary of argument name and its value}.",
+                                   "dictionary of argument name and its value}, or put "
+                                   "it between <tool_call> and </tool_call>.")
 EARLIER = '{"name": "set_level", "parameters": {}}'
 CALLING: list[dict[str, Any]] = [
     {"role": "user", "content": "Set the level to high."},
@@ -55,8 +61,10 @@ CALLING: list[dict[str, Any]] = [
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("tools-unmarked")
     gguf = locate(Server(tmp / "probe").config, LLM).path
-    srv = Server(tmp, workers=[{"name": "llm", "role": "llm", "model": BARE}],
-                 models={BARE: {"path": str(gguf), "chat_template": TEMPLATE}}).start()
+    srv = Server(tmp, workers=[{"name": "llm", "role": "llm", "model": BARE},
+                               {"name": "marked", "role": "llm", "model": MARKED}],
+                 models={BARE: {"path": str(gguf), "chat_template": TEMPLATE},
+                         MARKED: {"path": str(gguf), "chat_template": MARKED_TEMPLATE}}).start()
     yield srv.url
     srv.stop()
 
@@ -65,26 +73,31 @@ def test_a_template_without_markers_gets_one_tag_per_tool() -> None:
     tools = [Tool("a", "", {"type": "object", "properties": {"x": {"type": "integer"}}}),
              Tool('b"q', "", {"type": "object", "properties": {}})]
     tags = auto_tags(ToolRequest(tools, ToolChoice("auto")), True, TEMPLATE)
-    assert tags is not None and tags.trigger == BARE_CALL and not tags.padded
+    assert tags is not None and tags.triggers == (BARE_CALL,)
     assert [t.begin for t in tags.tags] == ['{"name": "a", "parameters": ',
                                             '{"name": "b\\"q", "parameters": ']
-    assert all(t.begin.startswith(tags.trigger) and t.end == "}" for t in tags.tags)
+    assert all(t.begin.startswith(BARE_CALL) and t.end == "}" and not t.padded
+               for t in tags.tags)
     assert json.loads(tags.tags[0].schema) == tools[0].parameters
     # A template that names the key "arguments", or has none, gets "arguments".
     other = auto_tags(ToolRequest(tools, ToolChoice("auto")), True, "{{ tools }}")
     assert other is not None and other.tags[0].begin == '{"name": "a", "arguments": '
-    # Markers in the template: one tag between them, whatever the tool.
+    # Markers in the template: one tag between them, whatever the tool, and bare JSON too
+    # (Qwen2.5-Coder wrote fenced calls under Codex CLI).
     marked = auto_tags(ToolRequest(tools, ToolChoice("auto")), True,
                        "{{ tools }}<tool_call></tool_call>")
-    assert marked is not None and marked.trigger == "<tool_call>" and marked.padded
-    assert [(t.begin, t.end) for t in marked.tags] == [("<tool_call>", "</tool_call>")]
+    assert marked is not None and marked.triggers == ("<tool_call>", BARE_CALL)
+    assert [(t.begin, t.end, t.padded) for t in marked.tags] == [
+        ("<tool_call>", "</tool_call>", True), ('{"name": "a", "arguments": ', "}", False),
+        ('{"name": "b\\"q", "arguments": ', "}", False)]
     assert auto_tags(ToolRequest(tools, ToolChoice("required")), True, TEMPLATE) is None
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_bare_call_is_held_to_the_tool_schema(bare: str, stream: bool) -> None:
+@pytest.mark.parametrize(("model", "stream"), [(BARE, False), (BARE, True), (MARKED, False),
+                                               (MARKED, True)])
+def test_a_bare_call_is_held_to_the_tool_schema(bare: str, model: str, stream: bool) -> None:
     oai = openai.OpenAI(base_url=bare + "/v1", api_key="x", max_retries=0)
-    kwargs: dict[str, Any] = {"model": BARE, "messages": CALLING, "tools": TOOLS,
+    kwargs: dict[str, Any] = {"model": model, "messages": CALLING, "tools": TOOLS,
                               "temperature": 0, "max_tokens": 80}
     names, args = chat_calls(oai, kwargs, stream)
     assert names == ["set_level"]

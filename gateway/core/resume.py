@@ -33,7 +33,7 @@ import msgspec
 
 from npu_proxy.gateway.core.broker import Broker
 from npu_proxy.gateway.core.request_stream import RequestStream
-from npu_proxy.protocol.messages import Accepted, Delta, Finished, Generate
+from npu_proxy.protocol.messages import Accepted, Delta, Finished, Generate, ToolTags
 
 
 @dataclass
@@ -126,6 +126,23 @@ class Replay:
             raise Diverged(f"it ended after {finished.completion_tokens} tokens")
 
 
+def _open_call(text: str, tags: ToolTags) -> bool:
+    """Whether `text` holds a call its constraint may still be holding: a trigger outside
+    the marked calls it has closed. A bare call's end (`}`) is also inside its arguments, so
+    one begun is taken as open."""
+    for tag in tags.tags:
+        if tag.padded:
+            pos, kept = 0, []
+            while (start := text.find(tag.begin, pos)) >= 0:
+                end = text.find(tag.end, start + len(tag.begin))
+                if end < 0:
+                    break
+                kept.append(text[pos:start])
+                pos = end + len(tag.end)
+            text = "".join(kept) + text[pos:]
+    return any(trigger in text for trigger in tags.triggers)
+
+
 class Resumer:
     """A generation's way on after its worker died (Generation._resume): the request again,
     replayed or continued, once a worker serves the model (a restarted one).
@@ -175,8 +192,7 @@ class Resumer:
         tags = params.tool_tags
         if tags is None:
             return True
-        opened = text.rfind(tags.trigger)
-        return opened < 0 or (tags.padded and tags.tags[0].end in text[opened:])
+        return not _open_call(text, tags)
 
     def replays(self, worker: str, ids: list[int], text: str) -> bool:
         """Replayed when that gives the client's tokens again by construction (a deterministic

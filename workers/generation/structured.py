@@ -38,8 +38,8 @@ def structured_output(params: SamplingParams) -> ov_genai.StructuredOutputConfig
 
 
 def _tool_tags(tags: ToolTags) -> ov_genai.StructuredOutputConfig | None:
-    """Free text until the model writes `tags.trigger`; then one of the tags (its begin, a
-    value of its schema, its end); then free text again.
+    """Free text until the model writes one of `tags.triggers`; then one of the tags (its
+    begin, a value of its schema, its end); then free text again.
 
     NOTE: compiled by GenAI per request, and kept by it: measured with 20 tools of 3 to 8
     arguments (SmolLM2, CPU), +0.3 s to the first request with that tool set, a few ms to the
@@ -47,13 +47,13 @@ def _tool_tags(tags: ToolTags) -> ov_genai.StructuredOutputConfig | None:
     """
     out_tags = []
     for tag in tags.tags:
-        content = _tag_content(tag.schema, tags.padded)
+        content = _tag_content(tag.schema, tag.padded)
         if content is None:
             return None
         out_tags.append(SOC.Tag(tag.begin, content, tag.end))
     out = SOC()
     out.structural_tags_config = SOC.TriggeredTags(
-        triggers=[tags.trigger], tags=out_tags, at_least_one=False,
+        triggers=list(tags.triggers), tags=out_tags, at_least_one=False,
         stop_after_first=tags.single)
     return out
 

@@ -19,8 +19,8 @@ How tools reach the model:
 tool_choice:
 - `none`: tools are not offered and the output is not parsed (history still rendered).
 - `auto`: tools are offered and the output is parsed: if it is a call, it is a call, else text.
-  Where calls have begin/end markers (`<tool_call>`: the fallback prompt, Hermes/Qwen
-  templates), a call once begun is constrained to one offered tool and its schema
+  A call once begun, with its markers (`<tool_call>`: the fallback prompt, Hermes/Qwen
+  templates) or as bare JSON (`{"name"`), is constrained to one offered tool and its schema
   (`SamplingParams.tool_tags`, `auto_call_schema`); nothing forces the model to begin one.
 - `required` (OpenAI) / `any` (Anthropic) / a named function: generation is constrained
   (structured output, `SamplingParams.json_schema`) to `{"name": const, "arguments": <that
@@ -37,9 +37,10 @@ is JSON (bare, in a code fence, or after Mistral's `[TOOL_CALLS]`) or when a `<t
 appears anywhere; the JSON may be one object, several, or an array, each
 `{"name", "arguments"|"parameters"}` (also OpenAI-style `{"function": {...}}`, arguments as an
 object or a JSON string; `{"function": "<name>", "arguments"}` too) naming an offered tool;
-bare calls the output begins with are calls and any text after them stays text. Anything else
-is text. Streaming and
-non-streaming responses use the same parser, so they agree.
+bare calls the output begins with are calls and any text after them stays text; so is a call
+begun `{"name"` after text, bare or fenced (the tool grammar holds it to the schema under
+tool_choice auto). Anything else is text. Streaming and non-streaming responses use the same
+parser, so they agree.
 """
 
 from npu_proxy.gateway.content.json_size import ToolBudget

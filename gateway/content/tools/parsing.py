@@ -12,6 +12,13 @@ from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
 
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
+# How a call written as bare JSON begins: a trigger of its constraint (prompting.auto_tags),
+# and where text stops flowing, as at TAG_OPEN.
+BARE_CALL = '{"name"'
+_OPENERS = (TAG_OPEN, BARE_CALL)
+# A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
+# be written in.
+_FENCE_END = re.compile(r"(?:^|\n)(`{1,3}[A-Za-z0-9_-]*[ \t]*\n?[ \t]*)$")
 _FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 log = logging.getLogger(__name__)
 
@@ -79,13 +86,18 @@ def _unfence(text: str) -> str:
     """
     if not text.startswith("```"):
         return text
-    pos = 3
-    while pos < len(text) and text[pos] in _FENCE_INFO:
-        pos += 1
-    body = text[pos:].strip()
+    body = _fenced(text).strip()
     if body.endswith("```"):
         body = body[:-3].rstrip()
     return body
+
+
+def _fenced(text: str) -> str:
+    """What follows a fence's opening ``` and its info string."""
+    pos = 3
+    while pos < len(text) and text[pos] in _FENCE_INFO:
+        pos += 1
+    return text[pos:]
 
 
 def _json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
@@ -150,6 +162,12 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         leading, after = _leading_calls(stripped, names)
         if leading:
             return after.strip(), leading
+    if stripped.startswith("```"):
+        # The same in a fence: the calls, the closing fence, then prose.
+        leading, after = _leading_calls(_fenced(stripped), names)
+        after = after.lstrip()
+        if leading and (not after or after.startswith("```")):
+            return after[3:].strip(), leading
     return text, []
 
 
@@ -158,8 +176,9 @@ class CallParser:
     rest of the text and the calls.
 
     Output that starts as JSON (after whitespace) is held back whole; otherwise text flows at
-    once, except a tail that could be the start of a `<tool_call>` tag, and everything from
-    such a tag on.
+    once, except a tail that could be the start of a `<tool_call>` tag or of a bare call
+    (`{"name"`, with a code fence opened just before it), and everything from such a start
+    on (held text that is not a call comes back as text at `finish`).
     """
 
     def __init__(self, tools: list[Tool]) -> None:
@@ -181,13 +200,14 @@ class CallParser:
             self._mode = "text"
         if self._mode == "held":
             return ""
-        at = self._buf.find(TAG_OPEN)
-        if at >= 0:
+        found = [at for at in (self._buf.find(o) for o in _OPENERS) if at >= 0]
+        if found:
+            at = _fence_start(self._buf, min(found))
             out, self._buf, self._mode = self._buf[:at], self._buf[at:], "held"
             return out
-        keep = next((k for k in range(len(TAG_OPEN) - 1, 0, -1)
-                     if self._buf.endswith(TAG_OPEN[:k])), 0)
-        out = self._buf[:len(self._buf) - keep]
+        keep = max(next((k for k in range(len(o) - 1, 0, -1) if self._buf.endswith(o[:k])), 0)
+                   for o in _OPENERS)
+        out = self._buf[:_fence_start(self._buf, len(self._buf) - keep)]
         self._buf = self._buf[len(out):]
         return out
 
@@ -202,6 +222,12 @@ class CallParser:
             return rest, calls
         partial = partial_call(text, self.tools)
         return ("", [partial]) if partial is not None else (rest, calls)
+
+
+def _fence_start(text: str, at: int) -> int:
+    """Where a call that may begin at `at` begins: at the fence opened just before it."""
+    fence = _FENCE_END.search(text, 0, at)
+    return fence.start(1) if fence else at
 
 
 def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:

@@ -12,7 +12,7 @@ import msgspec
 
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
 from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema, tool_parameters
-from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, CallParser
+from npu_proxy.gateway.content.tools.parsing import BARE_CALL, TAG_CLOSE, TAG_OPEN, CallParser
 from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTag, ToolTags
@@ -115,27 +115,30 @@ def call_markers(native: bool, chat_template: str) -> tuple[str, str] | None:
     return None
 
 
-# How a call written as bare JSON begins: the trigger of its constraint.
-BARE_CALL = '{"name"'
-
-
 def auto_tags(req: ToolRequest, native: bool, chat_template: str) -> ToolTags | None:
-    """Under tool_choice auto, what holds a call once the model begins one: between its
-    template's markers, one call of any offered tool; for a template without markers (Llama
-    3.x, Mistral), from `{"name"` on, one tool's name, its arguments' key as the template
-    writes it, its arguments and the closing brace. None when no tool is offered."""
+    """Under tool_choice auto, what holds a call once the model begins one: from `{"name"`
+    on, one tool's name, its arguments' key as the template writes it, its arguments and the
+    closing brace; and, for a template with call markers, one call of any offered tool
+    between them. None when no tool is offered.
+
+    NOTE: Qwen2.5-Coder-1.5B under Codex CLI, whose template has `<tool_call>` markers,
+    wrote a fenced `{"name": "create_file", ...}`, a tool Codex does not offer, and the
+    call was lost as text (issue 42): bare JSON is held to the offered tools whatever the
+    template. The cost: a compact JSON object that begins with a "name" key, written as
+    text while tools are offered, becomes a call.
+    """
     schema = auto_call_schema(req)
     if schema is None:
         return None
-    single = not req.parallel
-    markers = call_markers(native, chat_template)
-    if markers is not None:
-        return ToolTags(markers[0], (ToolTag(markers[0], schema, markers[1]),), padded=True,
-                        single=single)
     key = "parameters" if '"parameters"' in chat_template else "arguments"
     tags = tuple(ToolTag(f"{BARE_CALL}: {json.dumps(t.name, ensure_ascii=False)}, "
                          f'"{key}": ', tool_parameters(t), "}") for t in req.offered)
-    return ToolTags(BARE_CALL, tags, single=single)
+    single = not req.parallel
+    markers = call_markers(native, chat_template)
+    if markers is None:
+        return ToolTags((BARE_CALL,), tags, single=single)
+    marked = ToolTag(markers[0], schema, markers[1], padded=True)
+    return ToolTags((markers[0], BARE_CALL), (marked, *tags), single=single)
 
 
 def _has_tool_history(messages: list[ChatMessage]) -> bool:
