@@ -37,6 +37,7 @@ import json
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +73,15 @@ class Outcome:
     seconds: float
     rc: int
     why: str
+    # The product's commit the run was made with (`git describe --always --dirty`): parts of
+    # one results file taken in several sessions say which code each part ran.
+    commit: str = ""
+
+
+def product_commit() -> str:
+    done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "describe",
+                           "--always", "--dirty"], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
 
 
 def prompt_tokens(run: Run) -> int:
@@ -116,7 +126,7 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
         keep(run, work, kept / tmp.name)
     why = "" if done else (run.err.strip() or run.out.strip())[-300:].replace("\n", " | ")
     return Outcome(client, server, task.name, done, len(run.proxy.inference()),
-                   prompt_tokens(run), seconds, run.rc, why)
+                   prompt_tokens(run), seconds, run.rc, why, product_commit())
 
 
 def recorded(results: Path | None) -> list[Outcome]:
