@@ -229,3 +229,16 @@ def test_continue_cli_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pa
     run, work = _loop(qwen, tmp_path, "cn-loop", launch, _chat_looped, record_property)
     assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
     _wrote(run, work)
+
+
+def test_opencode_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
+                                                  record_property: Any) -> None:
+    """OpenCode (OpenAI chat completions through the AI SDK, its own prompt and tools, edits
+    and commands allowed)."""
+    def launch(folder: Path) -> Launch:
+        return ASKED["opencode"](folder, Ask(prompt=TASK, model=AGENT, context=32768,
+                                             output=4096, act=True))
+
+    run, work = _loop(qwen, tmp_path, "opencode-loop", launch, _chat_looped, record_property)
+    assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
+    _wrote(run, work)
