@@ -125,13 +125,18 @@ class InputReader:
                                            reasoning_content=thought))
                     thought = None
             elif kind in OUTPUTS:
-                call_id = item.get("call_id")
-                if not isinstance(call_id, str):
-                    raise invalid(f"{where}: a {kind} needs a string call_id", param="input")
+                # NOTE: Codex CLI 0.171 sends outputs of its own making (the goal it keeps,
+                # `name` "goal_objective", namespace "agent") with a name and no call_id: a
+                # tool result all the same, named as a template prints one.
+                call_id, name = item.get("call_id"), item.get("name")
+                if not isinstance(call_id, str) and not (call_id is None
+                                                         and isinstance(name, str)):
+                    raise invalid(f"{where}: a {kind} needs a string call_id, or, without "
+                                  "one, the name of its tool", param="input")
                 text, found = await _content(item.get("output"), where, self.caps,
                                              self.requested, self.images)
                 out.append(ChatMessage(role="tool", content=text, tool_call_id=call_id,
-                                       images=found))
+                                       name=name if call_id is None else None, images=found))
             elif kind == "reasoning":
                 thought = self._reasoning(item)
             elif isinstance(kind, str) and kind.endswith(("_call", "_call_output")):
