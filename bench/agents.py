@@ -124,7 +124,9 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
         done = False
     if kept is not None:
         keep(run, work, kept / tmp.name)
-    why = "" if done else (run.err.strip() or run.out.strip())[-300:].replace("\n", " | ")
+    # NOTE: the scratch folders' paths are left out: the results file is kept in the tree.
+    said = (run.err.strip() or run.out.strip()).replace(str(work), "<work>")
+    why = "" if done else said.replace(str(root), "<tmp>")[-300:].replace("\n", " | ")
     return Outcome(client, server, task.name, done, len(run.proxy.inference()),
                    prompt_tokens(run), seconds, run.rc, why, product_commit())
 
