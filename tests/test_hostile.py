@@ -66,6 +66,11 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     "<tool_call>" * (SIZE // 11),
     "[" * SIZE,
     "{" + " " * SIZE,
+    # Text, then a fence that may hold a bare call (issue 42's parser hold).
+    "a\n```" + " " * (10 * SIZE) + "x",  # backtracked for ~40 min (~1 s at SIZE // 5)
+    "a\n```json" + " \t" * (SIZE // 2) + "\n" + " " * SIZE,
+    "a" + "\n```" * (SIZE // 4),
+    "a " + '{"name"' * (SIZE // 7),
 ])
 def test_pathological_model_output_is_parsed(output: str) -> None:
     text, calls = parse_calls(output, TOOLS)
@@ -74,6 +79,9 @@ def test_pathological_model_output_is_parsed(output: str) -> None:
     streamed = "".join(parser.feed(output[i:i + 64]) for i in range(0, len(output), 64))
     rest, calls = parser.finish()
     assert calls == [] and streamed + rest == output
+    whole = CallParser(TOOLS)  # a non-streamed reply is fed at once
+    head = whole.feed(output)
+    assert head + whole.finish()[0] == output
 
 
 @pytest.mark.parametrize("output", [

@@ -17,8 +17,10 @@ TAG_CLOSE = "</tool_call>"
 BARE_CALL = '{"name"'
 _OPENERS = (TAG_OPEN, BARE_CALL)
 # A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
-# be written in.
-_FENCE_END = re.compile(r"(?:^|\n)(`{1,3}[A-Za-z0-9_-]*[ \t]*\n?[ \t]*)$")
+# be written in. NOTE: bounded, and looked for only in the last _FENCE_WINDOW characters:
+# `[ \t]*\n?[ \t]*$` backtracked quadratically on a long run of spaces (issue 14's kind).
+_FENCE_END = re.compile(r"(?:^|\n)(`{1,3}[A-Za-z0-9_-]{0,32}[ \t]{0,16}(?:\n[ \t]{0,16})?)$")
+_FENCE_WINDOW = 80
 _FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 log = logging.getLogger(__name__)
 
@@ -226,7 +228,7 @@ class CallParser:
 
 def _fence_start(text: str, at: int) -> int:
     """Where a call that may begin at `at` begins: at the fence opened just before it."""
-    fence = _FENCE_END.search(text, 0, at)
+    fence = _FENCE_END.search(text, max(0, at - _FENCE_WINDOW), at)
     return fence.start(1) if fence else at
 
 
