@@ -102,6 +102,8 @@ def test_an_output_named_without_a_call_id(base_url: str) -> None:
         told = http.post("/v1/responses", json={**base, "input": [goal, ask]})
         assert alone.status_code == told.status_code == 200, told.text
         assert told.json()["usage"]["input_tokens"] > alone.json()["usage"]["input_tokens"] + 8
+        # Its namespace is not printed to the model: said in the ignored header.
+        assert "input:function_call_output.namespace" in told.headers["x-npu-proxy-ignored"]
         nameless = {k: v for k, v in goal.items() if k != "name"}
         refused = http.post("/v1/responses", json={**base, "input": [nameless, ask]})
     assert refused.status_code == 400

@@ -133,6 +133,9 @@ class InputReader:
                                                          and isinstance(name, str)):
                     raise invalid(f"{where}: a {kind} needs a string call_id, or, without "
                                   "one, the name of its tool", param="input")
+                if call_id is None and item.get("namespace") is not None:
+                    # NOTE: the template prints a result under its tool's name alone.
+                    self.ignored.add(f"input:{kind}.namespace")
                 text, found = await _content(item.get("output"), where, self.caps,
                                              self.requested, self.images)
                 out.append(ChatMessage(role="tool", content=text, tool_call_id=call_id,
