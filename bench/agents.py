@@ -1,19 +1,22 @@
 """Real agent work (issue 42, point 5): the small tasks of bench/_agent_tasks.py, each in a
 scratch folder of its own, done by the agent clients people run — Codex CLI (Responses),
-Claude Code (Anthropic Messages), OpenCode, Qwen Code and Continue's `cn` (OpenAI chat) — against
-this server and against llama.cpp's `llama-server --jinja` on the same GGUF, in one run.
+Claude Code (Anthropic Messages), OpenCode, Qwen Code, Continue's `cn` and aider (OpenAI
+chat) — against this server and against llama.cpp's `llama-server --jinja` on the same GGUF,
+in one run.
 
     python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
                            [--tasks read-and-answer,create-a-file] [--timeout 2400]
                            [--results FILE]
 
-The clients are the ones `make setup` installs into .clients/ (tests/clients/package.json),
-each started as tests/clientlaunch.py starts them (private HOME, a placeholder key, telemetry
-and updates off, only loopback reachable for the node ones), in its own auto-approve mode
-(Codex `workspace-write`, Claude Code `acceptEdits` with its file and Bash tools, OpenCode's
-permissions set to allow, Qwen Code `--yolo`, cn `--auto`), through a capturing proxy that
-counts each request and the prompt tokens the server reported. With their own system prompts
-and tools: the first request of a client is its full agent prompt (8-20k tokens), read in
+The clients are the ones `make setup` installs into .clients/ (pinned in tests/clients/: the
+npm ones, and aider in a venv of its own), each started as tests/clientlaunch.py starts them
+(private HOME, a placeholder key, telemetry and updates off, only loopback reachable for the
+node ones), in its own auto-approve mode (Codex `workspace-write`, Claude Code `acceptEdits`
+with its file and Bash tools, OpenCode's permissions set to allow, Qwen Code `--yolo`, cn
+`--auto`, aider `--yes-always` with the folder's files added on its command line), through a
+capturing proxy that counts each request and the prompt tokens the server reported (none for
+aider: it streams without asking for usage). With their own system prompts and tools: the
+first request of a client is its full agent prompt (8-20k tokens; aider's is ~1k), read in
 minutes on 2 cores; later tasks of the same client reuse the prefix each server keeps.
 
 Success is judged by what the task left (files, programs run again, the one fact asked for

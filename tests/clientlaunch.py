@@ -207,6 +207,40 @@ def _cn(tmp: Path, ask: Ask = ASK) -> Launch:
     return Launch(argv, env, {config: text})
 
 
+# aider: a Python client, pinned in tests/clients/aider.txt, installed by `make setup` into a
+# venv of its own beside the node clients.
+AIDER = CLIENTS.parent / "aider" / "bin" / "aider"
+
+
+def _aider(tmp: Path, ask: Ask = ASK) -> Launch:
+    """aider as its users run it: the files of its working folder (as the bench wrote them)
+    added on its command line, the request in `--message`, every question answered yes. It
+    edits files in its own text format (whole files, for a model it does not know) and calls
+    no tools. Its model's context and reply are told in a model-metadata file; litellm's
+    price list is its own copy, not fetched."""
+    if not AIDER.exists():
+        pytest.skip(f"aider not installed ({AIDER} missing): `make setup` installs it")
+    env = _base_env(tmp / "home")
+    metadata = tmp / "aider-models.json"
+    model = f"openai/{ask.model}"
+    text = json.dumps({model: {
+        "max_input_tokens": ask.context, "max_output_tokens": ask.output,
+        "max_tokens": ask.output, "input_cost_per_token": 0.0, "output_cost_per_token": 0.0,
+        "litellm_provider": "openai", "mode": "chat"}})
+    env |= {"OPENAI_API_BASE": "{PROXY}/v1", "OPENAI_API_KEY": KEY,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "AIDER_ANALYTICS": "false"}
+    work = tmp / "work"
+    files = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file()) \
+        if work.is_dir() else []
+    argv = [str(AIDER), "--model", model, "--model-metadata-file", str(metadata),
+            "--no-git", "--no-auto-commits", "--yes-always", "--no-check-update",
+            "--analytics-disable", "--no-show-model-warnings", "--no-show-release-notes",
+            "--no-pretty", "--no-fancy-input", "--no-detect-urls", "--no-notifications",
+            "--no-suggest-shell-commands", "--map-tokens", "0",
+            *files, "--message", ask.prompt]
+    return Launch(argv, env, {metadata: text})
+
+
 Builder = Callable[[Path], Launch]
 # Each client as an agent: the same launches, asked something else (bench/agents.py).
 ASKED: dict[str, Callable[[Path, Ask], Launch]] = {
@@ -215,6 +249,7 @@ ASKED: dict[str, Callable[[Path, Ask], Launch]] = {
     "opencode": _opencode,
     "qwen": _qwen,
     "cn": _cn,
+    "aider": _aider,
 }
 CLAUDE_FITTED = {"CLAUDE_CODE_MAX_CONTEXT_TOKENS": "8192", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024"}
 BUILDERS: dict[str, Builder] = {

@@ -1,5 +1,5 @@
 """Codex CLI, Claude Code, Continue's `cn` and OpenCode complete a real tool loop against the
-server (issues 26 and 42, slow tier).
+server, and aider its own edit loop (issues 26 and 42, slow tier).
 
 A model that calls tools, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, fetched from PyPI once per
 machine by tests/qwen_coder.py), is served by a server of its own. Each client is started as a
@@ -100,7 +100,7 @@ def _written(work: Path) -> bool:
 def _run_once(qwen: Server, tmp: Path, name: str, launch: Launch,
               looped: Callable[[list[Any]], bool]) -> Run:
     work = tmp / "work"
-    work.mkdir()
+    work.mkdir(exist_ok=True)  # NOTE: aider's launch lists the folder's files: made first
     (work / "notes.txt").write_text(NOTES)
 
     # NOTE: the work is there once out.txt holds text and a tool's result went back to the
@@ -230,4 +230,20 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
 
     run, work = _loop(qwen, tmp_path, f"{client}-loop", launch, _chat_looped, record_property)
     assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
+    _wrote(run, work)
+
+
+def test_aider_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
+                                               record_property: Any) -> None:
+    """aider (OpenAI chat, streamed) as its users run it: notes.txt added on its command line,
+    every question answered yes. It calls no tools: it writes whole files in its own text
+    format, which it parses; so out.txt, written, is the loop."""
+    def launch(folder: Path) -> Launch:
+        (folder / "work").mkdir()
+        (folder / "work" / "notes.txt").write_text(NOTES)
+        return ASKED["aider"](folder, Ask(prompt=TASK, model=AGENT, context=32768,
+                                          output=4096, act=True))
+
+    run, work = _loop(qwen, tmp_path, "aider", launch, bool, record_property)
+    assert _bodies(run, "/v1/chat/completions"), _explain(run, work)
     _wrote(run, work)
