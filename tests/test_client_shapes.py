@@ -170,6 +170,22 @@ def r_hosted_item(base: str) -> None:
     assert _ignored(r) == {"input:web_search_call"}
 
 
+def r_named_output(base: str) -> None:
+    """Codex CLI 0.171 sends a function_call_output of its own making (its goal) with a name
+    and a namespace, no call_id (issue 42: a 400 ended Codex's run): it reaches the model as a
+    tool result; its namespace, not printed, is in the header. Neither id nor name: 400."""
+    goal = {"type": "function_call_output", "id": "fco_1", "name": "goal_objective",
+            "namespace": "agent", "output": "Create greet.py that prints Hello, World!"}
+    ask = {"role": "user", "content": "Go on."}
+    alone = _ok(_responses(base, input=[ask], max_output_tokens=1))
+    r = _responses(base, input=[goal, ask], max_output_tokens=1)
+    assert _ok(r)["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + 8
+    assert _ignored(r) == {"input:function_call_output.namespace"}
+    nameless = {k: v for k, v in goal.items() if k != "name"}
+    refused = _responses(base, input=[nameless, ask])
+    assert refused.status_code == 400 and "call_id" in refused.json()["error"]["message"]
+
+
 def r_background(base: str) -> None:
     for extra in ({"background": True}, {"conversation": "conv_1"},
                   {"prompt": {"id": "pmpt_1"}}):
@@ -367,7 +383,8 @@ ROWS: dict[str, Callable[[str], None]] = {
     "R-custom-format": r_custom_format, "R-hosted": r_hosted,
     "R-hosted-choice": r_hosted_choice, "R-developer": r_developer,
     "R-reasoning-foreign": r_reasoning_foreign, "R-summary": r_summary,
-    "R-accepted": r_accepted, "R-hosted-item": r_hosted_item, "R-background": r_background,
+    "R-accepted": r_accepted, "R-hosted-item": r_hosted_item,
+    "R-named-output": r_named_output, "R-background": r_background,
     "R-file": r_file,
     "A-billing-line": a_billing_line, "A-system-turn": a_system_turn,
     "A-defined-tools": a_defined_tools,

@@ -89,27 +89,6 @@ def test_input_items_and_reasoning_accepted(client: openai.OpenAI) -> None:
         client.responses.retrieve(resp.id)  # store: false keeps nothing
 
 
-def test_an_output_named_without_a_call_id(base_url: str) -> None:
-    """Codex CLI 0.171 sends a function_call_output of its own making (its goal) with a name
-    and a namespace, no call_id (issue 42: the 400 ended Codex's run): the output reaches the
-    model as a tool result. Neither a call_id nor a name is a 400."""
-    base = {"model": LLM, "max_output_tokens": 1, "store": False}
-    goal = {"type": "function_call_output", "id": "fco_1", "name": "goal_objective",
-            "namespace": "agent", "output": "Create greet.py that prints Hello, World!"}
-    ask = {"role": "user", "content": "Go on."}
-    with httpx.Client(base_url=base_url, timeout=120) as http:
-        alone = http.post("/v1/responses", json={**base, "input": [ask]})
-        told = http.post("/v1/responses", json={**base, "input": [goal, ask]})
-        assert alone.status_code == told.status_code == 200, told.text
-        assert told.json()["usage"]["input_tokens"] > alone.json()["usage"]["input_tokens"] + 8
-        # Its namespace is not printed to the model: said in the ignored header.
-        assert "input:function_call_output.namespace" in told.headers["x-npu-proxy-ignored"]
-        nameless = {k: v for k, v in goal.items() if k != "name"}
-        refused = http.post("/v1/responses", json={**base, "input": [nameless, ask]})
-    assert refused.status_code == 400
-    assert "call_id" in refused.json()["error"]["message"]
-
-
 def test_json_schema_format(client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                                "age": {"type": "integer", "minimum": 0,
