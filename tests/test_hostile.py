@@ -71,6 +71,9 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     "a\n```json" + " \t" * (SIZE // 2) + "\n" + " " * SIZE,
     "a" + "\n```" * (SIZE // 4),
     "a " + '{"name"' * (SIZE // 7),
+    # The tools wrapper, open and never closed, or closed around nothing.
+    "a <tools>" * (SIZE // 9),
+    "<tools></tools>" * (SIZE // 15) + "<tool_call></tools>",
 ])
 def test_pathological_model_output_is_parsed(output: str) -> None:
     text, calls = parse_calls(output, TOOLS)

@@ -109,6 +109,9 @@ def test_parser_finds_calls_followed_by_text() -> None:
     # Qwen2.5-Coder-1.5B under Codex CLI wrote its call fenced (issue 42).
     ('Let me look.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n'
      "Done.", "Let me look.\nDone."),
+    # It also wrapped one as its template lists the tools: no remains of the wrapper as text.
+    ('Let me look. <tools>\n{"type": "function", "function": {"name": "get_weather", '
+     '"arguments": {"city": "Paris"}}}\n</tools>', "Let me look. "),
 ])
 def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     """A bare or fenced call after text (the tool grammar's `{"name"` trigger holds one
@@ -126,6 +129,7 @@ def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     'A record: {"name": "Alice", "age": 3}. More text.',
     "Run it:\n```bash\nls -l\n```\nThen `cat` it.\n```",
     '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',
+    "Qwen lists its tools in <tools></tools> tags, then <tools>{} and <tools>",
     '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
 ])
 def test_parser_leaves_text_alone(text: str) -> None:

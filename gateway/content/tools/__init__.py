@@ -34,7 +34,8 @@ tool_choice:
 Parsing (`CallParser`, the project's own; OpenVINO GenAI's parsers run inside the worker and
 are bound to one model family each): the output is a call when, after leading whitespace, it
 is JSON (bare, in a code fence, or after Mistral's `[TOOL_CALLS]`) or when a `<tool_call>` tag
-appears anywhere; the JSON may be one object, several, or an array, each
+(or a `<tools>` wrapper, as the template lists tools) appears anywhere; the JSON may be one
+object, several, or an array, each
 `{"name", "arguments"|"parameters"}` (also OpenAI-style `{"function": {...}}`, arguments as an
 object or a JSON string; `{"function": "<name>", "arguments"}` too) naming an offered tool;
 bare calls the output begins with are calls and any text after them stays text; so is a call

@@ -15,7 +15,11 @@ TAG_CLOSE = "</tool_call>"
 # How a call written as bare JSON begins: a trigger of its constraint (prompting.auto_tags),
 # and where text stops flowing, as at TAG_OPEN.
 BARE_CALL = '{"name"'
-_OPENERS = (TAG_OPEN, BARE_CALL)
+# NOTE: Qwen2.5-Coder-1.5B sometimes wrote its call as its template lists the tools,
+# `<tools>{"type": "function", "function": {"name": ...}}</tools>`: the wrapper is read like
+# the call tags, so that its remains do not show as text beside the call.
+WRAP_OPEN = "<tools>"
+_OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN)
 # A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
 # be written in. NOTE: bounded, and looked for only in the last _FENCE_WINDOW characters:
 # `[ \t]*\n?[ \t]*$` backtracked quadratically on a long run of spaces (issue 14's kind).
@@ -26,7 +30,8 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
-_TAGGED = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)", re.S)
+# A call between its tags, or the tools wrapper; the closing tag optional (a cut output).
+_TAGGED = re.compile(r"<(tool_call|tools)>(.*?)(?:</\1>|$)", re.S)
 
 
 def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
@@ -137,12 +142,12 @@ def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], s
 def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
     """Split a finished output into text and calls (see the module docstring)."""
     names = {t.name: t for t in tools}
-    if TAG_OPEN in text:
+    if TAG_OPEN in text or WRAP_OPEN in text:
         rest: list[str] = []
         calls: list[ToolCall] = []
         pos = 0
         for match in _TAGGED.finditer(text):
-            found = _json_calls(match.group(1), names)
+            found = _json_calls(match.group(2), names)
             rest.append(text[pos:match.start()])
             if found is None:
                 rest.append(match.group(0))
@@ -178,9 +183,9 @@ class CallParser:
     rest of the text and the calls.
 
     Output that starts as JSON (after whitespace) is held back whole; otherwise text flows at
-    once, except a tail that could be the start of a `<tool_call>` tag or of a bare call
-    (`{"name"`, with a code fence opened just before it), and everything from such a start
-    on (held text that is not a call comes back as text at `finish`).
+    once, except a tail that could be the start of a `<tool_call>` or `<tools>` tag or of a
+    bare call (`{"name"`, with a code fence opened just before it), and everything from such a
+    start on (held text that is not a call comes back as text at `finish`).
     """
 
     def __init__(self, tools: list[Tool]) -> None:
@@ -194,10 +199,10 @@ class CallParser:
             head = self._buf.lstrip()
             if not head:
                 return ""
-            if head[0] in "{[" or head.startswith((TAG_OPEN, "```")):
+            if head[0] in "{[" or head.startswith((TAG_OPEN, WRAP_OPEN, "```")):
                 self._mode = "held"
                 return ""
-            if TAG_OPEN.startswith(head) or "```".startswith(head):
+            if any(o.startswith(head) for o in (TAG_OPEN, WRAP_OPEN, "```")):
                 return ""
             self._mode = "text"
         if self._mode == "held":

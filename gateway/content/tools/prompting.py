@@ -125,7 +125,10 @@ def auto_tags(req: ToolRequest, native: bool, chat_template: str) -> ToolTags | 
     wrote a fenced `{"name": "create_file", ...}`, a tool Codex does not offer, and the
     call was lost as text (issue 42): bare JSON is held to the offered tools whatever the
     template. The cost: a compact JSON object that begins with a "name" key, written as
-    text while tools are offered, becomes a call.
+    text while tools are offered, becomes a call. A pretty-printed `{\n  "name"` is no
+    trigger, on purpose: a package.json, and many JSON answers, begin so, and the constraint
+    would force a tool's name into them (such a call, when the model writes one, is still
+    parsed unconstrained).
     """
     schema = auto_call_schema(req)
     if schema is None:
