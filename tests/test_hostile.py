@@ -74,6 +74,11 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     # The tools wrapper, open and never closed, or closed around nothing.
     "a <tools>" * (SIZE // 9),
     "<tools></tools>" * (SIZE // 15) + "<tool_call></tools>",
+    # Calls written as Python dicts: unclosed, nested past the parser's limit, a long string.
+    "a `{'name'" * (SIZE // 10),
+    "{'name': " + "[" * SIZE + "]" * SIZE + "}",
+    "a {'name': '" + "x" * SIZE,
+    "{'name': [" + "1, " * SIZE + "]}",
 ])
 def test_pathological_model_output_is_parsed(output: str) -> None:
     text, calls = parse_calls(output, TOOLS)

@@ -9,6 +9,7 @@ for their shape, and temperature 0 keeps every request deterministic.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anthropic
@@ -83,6 +84,9 @@ TOOLS = [Tool("get_weather", "", WEATHER_SCHEMA)]
     '[TOOL_CALLS] [{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]',
     # Qwen2.5-Coder-1.5B's form, seen with Claude Code's tools (issue 26).
     '{"function": "get_weather", "arguments": {"city": "Paris"}}',
+    # Its Python-dict form, in inline code, seen with cn's tools (issue 42).
+    "`{'name': 'get_weather', 'arguments': {'city': 'Paris'}}`",
+    "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}",
 ])
 def test_parser_finds_the_call(text: str) -> None:
     parser = CallParser(TOOLS)
@@ -112,6 +116,8 @@ def test_parser_finds_calls_followed_by_text() -> None:
     # It also wrapped one as its template lists the tools: no remains of the wrapper as text.
     ('Let me look. <tools>\n{"type": "function", "function": {"name": "get_weather", '
      '"arguments": {"city": "Paris"}}}\n</tools>', "Let me look. "),
+    ("Let me look. `{'name': 'get_weather', 'arguments': {'city': 'Paris'}}` Done.",
+     "Let me look. Done."),
 ])
 def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     """A bare or fenced call after text (the tool grammar's `{"name"` trigger holds one
@@ -130,6 +136,12 @@ def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     "Run it:\n```bash\nls -l\n```\nThen `cat` it.\n```",
     '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',
     "Qwen lists its tools in <tools></tools> tags, then <tools>{} and <tools>",
+    # Python dicts that are no call: bytes, a set, unclosed, a string past its line.
+    "`{'name': 'get_weather', 'arguments': {'city': b'Paris'}}`",
+    "{'name': 'get_weather', 'arguments': {'city': {'Paris', 'Rome'}}}",
+    "Set `{'name': 'get_weather', 'arguments': {'city': 'Paris'}` then go.",
+    "{'name': 'get_weather', 'arguments': {'city': 'Par\nis'}}",
+    "{'name': 'get_weather', 'arguments': {'city': 1e999}}",
     '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
 ])
 def test_parser_leaves_text_alone(text: str) -> None:
@@ -382,6 +394,27 @@ def test_openai_stream_helper(oai: openai.OpenAI) -> None:
     (call,) = final.choices[0].message.tool_calls or []
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_written_as_a_python_dict_is_a_call(oai: openai.OpenAI, stream: bool) -> None:
+    """Qwen2.5-Coder-1.5B under cn wrote its call as a Python dict in inline code (issue 42):
+    the client gets a call it can run, not the dict as text. The output is forced to that
+    form by a regex (vLLM's structured_outputs), tools offered under tool_choice auto."""
+    said = "`{'name': 'get_weather', 'arguments': {'city': 'Paris', 'unit': 'celsius'}}`"
+    body: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": ASK}],
+                            "tools": OPENAI_TOOLS, "max_tokens": 64, "temperature": 0,
+                            "extra_body": {"structured_outputs": {"regex": re.escape(said)}}}
+    if stream:
+        with oai.chat.completions.stream(**body) as events:
+            done = events.get_final_completion()
+    else:
+        done = oai.chat.completions.create(**body)
+    choice = done.choices[0]
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}  # type: ignore[union-attr]
+    assert not choice.message.content and choice.finish_reason == "tool_calls"
 
 
 def test_openai_tool_call_delta_shapes(base_url: str) -> None:

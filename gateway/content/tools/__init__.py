@@ -37,7 +37,9 @@ is JSON (bare, in a code fence, or after Mistral's `[TOOL_CALLS]`) or when a `<t
 (or a `<tools>` wrapper, as the template lists tools) appears anywhere; the JSON may be one
 object, several, or an array, each
 `{"name", "arguments"|"parameters"}` (also OpenAI-style `{"function": {...}}`, arguments as an
-object or a JSON string; `{"function": "<name>", "arguments"}` too) naming an offered tool;
+object or a JSON string; `{"function": "<name>", "arguments"}` too; a Python dict such as
+`{'name': ..., 'arguments': {...}}` is read as the JSON it means, pyliteral.py) naming an
+offered tool, in a code fence or inline code or bare;
 bare calls the output begins with are calls and any text after them stays text; so is a call
 begun `{"name"` after text, bare or fenced (the tool grammar holds it to the schema under
 tool_choice auto). Anything else is text. Streaming and non-streaming responses use the same

@@ -9,6 +9,7 @@ import re
 from typing import Any, Literal
 
 from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
+from npu_proxy.gateway.content.tools.pyliteral import python_literal
 
 TAG_OPEN = "<tool_call>"
 TAG_CLOSE = "</tool_call>"
@@ -19,7 +20,9 @@ BARE_CALL = '{"name"'
 # `<tools>{"type": "function", "function": {"name": ...}}</tools>`: the wrapper is read like
 # the call tags, so that its remains do not show as text beside the call.
 WRAP_OPEN = "<tools>"
-_OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN)
+# A call written as a Python dict (pyliteral.py): parsed, not constrained.
+PY_CALL = "{'name'"
+_OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL)
 # A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
 # be written in. NOTE: bounded, and looked for only in the last _FENCE_WINDOW characters:
 # `[ \t]*\n?[ \t]*$` backtracked quadratically on a long run of spaces (issue 14's kind).
@@ -86,21 +89,30 @@ def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
 
 
 def _unfence(text: str) -> str:
-    """The inside of a Markdown code fence (```json ... ```, the closing fence optional).
+    """The inside of a Markdown code fence (```json ... ```, the closing fence optional), or
+    of inline backticks.
 
     NOTE: scanned, not matched with a regex: `\\s*(.*?)\\s*(?:```)?\\s*$` backtracked
     quadratically on model output with long runs of spaces (issue 14).
     """
-    if not text.startswith("```"):
+    fence = _fence(text)
+    if not fence:
         return text
     body = _fenced(text).strip()
-    if body.endswith("```"):
-        body = body[:-3].rstrip()
+    if body.endswith(fence):
+        body = body[:-len(fence)].rstrip()
     return body
 
 
+def _fence(text: str) -> str:
+    """The fence the text begins with: ``` (a code block), ` (inline code) or none."""
+    return "```" if text.startswith("```") else "`" if text.startswith("`") else ""
+
+
 def _fenced(text: str) -> str:
-    """What follows a fence's opening ``` and its info string."""
+    """What follows a fence's opening ``` and its info string (or an inline backtick)."""
+    if _fence(text) == "`":
+        return text[1:]
     pos = 3
     while pos < len(text) and text[pos] in _FENCE_INFO:
         pos += 1
@@ -130,7 +142,10 @@ def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], s
         try:
             value, end = decoder.raw_decode(text, pos)
         except (json.JSONDecodeError, RecursionError):
-            return calls, text[pos:]
+            literal = python_literal(text, pos)
+            if literal is None:
+                return calls, text[pos:]
+            value, end = literal
         found = [_as_call(item, names) for item in
                  (value if isinstance(value, list) else [value])]
         if not found or any(call is None for call in found):
@@ -169,12 +184,13 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         leading, after = _leading_calls(stripped, names)
         if leading:
             return after.strip(), leading
-    if stripped.startswith("```"):
-        # The same in a fence: the calls, the closing fence, then prose.
+    fence = _fence(stripped)
+    if fence:
+        # The same in a fence or inline code: the calls, the closing fence, then prose.
         leading, after = _leading_calls(_fenced(stripped), names)
         after = after.lstrip()
-        if leading and (not after or after.startswith("```")):
-            return after[3:].strip(), leading
+        if leading and (not after or after.startswith(fence)):
+            return after[len(fence):].strip(), leading
     return text, []
 
 
@@ -232,7 +248,10 @@ class CallParser:
 
 
 def _fence_start(text: str, at: int) -> int:
-    """Where a call that may begin at `at` begins: at the fence opened just before it."""
+    """Where a call that may begin at `at` begins: at the fence opened just before it, or the
+    inline backtick just before it."""
+    if at and text[at - 1] == "`" and (at < 2 or text[at - 2] != "`"):
+        return at - 1
     fence = _FENCE_END.search(text, max(0, at - _FENCE_WINDOW), at)
     return fence.start(1) if fence else at
 

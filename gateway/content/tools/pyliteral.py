@@ -1,0 +1,83 @@
+"""A tool call a model wrote as a Python dict (`{'name': 'Read', 'arguments': {...}}`), read
+as the JSON value it means.
+
+NOTE: Qwen2.5-Coder-1.5B under Continue's `cn` wrote its one call so, single-quoted, in inline
+backticks (issue 42): a call the client could have run, lost as text. Read with
+`ast.literal_eval`, which evaluates literals only, after a linear scan bounds the dict: a
+string may not span lines, and anything that is not plain JSON data (a set, bytes, a tuple
+key, a complex number) makes it no call.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+_OPEN = {"{": "}", "[": "]", "(": ")"}
+_CLOSE = frozenset(_OPEN.values())
+
+
+def python_literal(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value of the Python dict that begins at `pos`, and where it ends; None when
+    none does."""
+    end = _balanced_end(text, pos)
+    if end is None:
+        return None
+    try:
+        value = ast.literal_eval(text[pos:end])
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    data = _as_json(value)
+    return None if data is _NOT_JSON else (data, end)
+
+
+def _balanced_end(text: str, pos: int) -> int | None:
+    """Where the brackets opened at `pos` close, strings skipped; None if they do not on the
+    text, or a string runs past its line."""
+    if text[pos:pos + 1] != "{":
+        return None
+    stack: list[str] = []
+    quote = ""
+    i = pos
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == "\n":
+                return None
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in _OPEN:
+            stack.append(_OPEN[c])
+        elif c in _CLOSE:
+            if not stack or stack.pop() != c:
+                return None
+            if not stack:
+                return i + 1
+        i += 1
+    return None
+
+
+_NOT_JSON = object()
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as JSON data (a tuple read as a list), or _NOT_JSON. Recursion is bounded by
+    the parser's own nesting limit (a literal nested deeper is a SyntaxError above)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _NOT_JSON  # 1e999 reads as inf
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, list | tuple):
+        items = [_as_json(v) for v in value]
+        return _NOT_JSON if any(v is _NOT_JSON for v in items) else items
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return _NOT_JSON
+        out = {k: _as_json(v) for k, v in value.items()}
+        return _NOT_JSON if any(v is _NOT_JSON for v in out.values()) else out
+    return _NOT_JSON
