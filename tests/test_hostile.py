@@ -25,6 +25,7 @@ from npu_proxy.gateway.content.json_size import MAX_DEPTH, measure
 from npu_proxy.gateway.content.reasoning import ReasoningSplitter, split_text
 from npu_proxy.gateway.content.stops import MAX_STOP_CHARS, MAX_STOPS, StopMatcher
 from npu_proxy.gateway.content.tools import CallParser, Tool, parse_calls
+from npu_proxy.gateway.content.tools.pyliteral import MAX_LITERAL
 from npu_proxy.gateway.core.errors import GatewayError
 from npu_proxy.models.capabilities import ReasoningFormat, Style
 
@@ -79,6 +80,10 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     "{'name': " + "[" * SIZE + "]" * SIZE + "}",
     "a {'name': '" + "x" * SIZE,
     "{'name': [" + "1, " * SIZE + "]}",
+    # Pretty-printed JSON's start, over and over, and never a call.
+    "a {\n" * (SIZE // 4),
+    "a" + '{ \t\n  "na' * (SIZE // 8),
+    "a " + '{\n "name"' * (SIZE // 10),
 ])
 def test_pathological_model_output_is_parsed(output: str) -> None:
     text, calls = parse_calls(output, TOOLS)
@@ -113,6 +118,16 @@ def test_pathological_reasoning_is_split(output: str, style: Style) -> None:
     for c in output[:20_000]:  # one character at a time
         splitter.feed(c)
     splitter.finish()
+
+
+def test_a_python_dict_call_is_bounded() -> None:
+    """A call written as a Python dict is read with literal_eval, ~50x slower than JSON, in
+    the gateway's event loop: one longer than MAX_LITERAL stays text."""
+    long = "x" * MAX_LITERAL
+    text = "{'name': 'get_weather', 'arguments': {'city': '" + long + "'}}"
+    assert parse_calls(text, TOOLS) == (text, [])
+    (call,) = parse_calls(text.replace(long, "Paris"), TOOLS)[1]
+    assert call.arguments == {"city": "Paris"}
 
 
 def test_fenced_call_is_still_found() -> None:

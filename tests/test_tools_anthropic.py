@@ -118,6 +118,9 @@ def test_parser_finds_calls_followed_by_text() -> None:
      '"arguments": {"city": "Paris"}}}\n</tools>', "Let me look. "),
     ("Let me look. `{'name': 'get_weather', 'arguments': {'city': 'Paris'}}` Done.",
      "Let me look. Done."),
+    # Pretty-printed in a fence, as it wrote a MultiEdit call under cn.
+    ('Let me look.\n```json\n{\n    "name": "get_weather",\n    "arguments": {\n'
+     '        "city": "Paris"\n    }\n}\n```\nDone.', "Let me look.\nDone."),
 ])
 def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     """A bare or fenced call after text (the tool grammar's `{"name"` trigger holds one
@@ -142,6 +145,7 @@ def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     "Set `{'name': 'get_weather', 'arguments': {'city': 'Paris'}` then go.",
     "{'name': 'get_weather', 'arguments': {'city': 'Par\nis'}}",
     "{'name': 'get_weather', 'arguments': {'city': 1e999}}",
+    'A package.json:\n```json\n{\n  "name": "get-weather",\n  "version": "1.0.0"\n}\n```\nOK.',
     '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
 ])
 def test_parser_leaves_text_alone(text: str) -> None:
@@ -396,12 +400,21 @@ def test_openai_stream_helper(oai: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
 
 
+WRITTEN = {
+    "python": ("", "`{'name': 'get_weather', 'arguments': {'city': 'Paris', 'unit': 'celsius'}}`"),
+    "pretty": ("Here:", 'Here:\n```json\n{\n  "name": "get_weather",\n  "arguments": '
+                        '{"city": "Paris", "unit": "celsius"}\n}\n```'),
+}
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_call_written_as_a_python_dict_is_a_call(oai: openai.OpenAI, stream: bool) -> None:
-    """Qwen2.5-Coder-1.5B under cn wrote its call as a Python dict in inline code (issue 42):
-    the client gets a call it can run, not the dict as text. The output is forced to that
-    form by a regex (vLLM's structured_outputs), tools offered under tool_choice auto."""
-    said = "`{'name': 'get_weather', 'arguments': {'city': 'Paris', 'unit': 'celsius'}}`"
+@pytest.mark.parametrize("form", sorted(WRITTEN))
+def test_a_call_written_loosely_is_a_call(oai: openai.OpenAI, stream: bool, form: str) -> None:
+    """Qwen2.5-Coder-1.5B under cn wrote calls as a Python dict in inline code, and
+    pretty-printed in a fence after text (issue 42): the client gets a call it can run, not
+    the call as text. The output is forced to that form by a regex (vLLM's
+    structured_outputs), tools offered under tool_choice auto."""
+    text, said = WRITTEN[form]
     body: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": ASK}],
                             "tools": OPENAI_TOOLS, "max_tokens": 64, "temperature": 0,
                             "extra_body": {"structured_outputs": {"regex": re.escape(said)}}}
@@ -414,7 +427,8 @@ def test_a_call_written_as_a_python_dict_is_a_call(oai: openai.OpenAI, stream: b
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}  # type: ignore[union-attr]
-    assert not choice.message.content and choice.finish_reason == "tool_calls"
+    assert (choice.message.content or "").strip() == text
+    assert choice.finish_reason == "tool_calls"
 
 
 def test_openai_tool_call_delta_shapes(base_url: str) -> None:

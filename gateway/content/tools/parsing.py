@@ -23,6 +23,13 @@ WRAP_OPEN = "<tools>"
 # A call written as a Python dict (pyliteral.py): parsed, not constrained.
 PY_CALL = "{'name'"
 _OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL)
+# A call pretty-printed after text (`{`, a line break, `"name"`): Qwen2.5-Coder-1.5B under cn
+# wrote its MultiEdit call so, fenced (issue 42). Parsed, not constrained (prompting.auto_tags
+# says why); the text from it on is held as from the openers above. _PRETTY_TAIL: the end of
+# the text that may still become one.
+_PRETTY = re.compile(r'\{[ \t]{0,16}\n[ \t]{0,16}"name"')
+_PRETTY_TAIL = re.compile(r'\{[ \t]{0,16}(?:\n[ \t]{0,16}(?:"(?:n(?:a(?:me?)?)?)?)?)?$')
+_TAIL_WINDOW = 48
 # A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
 # be written in. NOTE: bounded, and looked for only in the last _FENCE_WINDOW characters:
 # `[ \t]*\n?[ \t]*$` backtracked quadratically on a long run of spaces (issue 14's kind).
@@ -224,12 +231,18 @@ class CallParser:
         if self._mode == "held":
             return ""
         found = [at for at in (self._buf.find(o) for o in _OPENERS) if at >= 0]
+        pretty = _PRETTY.search(self._buf)
+        if pretty is not None:
+            found.append(pretty.start())
         if found:
             at = _fence_start(self._buf, min(found))
             out, self._buf, self._mode = self._buf[:at], self._buf[at:], "held"
             return out
         keep = max(next((k for k in range(len(o) - 1, 0, -1) if self._buf.endswith(o[:k])), 0)
                    for o in _OPENERS)
+        tail = _PRETTY_TAIL.search(self._buf, max(0, len(self._buf) - _TAIL_WINDOW))
+        if tail is not None:
+            keep = max(keep, len(self._buf) - tail.start())
         out = self._buf[:_fence_start(self._buf, len(self._buf) - keep)]
         self._buf = self._buf[len(out):]
         return out

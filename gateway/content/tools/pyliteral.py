@@ -14,6 +14,9 @@ import ast
 import math
 from typing import Any
 
+# NOTE: literal_eval reads ~1 MB/s (0.35 s for a 300 kB dict, against JSON's ~50x faster) in
+# the gateway's event loop: a longer Python dict is no call (it stays text).
+MAX_LITERAL = 16_384
 _OPEN = {"{": "}", "[": "]", "(": ")"}
 _CLOSE = frozenset(_OPEN.values())
 
@@ -33,14 +36,14 @@ def python_literal(text: str, pos: int) -> tuple[Any, int] | None:
 
 
 def _balanced_end(text: str, pos: int) -> int | None:
-    """Where the brackets opened at `pos` close, strings skipped; None if they do not on the
-    text, or a string runs past its line."""
+    """Where the brackets opened at `pos` close, strings skipped; None if they do not within
+    MAX_LITERAL characters, or a string runs past its line."""
     if text[pos:pos + 1] != "{":
         return None
     stack: list[str] = []
     quote = ""
     i = pos
-    while i < len(text):
+    while i < min(len(text), pos + MAX_LITERAL):
         c = text[i]
         if quote:
             if c == "\\":
