@@ -51,7 +51,7 @@ def _generate(srv: Server, rid: str, prompt: str, hold: float) -> dict[str, Any]
         time.sleep(hold)  # NOTE: wall time past the deadline is what this test is about
         (srv.gates / rid).touch()
         lines: list[dict[str, Any]] = [json.loads(line) for line in r.iter_lines() if line.strip()]
-    assert lines[-1]["done"] is True, lines[-1]
+    assert lines[-1].get("done") is True, lines[-1]
     return lines[-1]
 
 
@@ -65,8 +65,10 @@ def test_a_long_prompts_reading_is_not_cut_by_the_generations_deadline(srv: Serv
 
 
 def test_a_short_prompt_still_ends_at_the_deadline(srv: Server) -> None:
-    # A 1-token prompt gets half a second more: held 4 s, it ends at its deadline.
-    last = _generate(srv, "short-prompt", "Hi", hold=TIMEOUT + 2.0)
+    # A 1-token prompt gets half a second more: held 3 s, it ends at its deadline.
+    # NOTE: held no longer than that: the gateway gives up 5 s after the deadline (a stalled
+    # worker), and a loaded CI machine once took the remaining 3.5 s to answer (an error line).
+    last = _generate(srv, "short-prompt", "Hi", hold=TIMEOUT + 1.0)
     assert last["done_reason"] == "timeout", last
     assert last["eval_count"] < 3
 
