@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import time
 import tracemalloc
 import uuid
@@ -120,12 +121,14 @@ def test_pathological_reasoning_is_split(output: str, style: Style) -> None:
     splitter.finish()
 
 
-def test_a_python_dict_call_is_bounded() -> None:
+def test_a_python_dict_call_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
     """A call written as a Python dict is read with literal_eval, ~50x slower than JSON, in
-    the gateway's event loop: one longer than MAX_LITERAL stays text."""
+    the gateway's event loop: one longer than MAX_LITERAL stays text, and the log says so."""
     long = "x" * MAX_LITERAL
     text = "{'name': 'get_weather', 'arguments': {'city': '" + long + "'}}"
-    assert parse_calls(text, TOOLS) == (text, [])
+    with caplog.at_level(logging.INFO):
+        assert parse_calls(text, TOOLS) == (text, [])
+    assert "Python dict longer than 16384 characters is left as text" in caplog.text
     (call,) = parse_calls(text.replace(long, "Paris"), TOOLS)[1]
     assert call.arguments == {"city": "Paris"}
 

@@ -15,7 +15,8 @@ import ollama
 import openai
 
 from npu_proxy.gateway.content.tools import Tool
-from npu_proxy.gateway.content.tools.parsing import CallParser, partial_call
+from npu_proxy.gateway.content.tools.parsing import partial_call
+from npu_proxy.gateway.content.tools.streaming import CallParser
 
 LLM = "smollm2:135m"
 PARAMS = {"type": "object", "properties": {"path": {"type": "string"},

@@ -27,6 +27,7 @@ from npu_proxy.gateway.content.tools import (
     ToolRequest,
     call_schema,
     parse_calls,
+    split_calls,
 )
 
 LLM = "smollm2:135m"
@@ -153,6 +154,44 @@ def test_parser_leaves_text_alone(text: str) -> None:
     streamed = "".join(parser.feed(ch) for ch in text)
     rest, calls = parser.finish()
     assert calls == [] and streamed + rest == text
+
+
+@pytest.mark.parametrize("text", [
+    'A record: {"name": "Alice", "age": 3}. More text.',
+    '{"city": "Paris"} and then more text.',
+    "```python\nprint({'a': 1})\n```\nDone.",
+    'A package.json:\n```json\n{\n  "name": "get-weather",\n  "version": "1.0.0"\n}\n```\nOK.',
+    '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call> Then text.',
+    "Use `{'name': 'get_weather', 'arguments': {'city': b'Paris'}}` then go on.",
+    "[1] Smith's paper, then more text.",
+    "{it's an aside\nthat goes on.",
+])
+def test_text_that_is_no_call_flows_before_the_end(text: str) -> None:
+    """What looked like the start of a call flows as text as soon as it is known to be none
+    (its value or tag closed, its fence holds no value): a stream is not held to its end."""
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    rest, calls = parser.finish()
+    assert calls == [] and streamed + rest == text
+    assert rest == ""
+
+
+def test_a_call_after_a_value_that_is_none_is_a_call() -> None:
+    text = '{"city": "Paris"} {"name": "get_weather", "arguments": {"city": "Paris"}}'
+    parser = CallParser(TOOLS)
+    streamed = "".join(parser.feed(ch) for ch in text)
+    rest, calls = parser.finish()
+    assert streamed == '{"city": "Paris"} ' and rest == ""
+    assert [c.arguments for c in calls] == [{"city": "Paris"}]
+
+
+def test_a_line_break_in_a_string_is_read() -> None:
+    """Models put real line breaks in code they pass as an argument: JSON is read with
+    strict=False (a Python dict's string past its line is still no call)."""
+    text = '{"name": "get_weather", "arguments": {"city": "Pa\nris"}}'
+    for split in (lambda t: parse_calls(t, TOOLS), lambda t: split_calls(t, CallParser(TOOLS))):
+        rest, calls = split(text)
+        assert rest == "" and [c.arguments for c in calls] == [{"city": "Pa\nris"}]
 
 
 def test_forced_schema_hoists_definitions() -> None:

@@ -43,7 +43,8 @@ offered tool, in a code fence or inline code or bare;
 bare calls the output begins with are calls and any text after them stays text; so is a call
 begun `{"name"` after text, bare or fenced (the tool grammar holds it to the schema under
 tool_choice auto). Anything else is text. Streaming and non-streaming responses use the same
-parser, so they agree.
+parser, so they agree: a stream holds what may be a call only until it is known to be none
+(its JSON value or tag closed around no call, its fence opened on no value; streaming.py).
 """
 
 from npu_proxy.gateway.content.json_size import ToolBudget
@@ -68,15 +69,9 @@ from npu_proxy.gateway.content.tools.dialects import (
     responses_tools,
 )
 from npu_proxy.gateway.content.tools.forcing import call_schema
-from npu_proxy.gateway.content.tools.parsing import (
-    TAG_CLOSE,
-    TAG_OPEN,
-    CallParser,
-    fragments,
-    parse_calls,
-    split_calls,
-)
+from npu_proxy.gateway.content.tools.parsing import TAG_CLOSE, TAG_OPEN, parse_calls
 from npu_proxy.gateway.content.tools.prompting import PreparedChat, prepare, prepare_chat
+from npu_proxy.gateway.content.tools.streaming import CallParser, fragments, split_calls
 
 __all__ = [
     "CUSTOM_INPUT", "MAX_PARALLEL", "TAG_CLOSE", "TAG_OPEN", "CallParser", "Mode", "PreparedChat",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Literal
+from typing import Any
 
 from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
 from npu_proxy.gateway.content.tools.pyliteral import python_literal
@@ -20,28 +20,25 @@ BARE_CALL = '{"name"'
 # `<tools>{"type": "function", "function": {"name": ...}}</tools>`: the wrapper is read like
 # the call tags, so that its remains do not show as text beside the call.
 WRAP_OPEN = "<tools>"
+WRAP_CLOSE = "</tools>"
+MISTRAL = "[TOOL_CALLS]"
 # A call written as a Python dict (pyliteral.py): parsed, not constrained.
 PY_CALL = "{'name'"
-_OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL)
+OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL)
 # A call pretty-printed after text (`{`, a line break, `"name"`): Qwen2.5-Coder-1.5B under cn
 # wrote its MultiEdit call so, fenced (issue 42). Parsed, not constrained (prompting.auto_tags
-# says why); the text from it on is held as from the openers above. _PRETTY_TAIL: the end of
-# the text that may still become one.
-_PRETTY = re.compile(r'\{[ \t]{0,16}\n[ \t]{0,16}"name"')
-_PRETTY_TAIL = re.compile(r'\{[ \t]{0,16}(?:\n[ \t]{0,16}(?:"(?:n(?:a(?:me?)?)?)?)?)?$')
-_TAIL_WINDOW = 48
-# A Markdown fence opened at a line's start with nothing after it yet: the fence a call may
-# be written in. NOTE: bounded, and looked for only in the last _FENCE_WINDOW characters:
-# `[ \t]*\n?[ \t]*$` backtracked quadratically on a long run of spaces (issue 14's kind).
-_FENCE_END = re.compile(r"(?:^|\n)(`{1,3}[A-Za-z0-9_-]{0,32}[ \t]{0,16}(?:\n[ \t]{0,16})?)$")
-_FENCE_WINDOW = 80
-_FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+# says why); the text from it on is held as from the openers above (streaming.py).
+PRETTY = re.compile(r'\{[ \t]{0,16}\n[ \t]{0,16}"name"')
+FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 # A call between its tags, or the tools wrapper; the closing tag optional (a cut output).
 _TAGGED = re.compile(r"<(tool_call|tools)>(.*?)(?:</\1>|$)", re.S)
+# NOTE: strict=False: a real line break in a string is read (models write them in code they
+# pass as an argument); JSON is otherwise as strict as ever.
+_DECODER = json.JSONDecoder(strict=False)
 
 
 def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
@@ -58,7 +55,7 @@ def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = _DECODER.decode(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(args, dict):
@@ -121,24 +118,51 @@ def _fenced(text: str) -> str:
     if _fence(text) == "`":
         return text[1:]
     pos = 3
-    while pos < len(text) and text[pos] in _FENCE_INFO:
+    while pos < len(text) and text[pos] in FENCE_INFO:
         pos += 1
     return text[pos:]
 
 
-def _json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
-    """Calls from a text that is nothing but JSON: one value or several in a row."""
+def json_calls(text: str, names: dict[str, Tool]) -> list[ToolCall] | None:
+    """Calls from a text that is nothing but calls (JSON or Python dicts, one or several in a
+    row, fenced or not)."""
+    found = _calls_then_text(text, names)
+    return found[0] if found is not None and not found[1] else None
+
+
+def _calls_then_text(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], str] | None:
+    """The calls the text begins with (after Mistral's [TOOL_CALLS], in a code fence or
+    inline code) and the text after them, the closing fence left out; None when it begins
+    with none, or its fence goes on after them."""
     text = text.strip()
-    if text.startswith("[TOOL_CALLS]"):
-        text = text[len("[TOOL_CALLS]"):].lstrip()
-    calls, rest = _leading_calls(_unfence(text), names)
-    return calls if calls and not rest else None
+    if text.startswith(MISTRAL):
+        text = text[len(MISTRAL):].lstrip()
+    fence = _fence(text)
+    calls, after = _leading_calls(_fenced(text) if fence else text, names)
+    after = after.lstrip()
+    if not calls or (fence and after and not after.startswith(fence)):
+        return None
+    return calls, after[len(fence):].strip()
+
+
+def decode_at(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value (or Python literal, pyliteral.py) that begins at `pos`, and its end."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except (json.JSONDecodeError, RecursionError):
+        return python_literal(text, pos)
+
+
+def value_calls(value: Any, names: dict[str, Tool]) -> list[ToolCall] | None:
+    """The calls a value is (a call or an array of calls), or None."""
+    found = [_as_call(item, names) for item in (value if isinstance(value, list) else [value])]
+    calls = [call for call in found if call is not None]
+    return calls if calls and len(calls) == len(found) else None
 
 
 def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], str]:
-    """The calls the text begins with (JSON values in a row, each a call or an array of
-    calls) and the rest of the text, from the first thing that is not one."""
-    decoder = json.JSONDecoder()
+    """The calls the text begins with (values in a row, each a call or an array of calls)
+    and the rest of the text, from the first thing that is not one."""
     calls: list[ToolCall] = []
     pos = 0
     while True:
@@ -146,30 +170,24 @@ def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], s
             pos += 1
         if pos >= len(text):
             return calls, ""
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except (json.JSONDecodeError, RecursionError):
-            literal = python_literal(text, pos)
-            if literal is None:
-                return calls, text[pos:]
-            value, end = literal
-        found = [_as_call(item, names) for item in
-                 (value if isinstance(value, list) else [value])]
-        if not found or any(call is None for call in found):
+        decoded = decode_at(text, pos)
+        found = value_calls(decoded[0], names) if decoded is not None else None
+        if decoded is None or found is None:
             return calls, text[pos:]
-        calls += [call for call in found if call is not None]
-        pos = end
+        calls += found
+        pos = decoded[1]
 
 
 def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
-    """Split a finished output into text and calls (see the module docstring)."""
+    """Split a finished output into text and calls (see the package docstring): calls in
+    tags, or calls it begins with (fenced or not) and text after them."""
     names = {t.name: t for t in tools}
     if TAG_OPEN in text or WRAP_OPEN in text:
         rest: list[str] = []
         calls: list[ToolCall] = []
         pos = 0
         for match in _TAGGED.finditer(text):
-            found = _json_calls(match.group(2), names)
+            found = json_calls(match.group(2), names)
             rest.append(text[pos:match.start()])
             if found is None:
                 rest.append(match.group(0))
@@ -180,93 +198,10 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
         if calls:
             return "".join(rest).strip(), calls
         return text, []
-    stripped = text.lstrip()
-    if stripped[:1] in ("{", "[", "`"):
-        found = _json_calls(stripped, names)
-        if found:
-            return "", found
-    if stripped[:1] in ("{", "["):
-        # NOTE: Qwen2.5-Coder-1.5B (greedy, Claude Code's tools) wrote two bare calls and
-        # then a line of prose: calls it begins with stay calls, the prose stays text.
-        leading, after = _leading_calls(stripped, names)
-        if leading:
-            return after.strip(), leading
-    fence = _fence(stripped)
-    if fence:
-        # The same in a fence or inline code: the calls, the closing fence, then prose.
-        leading, after = _leading_calls(_fenced(stripped), names)
-        after = after.lstrip()
-        if leading and (not after or after.startswith(fence)):
-            return after[len(fence):].strip(), leading
-    return text, []
-
-
-class CallParser:
-    """Incremental: `feed` returns the text that is surely not part of a call, `finish` the
-    rest of the text and the calls.
-
-    Output that starts as JSON (after whitespace) is held back whole; otherwise text flows at
-    once, except a tail that could be the start of a `<tool_call>` or `<tools>` tag or of a
-    bare call (`{"name"`, with a code fence opened just before it), and everything from such a
-    start on (held text that is not a call comes back as text at `finish`).
-    """
-
-    def __init__(self, tools: list[Tool]) -> None:
-        self.tools = tools
-        self._buf = ""
-        self._mode: Literal["start", "text", "held"] = "start"
-
-    def feed(self, text: str) -> str:
-        self._buf += text
-        if self._mode == "start":
-            head = self._buf.lstrip()
-            if not head:
-                return ""
-            if head[0] in "{[" or head.startswith((TAG_OPEN, WRAP_OPEN, "```")):
-                self._mode = "held"
-                return ""
-            if any(o.startswith(head) for o in (TAG_OPEN, WRAP_OPEN, "```")):
-                return ""
-            self._mode = "text"
-        if self._mode == "held":
-            return ""
-        found = [at for at in (self._buf.find(o) for o in _OPENERS) if at >= 0]
-        pretty = _PRETTY.search(self._buf)
-        if pretty is not None:
-            found.append(pretty.start())
-        if found:
-            at = _fence_start(self._buf, min(found))
-            out, self._buf, self._mode = self._buf[:at], self._buf[at:], "held"
-            return out
-        keep = max(next((k for k in range(len(o) - 1, 0, -1) if self._buf.endswith(o[:k])), 0)
-                   for o in _OPENERS)
-        tail = _PRETTY_TAIL.search(self._buf, max(0, len(self._buf) - _TAIL_WINDOW))
-        if tail is not None:
-            keep = max(keep, len(self._buf) - tail.start())
-        out = self._buf[:_fence_start(self._buf, len(self._buf) - keep)]
-        self._buf = self._buf[len(out):]
-        return out
-
-    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
-        """The rest and the calls; `cut`: the output ended at max_tokens or the deadline,
-        so a call it began and did not end comes back as a call (`partial_call`)."""
-        text, self._buf = self._buf, ""
-        if self._mode != "held":
-            return text, []
-        rest, calls = parse_calls(text, self.tools)
-        if calls or not cut:
-            return rest, calls
-        partial = partial_call(text, self.tools)
-        return ("", [partial]) if partial is not None else (rest, calls)
-
-
-def _fence_start(text: str, at: int) -> int:
-    """Where a call that may begin at `at` begins: at the fence opened just before it, or the
-    inline backtick just before it."""
-    if at and text[at - 1] == "`" and (at < 2 or text[at - 2] != "`"):
-        return at - 1
-    fence = _FENCE_END.search(text, max(0, at - _FENCE_WINDOW), at)
-    return fence.start(1) if fence else at
+    # NOTE: Qwen2.5-Coder-1.5B (greedy, Claude Code's tools) wrote two bare calls and then a
+    # line of prose: calls it begins with stay calls, the prose stays text.
+    leading = _calls_then_text(text, names)
+    return (leading[1], leading[0]) if leading is not None else (text, [])
 
 
 def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:
@@ -284,16 +219,3 @@ def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:
                     partial=text[args.end():] if args else "")
 
 
-def split_calls(text: str, parser: CallParser | None,
-                cut: bool = False) -> tuple[str, list[ToolCall]]:
-    """A whole (non-streamed) output through the same parser a stream uses."""
-    if parser is None:
-        return text, []
-    head = parser.feed(text)
-    rest, calls = parser.finish(cut)
-    return (head + rest).strip() if calls else head + rest, calls
-
-
-def fragments(text: str, size: int = 24) -> list[str]:
-    """A call's arguments JSON cut into stream-sized pieces (clients concatenate them)."""
-    return [text[i:i + size] for i in range(0, len(text), size)] or [""]

@@ -12,7 +12,8 @@ import msgspec
 
 from npu_proxy.gateway.content.tools.definitions import ToolRequest
 from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schema, tool_parameters
-from npu_proxy.gateway.content.tools.parsing import BARE_CALL, TAG_CLOSE, TAG_OPEN, CallParser
+from npu_proxy.gateway.content.tools.parsing import BARE_CALL, TAG_CLOSE, TAG_OPEN
+from npu_proxy.gateway.content.tools.streaming import CallParser
 from npu_proxy.gateway.core.catalog import ModelFacts
 from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTag, ToolTags
