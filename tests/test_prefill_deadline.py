@@ -51,7 +51,6 @@ def _generate(srv: Server, rid: str, prompt: str, hold: float) -> dict[str, Any]
         time.sleep(hold)  # NOTE: wall time past the deadline is what this test is about
         (srv.gates / rid).touch()
         lines: list[dict[str, Any]] = [json.loads(line) for line in r.iter_lines() if line.strip()]
-    assert lines[-1].get("done") is True, lines[-1]
     return lines[-1]
 
 
@@ -59,18 +58,23 @@ def test_a_long_prompts_reading_is_not_cut_by_the_generations_deadline(srv: Serv
     # Held past inference_timeout and past the gateway's own grace after it (5 s): only the
     # prompt's allowance, at the worker and at the gateway, lets it generate.
     last = _generate(srv, "long-prompt", LONG, hold=TIMEOUT + 6.0)
+    assert last.get("done") is True, last
     assert last["prompt_eval_count"] / RATE > TIMEOUT + 6.0 + 5.0, last
     assert last["done_reason"] == "length", last
     assert last["eval_count"] == 3
 
 
 def test_a_short_prompt_still_ends_at_the_deadline(srv: Server) -> None:
-    # A 1-token prompt gets half a second more: held 3 s, it ends at its deadline.
-    # NOTE: held no longer than that: the gateway gives up 5 s after the deadline (a stalled
-    # worker), and a loaded CI machine once took the remaining 3.5 s to answer (an error line).
+    # A 1-token prompt gets half a second more: held 3 s, it ends at its deadline, never
+    # generating its 3 tokens. NOTE: ended by its worker (done_reason timeout) or, where the
+    # worker was starved on a loaded machine for the 4.5 s left after the hold (CI61), by the
+    # gateway, which gives up 5 s past the deadline: either way it ends there.
     last = _generate(srv, "short-prompt", "Hi", hold=TIMEOUT + 1.0)
-    assert last["done_reason"] == "timeout", last
-    assert last["eval_count"] < 3
+    if "error" in last:
+        assert "stopped producing output past the request's deadline" in last["error"], last
+    else:
+        assert last["done_reason"] == "timeout", last
+        assert last["eval_count"] < 3
 
 
 def test_a_negative_rate_is_refused(tmp_path: Path) -> None:
