@@ -88,6 +88,8 @@ TOOLS = [Tool("get_weather", "", WEATHER_SCHEMA)]
     # Its Python-dict form, in inline code, seen with cn's tools (issue 42).
     "`{'name': 'get_weather', 'arguments': {'city': 'Paris'}}`",
     "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}",
+    # Its arguments as a string holding a Python dict.
+    '{"name": "get_weather", "arguments": "{\'city\': \'Paris\'}"}',
 ])
 def test_parser_finds_the_call(text: str) -> None:
     parser = CallParser(TOOLS)

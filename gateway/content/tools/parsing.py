@@ -54,14 +54,23 @@ def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = _DECODER.decode(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return None
+        args = _arguments_text(args.strip())
     if not isinstance(args, dict):
         return None
     return ToolCall(name=tool.name, arguments=_without_null_options(args, tool),
                     namespace=tool.namespace, kind=tool.kind)
+
+
+def _arguments_text(text: str) -> Any:
+    """Arguments sent as a string: JSON, or a Python dict (the same model wrote
+    `"arguments": "{'filepath': ...}"`); None when neither."""
+    if not text:
+        return {}
+    try:
+        return _DECODER.decode(text)
+    except (json.JSONDecodeError, RecursionError):
+        literal = python_literal(text, 0)
+        return literal[0] if literal is not None and literal[1] == len(text) else None
 
 
 def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
