@@ -80,8 +80,10 @@ class CallParser:
         head = self._buf.lstrip()
         if not head or any(o.startswith(head) for o in (TAG_OPEN, WRAP_OPEN, "```")):
             return False
-        held = head[0] in "{[" or head.startswith((TAG_OPEN, WRAP_OPEN, "```"))
-        self._hold(0) if held else setattr(self, "_mode", "text")
+        if head[0] in "{[" or head.startswith((TAG_OPEN, WRAP_OPEN, "```")):
+            self._hold(0)
+        else:
+            self._mode = "text"
         return True
 
     def _hold(self, at: int) -> str:
