@@ -68,6 +68,8 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     "<tool_call>" * (SIZE // 11),
     "[" * SIZE,
     "{" + " " * SIZE,
+    "\n" * SIZE,  # white space first: looked at once, not again at every piece
+    "\n" * SIZE + "[1] a note",
     # Text, then a fence that may hold a bare call (issue 42's parser hold).
     "a\n```" + " " * (10 * SIZE) + "x",  # backtracked for ~40 min (~1 s at SIZE // 5)
     "a\n```json" + " \t" * (SIZE // 2) + "\n" + " " * SIZE,

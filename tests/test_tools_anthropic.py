@@ -161,6 +161,7 @@ def test_parser_leaves_text_alone(text: str) -> None:
 @pytest.mark.parametrize("text", [
     'A record: {"name": "Alice", "age": 3}. More text.',
     '{"city": "Paris"} and then more text.',
+    '\n\n  {"city": "Paris"} and then more text.',
     "```python\nprint({'a': 1})\n```\nDone.",
     'A package.json:\n```json\n{\n  "name": "get-weather",\n  "version": "1.0.0"\n}\n```\nOK.',
     '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call> Then text.',

@@ -59,6 +59,7 @@ class CallParser:
         self._at = -1  # where in the held text that value begins (as far as known)
         self._searched = 0  # how far a held tag's closing tag has been looked for
         self._called = False  # what is held began with a call: held to the end
+        self._lead = 0  # white space at the start (of the output, then of the held text)
 
     def feed(self, text: str) -> str:
         self._buf += text
@@ -77,19 +78,25 @@ class CallParser:
 
     def _start(self) -> bool:
         """Whether the output's start is known: held (JSON, a tag or a fence) or text."""
-        head = self._buf.lstrip()
+        buf, lead = self._buf, self._lead
+        while lead < len(buf) and buf[lead].isspace():  # NOTE: on from where it got to
+            lead += 1
+        self._lead = lead
+        head = buf[lead:lead + len(TAG_OPEN) + 1]
         if not head or any(o.startswith(head) for o in (TAG_OPEN, WRAP_OPEN, "```")):
             return False
         if head[0] in "{[" or head.startswith((TAG_OPEN, WRAP_OPEN, "```")):
-            self._hold(0)
+            self._hold(0, lead)
         else:
             self._mode = "text"
         return True
 
-    def _hold(self, at: int) -> str:
-        """Hold from `at` on; the text before it flows."""
+    def _hold(self, at: int, lead: int = 0) -> str:
+        """Hold from `at` on (`lead`: white space the held text begins with); the text before
+        it flows."""
         out, self._buf, self._mode = self._buf[:at], self._buf[at:], "held"
         self._value, self._at, self._searched, self._called = None, -1, 0, False
+        self._lead = lead
         return out
 
     def _flow(self) -> str:
@@ -118,7 +125,7 @@ class CallParser:
         return out
 
     def _no_call_end(self, held: str) -> int | None:
-        lead = len(held) - len(held.lstrip())
+        lead = self._lead
         if held.startswith((TAG_OPEN, WRAP_OPEN), lead):
             return self._tag_end(held, lead)
         if self._value is None:
