@@ -101,22 +101,6 @@ def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in drop}
 
 
-def _unfence(text: str) -> str:
-    """The inside of a Markdown code fence (```json ... ```, the closing fence optional), or
-    of inline backticks.
-
-    NOTE: scanned, not matched with a regex: `\\s*(.*?)\\s*(?:```)?\\s*$` backtracked
-    quadratically on model output with long runs of spaces (issue 14).
-    """
-    fence = _fence(text)
-    if not fence:
-        return text
-    body = _fenced(text).strip()
-    if body.endswith(fence):
-        body = body[:-len(fence)].rstrip()
-    return body
-
-
 def _fence(text: str) -> str:
     """The fence the text begins with: ``` (a code block), ` (inline code) or none."""
     return "```" if text.startswith("```") else "`" if text.startswith("`") else ""
