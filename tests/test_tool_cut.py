@@ -95,6 +95,18 @@ def test_a_partial_call_keeps_the_arguments_as_far_as_they_came() -> None:
     parser = CallParser(tools)
     parser.feed(whole)
     assert parser.finish(cut=True)[1][0].arguments == {"path": "a"}
+    # Written as a Python dict (Qwen2.5-Coder-1.5B under cn did so), cut: the same.
+    call = partial_call("{'name': 'read_file', 'arguments': {'path': 'a.t", tools)
+    assert call is not None and call.name == "read_file" and call.partial == "{'path': 'a.t"
+    # A second call cut after a whole one: both calls, the second partial, no text.
+    for second in (cut[1:], "<tool_call>" + cut[1:], "{'name': 'read_file', 'arguments': {"):
+        first = '<tool_call>{"name": "write_file", "arguments": {"path": "b"}}</tool_call>' \
+            if second.startswith("<") else whole[1:-1]
+        parser = CallParser(tools)
+        assert parser.feed(first + "\n" + second) == ""
+        rest, calls = parser.finish(cut=True)
+        assert rest == "" and len(calls) == 2 and calls[1].name == "read_file", (second, rest)
+        assert calls[1].partial is not None and calls[1].partial.startswith("{")
 
 
 def test_an_optional_argument_sent_as_null_is_dropped() -> None:

@@ -32,8 +32,10 @@ PRETTY = re.compile(r'\{[ \t]{0,16}\n[ \t]{0,16}"name"')
 FENCE_INFO = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
+# A call's tool and where its arguments begin, in JSON or a Python dict (single-quoted).
+_NAME = re.compile(r'"(?:name|function)"\s*:\s*"((?:[^"\\]|\\.)*)"'
+                   r"|'(?:name|function)'\s*:\s*'((?:[^'\\]|\\.)*)'")
+_ARGUMENTS = re.compile(r"""(["'])(?:arguments|parameters)\1\s*:\s*""")
 # A call between its tags, or the tools wrapper; the closing tag optional (a cut output).
 _TAGGED = re.compile(r"<(tool_call|tools)>(.*?)(?:</\1>|$)", re.S)
 # NOTE: strict=False: a real line break in a string is read (models write them in code they
@@ -204,7 +206,8 @@ def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:
     offered tool."""
     names = {t.name: t for t in tools}
     named = _NAME.search(text)
-    tool = names.get(named.group(1)) if named else (tools[0] if len(tools) == 1 else None)
+    name = (named.group(1) or named.group(2)) if named else None
+    tool = names.get(name) if name is not None else (tools[0] if len(tools) == 1 else None)
     if tool is None:
         return None
     args = _ARGUMENTS.search(text, named.end() if named else 0)

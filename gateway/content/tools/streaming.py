@@ -173,10 +173,17 @@ class CallParser:
         if self._mode != "held":
             return text, []
         rest, calls = parse_calls(text, self.tools)
-        if calls or not cut:
+        if not cut:
             return rest, calls
-        partial = partial_call(text, self.tools)
-        return ("", [partial]) if partial is not None else (rest, calls)
+        if not calls:
+            partial = partial_call(text, self.tools)
+            return ("", [partial]) if partial is not None else (rest, calls)
+        # A call begun after whole ones and cut: the last of the calls, not text.
+        begun = _OPENER.search(rest)
+        partial = partial_call(rest[begun.start():], self.tools) if begun else None
+        if begun is None or partial is None:
+            return rest, calls
+        return rest[:_fence_start(rest, begun.start())].rstrip(), [*calls, partial]
 
 
 def _body_start(held: str, pos: int) -> int | None:
