@@ -5,6 +5,7 @@ prepares a request's messages either way (see the package docstring)."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,9 @@ from npu_proxy.gateway.content.tools.forcing import auto_call_schema, call_schem
 from npu_proxy.gateway.content.tools.parsing import BARE_CALL, TAG_CLOSE, TAG_OPEN
 from npu_proxy.gateway.content.tools.streaming import CallParser
 from npu_proxy.gateway.core.catalog import ModelFacts
-from npu_proxy.gateway.core.errors import invalid
 from npu_proxy.protocol.messages import ChatMessage, SamplingParams, ToolTag, ToolTags
+
+log = logging.getLogger(__name__)
 
 
 def _call_text(name: str, arguments: Any) -> str:
@@ -188,10 +190,13 @@ def prepare_chat(facts: ModelFacts, messages: list[ChatMessage], req: ToolReques
     out, tools = prepare(messages, req, native)
     schema = call_schema(req) if req is not None else None
     if schema is not None:
-        if params.json_schema is not None:
-            raise invalid("a forced tool call cannot be combined with a response format",
-                          param="tool_choice")
-        params = msgspec.structs.replace(params, json_schema=schema)
+        # NOTE: a forced call wins over a response format, as on OpenAI: the format is for
+        # the text, and a forced call writes none (the Agents SDK sends both when an agent
+        # with an output_type is made to call a tool).
+        if params.json_schema is not None or params.regex is not None:
+            log.info("tool_choice forces a call, which writes no text: the response format "
+                     "is not applied")
+        params = msgspec.structs.replace(params, json_schema=schema, regex=None)
     # NOTE: a response format the client asked for wins over the auto call's constraint:
     # it is the client's contract for the whole output (GenAI takes one constraint per
     # request), and a call it lets through is still parsed, only unconstrained.
