@@ -233,18 +233,34 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
     _wrote(run, work)
 
 
+# Qwen Code 0.24.4's settings that leave out what `--system-prompt` and `--core-tools` keep:
+# its memory notes, the skills list, and the tools it offers beside the core ones.
+QWEN_TRIM = {
+    "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
+    "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]},
+    "goals": {"modelProposed": "disabled"},
+    "tools": {"disabled": ["agent", "list_agents", "get_goal", "update_goal", "skill",
+                           "tool_search", "tool_call", "enter_worktree", "exit_worktree",
+                           "record_artifact", "report_findings", "send_message", "task_stop"]},
+}
+
+
 def test_qwen_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
                                                    record_property: Any) -> None:
     """Qwen Code (OpenAI chat, streamed, in its own auto-approve mode) as a user trims it with
-    its own options: a short system prompt (`--system-prompt`) and its two file tools
-    (`--core-tools`). NOTE: its own prompt and tools are ~25k tokens, 15+ minutes of prefill
-    per turn on 2 cores shared with a test run; trimmed, its requests keep their wire shape
-    (tools, streamed calls, `tool` results)."""
+    its own options: a short system prompt (`--system-prompt`), its two file tools
+    (`--core-tools`) and its settings (QWEN_TRIM: no memory, skills or tools of its own).
+    NOTE: its own prompt and tools are ~25k tokens, 15+ minutes of prefill per turn on 2 cores
+    shared with a test run; the options alone left ~10k tokens (200-390 s a run here), the
+    settings too ~1.7k. Trimmed, its requests keep their wire shape (tools, streamed calls,
+    `tool` results)."""
     def launch(folder: Path) -> Launch:
         run = ASKED["qwen"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
                                         act=True))
         run.argv += ["--system-prompt", SYSTEM.format(cwd=folder / "work"),
                      "--core-tools", "read_file,write_file"]
+        run.files = {path: json.dumps(json.loads(text) | QWEN_TRIM)
+                     for path, text in run.files.items()}
         return run
 
     run, work = _loop(qwen, tmp_path, "qwen-loop", launch, _chat_looped, record_property)
