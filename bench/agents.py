@@ -6,7 +6,7 @@ in one run.
 
     python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
                            [--tasks read-and-answer,create-a-file] [--timeout 2400]
-                           [--results FILE]
+                           [--trim] [--results FILE]
 
 The clients are the ones `make setup` installs into .clients/ (pinned in tests/clients/: the
 npm ones, and aider in a venv of its own), each started as tests/clientlaunch.py starts them
@@ -18,6 +18,8 @@ capturing proxy that counts each request and the prompt tokens the server report
 aider: it streams without asking for usage). With their own system prompts and tools: the
 first request of a client is its full agent prompt (8-20k tokens; aider's is ~1k), read in
 minutes on 2 cores; later tasks of the same client reuse the prefix each server keeps.
+`--trim` turns each client's extras off with its own switches, as a user with a small model
+would (tools no task needs, memory and skills notes; their system prompts stay).
 
 Success is judged by what the task left (files, programs run again, the one fact asked for
 in the output), never by the exit code alone. The model is the Qwen2.5-Coder-1.5B-Instruct
@@ -111,13 +113,14 @@ def keep(run: Run, work: Path, folder: Path) -> None:
 
 
 def attempt(client: str, task: Task, server: str, url: str, root: Path,
-            timeout: float, kept: Path | None) -> Outcome:
-    tmp = root / f"{client}-{task.name}-{server.split()[0]}"
+            timeout: float, kept: Path | None, trim: bool = False) -> Outcome:
+    tmp = root / f"{client}{'-trim' if trim else ''}-{task.name}-{server.split()[0]}"
     work = tmp / "work"
     for name, text in task.files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
-    ask = Ask(prompt=task.prompt, model=MODEL, context=CONTEXT, output=OUTPUT, act=True)
+    ask = Ask(prompt=task.prompt, model=MODEL, context=CONTEXT, output=OUTPUT, act=True,
+              trim=trim)
     started = time.perf_counter()
     run = execute(f"{client}:{task.name}", ASKED[client](tmp, ask), tmp, url, timeout)
     seconds = time.perf_counter() - started
@@ -130,8 +133,9 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
     # NOTE: the scratch folders' paths are left out: the results file is kept in the tree.
     said = (run.err.strip() or run.out.strip()).replace(str(work), "<work>")
     why = "" if done else said.replace(str(root), "<tmp>")[-300:].replace("\n", " | ")
-    return Outcome(client, server, task.name, done, len(run.proxy.inference()),
-                   prompt_tokens(run), seconds, run.rc, why, product_commit())
+    return Outcome(client + ("+trim" if trim else ""), server, task.name, done,
+                   len(run.proxy.inference()), prompt_tokens(run), seconds, run.rc, why,
+                   product_commit())
 
 
 def recorded(results: Path | None) -> list[Outcome]:
@@ -163,6 +167,9 @@ def main() -> None:
                     help="seconds one client may take for one task")
     ap.add_argument("--keep", type=Path, help="a folder to keep each run's exchanges and "
                     "files in")
+    ap.add_argument("--trim", action="store_true", help="each client's extras off with its "
+                    "own switches (tests/clientlaunch.py Ask.trim, docs/clients.md); counted "
+                    "as CLIENT+trim")
     ap.add_argument("--results", type=Path, help="a JSON-lines file of outcomes: appended "
                     "to as runs end, and the runs already in it are not run again")
     args = ap.parse_args()
@@ -194,18 +201,19 @@ def main() -> None:
             for client in clients:
                 for task in tasks:
                     for name, url in targets:
-                        if (client, task.name, name) in done_before:
+                        label = client + ("+trim" if args.trim else "")
+                        if (label, task.name, name) in done_before:
                             continue
                         try:
                             outcome = attempt(client, task, name, url, root, args.timeout,
-                                              args.keep)
+                                              args.keep, args.trim)
                         except pytest.skip.Exception as exc:
                             raise SystemExit(f"{client}: {exc}") from None
                         outcomes.append(outcome)
                         if args.results is not None:
                             with args.results.open("a") as sink:
                                 sink.write(json.dumps(asdict(outcome)) + "\n")
-                        print(f"{client} {task.name} on {name}: "
+                        print(f"{label} {task.name} on {name}: "
                               f"{'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
                               f"{outcome.requests} requests, {outcome.prompt_tokens} prompt "
                               f"tokens, {outcome.seconds:.0f} s"

@@ -42,9 +42,29 @@ class Ask:
     context: int = 8192
     output: int = 32
     act: bool = False
+    # A user with a small model: the client's extras (tools its tasks need none of, memory
+    # and skills notes) turned off with its own switches, as docs/clients.md shows; its
+    # own system prompt kept.
+    trim: bool = False
 
 
 ASK = Ask()
+# Codex CLI 0.171's switches for the tools a task needs none of (its multi_agent namespace
+# alone is ~11 kB of JSON in every request): ~4 kB of tools are left, from ~18.7 kB.
+CODEX_TRIM = [f"features.{k}=false" for k in ("multi_agent", "goals", "image_generation",
+                                              "view_image")] + ['web_search="disabled"']
+# OpenCode 1.18's tools a task needs none of (its shell and file tools stay).
+OPENCODE_TRIM = {"tools": {name: False for name in ("skill", "task", "todowrite", "webfetch")}}
+# Qwen Code 0.24.4's settings that leave out its memory notes, its skills list and the tools
+# of its own beside its core ones (agents, goals, worktrees, messages).
+QWEN_TRIM = {
+    "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
+    "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]},
+    "goals": {"modelProposed": "disabled"},
+    "tools": {"disabled": ["agent", "list_agents", "get_goal", "update_goal", "skill",
+                           "tool_search", "tool_call", "enter_worktree", "exit_worktree",
+                           "record_artifact", "report_findings", "send_message", "task_stop"]},
+}
 
 
 @dataclass
@@ -124,6 +144,8 @@ def _codex(tmp: Path, oss: bool, ask: Ask = ASK) -> Launch:
     if oss:
         env["CODEX_OSS_BASE_URL"] = "{PROXY}/v1"
         argv += ["--oss", "--local-provider", "ollama", "-m", ask.model]
+    if ask.trim:
+        argv += [p for c in CODEX_TRIM for p in ("-c", c)]
     return Launch([*argv, ask.prompt], env, {home / "config.toml": config})
 
 
@@ -149,6 +171,8 @@ def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
                 "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(ask.output)}
         argv += ["--permission-mode", "acceptEdits", "--allowedTools",
                  "Bash,Read,Write,Edit,Glob,Grep,LS"]
+    if ask.trim:
+        argv += ["--tools", "Bash,Read,Write,Edit,Glob,Grep"]
     return Launch(argv, env, {})
 
 
@@ -166,6 +190,8 @@ def _opencode(tmp: Path, ask: Ask = ASK) -> Launch:
                 "context": ask.context, "output": ask.output}}}}}}
     if ask.act:
         settings["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
+    if ask.trim:
+        settings |= OPENCODE_TRIM
     text = json.dumps(settings)
     env |= {"OPENCODE_CONFIG": str(config)} | {f"OPENCODE_DISABLE_{k}": "1" for k in (
         "AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE",
@@ -182,7 +208,7 @@ def _qwen(tmp: Path, ask: Ask = ASK) -> Launch:
         "privacy": {"usageStatisticsEnabled": False}, "usageStatisticsEnabled": False,
         "telemetry": {"enabled": False},
         "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
-        "model": {"name": ask.model}})
+        "model": {"name": ask.model}} | (QWEN_TRIM if ask.trim else {}))
     env |= {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{PROXY}/v1", "OPENAI_MODEL": ask.model,
             "NODE_OPTIONS": f"--require {PRELOAD}"}
     argv = [_node(), str(qwen), "-p", ask.prompt, *(["--yolo"] if ask.act else [])]

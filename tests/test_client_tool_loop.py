@@ -29,7 +29,17 @@ from typing import Any
 
 import pytest
 from clientcap import CaptureProxy
-from clientlaunch import ASKED, CODEX_QUIET, Ask, Launch, Run, describe, execute, launched
+from clientlaunch import (
+    ASKED,
+    CODEX_QUIET,
+    CODEX_TRIM,
+    Ask,
+    Launch,
+    Run,
+    describe,
+    execute,
+    launched,
+)
 from qwen_coder import AGENT
 from serverctl import Server
 
@@ -174,12 +184,6 @@ def _bodies(run: Run, path: str) -> list[Any]:
     return [e.json() for e in run.inference(path) if e.status == 200]
 
 
-# Codex CLI 0.171's features a user with a small model turns off: tools the task needs none of
-# (its multi_agent namespace alone is ~11 kB of JSON in every request).
-CODEX_TRIM = [f"features.{k}=false" for k in ("multi_agent", "goals", "image_generation",
-                                              "view_image")] + ['web_search="disabled"']
-
-
 def test_codex_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
                                                record_property: Any) -> None:
     # NOTE: Codex's default shell is a PTY session pair (exec_command, then write_stdin to a
@@ -224,9 +228,9 @@ def _chat_looped(bodies: list[Any]) -> bool:
                for m in body.get("messages", []))
 
 
-# OpenCode 1.18's config that leaves it its file tools (read, write, edit): the others off,
-# its shell denied (an allowed one stays offered whatever `tools` says).
-OPENCODE_TRIM = {
+# OpenCode's trimmed config (Ask.trim) with its shell denied too: an allowed shell stays
+# offered whatever `tools` says.
+OPENCODE_FILES_ONLY = {
     "tools": {name: False for name in ("bash", "glob", "grep", "skill", "task", "todowrite",
                                        "webfetch")},
     "permission": {"edit": "allow", "bash": "deny", "webfetch": "deny"},
@@ -238,15 +242,15 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
                                                      record_property: Any) -> None:
     """Continue's `cn` (OpenAI chat completions, its own prompt and tools, edits and commands
     allowed; ~2,300 tokens) and OpenCode, trimmed as a user with a small model would in its
-    config (OPENCODE_TRIM: a short prompt for its build agent, its file tools only; ~7,000
+    config (OPENCODE_FILES_ONLY: a short prompt for its build agent, its file tools only; ~7,000
     tokens otherwise, 423 s of a loaded CI run where the rest of its loop took a minute).
     bench/agents.py's create-a-file task completed with cn here; on llama-server the call was
     left as fenced text."""
     def launch(folder: Path) -> Launch:
         run = ASKED[client](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
-                                        act=True))
+                                        act=True, trim=True))
         if client == "opencode":
-            trim = OPENCODE_TRIM | {"agent": {"build": {"prompt": SYSTEM.format(
+            trim = OPENCODE_FILES_ONLY | {"agent": {"build": {"prompt": SYSTEM.format(
                 cwd=folder / "work")}}}
             run.files = {path: json.dumps(json.loads(text) | trim)
                          for path, text in run.files.items()}
@@ -257,34 +261,20 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
     _wrote(run, work)
 
 
-# Qwen Code 0.24.4's settings that leave out what `--system-prompt` and `--core-tools` keep:
-# its memory notes, the skills list, and the tools it offers beside the core ones.
-QWEN_TRIM = {
-    "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
-    "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]},
-    "goals": {"modelProposed": "disabled"},
-    "tools": {"disabled": ["agent", "list_agents", "get_goal", "update_goal", "skill",
-                           "tool_search", "tool_call", "enter_worktree", "exit_worktree",
-                           "record_artifact", "report_findings", "send_message", "task_stop"]},
-}
-
-
 def test_qwen_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
                                                    record_property: Any) -> None:
     """Qwen Code (OpenAI chat, streamed, in its own auto-approve mode) as a user trims it with
     its own options: a short system prompt (`--system-prompt`), its two file tools
-    (`--core-tools`) and its settings (QWEN_TRIM: no memory, skills or tools of its own).
+    (`--core-tools`) and its settings (`Ask.trim`: no memory, skills or tools of its own).
     NOTE: its own prompt and tools are ~25k tokens, 15+ minutes of prefill per turn on 2 cores
     shared with a test run; the options alone left ~10k tokens (200-390 s a run here), the
     settings too ~1.7k. Trimmed, its requests keep their wire shape (tools, streamed calls,
     `tool` results)."""
     def launch(folder: Path) -> Launch:
         run = ASKED["qwen"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
-                                        act=True))
+                                        act=True, trim=True))
         run.argv += ["--system-prompt", SYSTEM.format(cwd=folder / "work"),
                      "--core-tools", "read_file,write_file"]
-        run.files = {path: json.dumps(json.loads(text) | QWEN_TRIM)
-                     for path, text in run.files.items()}
         return run
 
     run, work = _loop(qwen, tmp_path, "qwen-loop", launch, _chat_looped, record_property)
