@@ -6,7 +6,7 @@ in one run.
 
     python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
                            [--tasks read-and-answer,create-a-file] [--timeout 2400]
-                           [--trim] [--results FILE]
+                           [--trim] [--short] [--results FILE]
 
 The clients are the ones `make setup` installs into .clients/ (pinned in tests/clients/: the
 npm ones, and aider in a venv of its own), each started as tests/clientlaunch.py starts them
@@ -19,7 +19,9 @@ aider: it streams without asking for usage). With their own system prompts and t
 first request of a client is its full agent prompt (8-20k tokens; aider's is ~1k), read in
 minutes on 2 cores; later tasks of the same client reuse the prefix each server keeps.
 `--trim` turns each client's extras off with its own switches, as a user with a small model
-would (tools no task needs, memory and skills notes; their system prompts stay).
+would (tools no task needs, memory and skills notes; their system prompts stay). `--short`
+replaces a client's own system prompt (8-12k tokens for Codex and Qwen Code) with a short
+one of three sentences, through the client's own switch (tests/clientlaunch.py Ask.short).
 
 Success is judged by what the task left (files, programs run again, the one fact asked for
 in the output), never by the exit code alone. The model is the Qwen2.5-Coder-1.5B-Instruct
@@ -112,15 +114,23 @@ def keep(run: Run, work: Path, folder: Path) -> None:
     shutil.copytree(work, folder / "work", dirs_exist_ok=True)
 
 
+def labelled(client: str, trim: bool, short: bool) -> str:
+    """The client's name in the results: +trim for a run with its extras off, +short for
+    one with the short system prompt."""
+    return client + ("+trim" if trim else "") + ("+short" if short else "")
+
+
 def attempt(client: str, task: Task, server: str, url: str, root: Path,
-            timeout: float, kept: Path | None, trim: bool = False) -> Outcome:
-    tmp = root / f"{client}{'-trim' if trim else ''}-{task.name}-{server.split()[0]}"
+            timeout: float, kept: Path | None, trim: bool = False,
+            short: bool = False) -> Outcome:
+    label = labelled(client, trim, short).replace("+", "-")
+    tmp = root / f"{label}-{task.name}-{server.split()[0]}"
     work = tmp / "work"
     for name, text in task.files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
     ask = Ask(prompt=task.prompt, model=MODEL, context=CONTEXT, output=OUTPUT, act=True,
-              trim=trim)
+              trim=trim, short=short)
     started = time.perf_counter()
     run = execute(f"{client}:{task.name}", ASKED[client](tmp, ask), tmp, url, timeout)
     seconds = time.perf_counter() - started
@@ -133,7 +143,7 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
     # NOTE: the scratch folders' paths are left out: the results file is kept in the tree.
     said = (run.err.strip() or run.out.strip()).replace(str(work), "<work>")
     why = "" if done else said.replace(str(root), "<tmp>")[-300:].replace("\n", " | ")
-    return Outcome(client + ("+trim" if trim else ""), server, task.name, done,
+    return Outcome(labelled(client, trim, short), server, task.name, done,
                    len(run.proxy.inference()), prompt_tokens(run), seconds, run.rc, why,
                    product_commit())
 
@@ -146,13 +156,14 @@ def recorded(results: Path | None) -> list[Outcome]:
 
 
 def report(outcomes: list[Outcome], servers: list[str]) -> None:
-    print("\nclient    server        tasks  requests  prompt tokens  wall s")
+    width = max([9, *(len(o.client) + 1 for o in outcomes)])
+    print(f"\n{'client':<{width}} server        tasks  requests  prompt tokens  wall s")
     for client in dict.fromkeys(o.client for o in outcomes):
         for server in servers:
             mine = [o for o in outcomes if o.client == client and o.server == server]
             if not mine:
                 continue
-            print(f"{client:<9} {server:<13} {sum(o.done for o in mine):>2}/{len(mine):<3}"
+            print(f"{client:<{width}} {server:<13} {sum(o.done for o in mine):>2}/{len(mine):<3}"
                   f"{sum(o.requests for o in mine):>8}  {sum(o.prompt_tokens for o in mine):>13}"
                   f"  {sum(o.seconds for o in mine):>6.0f}")
 
@@ -170,6 +181,9 @@ def main() -> None:
     ap.add_argument("--trim", action="store_true", help="each client's extras off with its "
                     "own switches (tests/clientlaunch.py Ask.trim, docs/clients.md); counted "
                     "as CLIENT+trim")
+    ap.add_argument("--short", action="store_true", help="each client's own system prompt "
+                    "replaced by a short one through its own switch (Ask.short; cn and aider "
+                    "keep theirs); counted as CLIENT+short")
     ap.add_argument("--results", type=Path, help="a JSON-lines file of outcomes: appended "
                     "to as runs end, and the runs already in it are not run again")
     args = ap.parse_args()
@@ -201,19 +215,19 @@ def main() -> None:
             for client in clients:
                 for task in tasks:
                     for name, url in targets:
-                        label = client + ("+trim" if args.trim else "")
-                        if (label, task.name, name) in done_before:
+                        if (labelled(client, args.trim, args.short), task.name,
+                                name) in done_before:
                             continue
                         try:
                             outcome = attempt(client, task, name, url, root, args.timeout,
-                                              args.keep, args.trim)
+                                              args.keep, args.trim, args.short)
                         except pytest.skip.Exception as exc:
                             raise SystemExit(f"{client}: {exc}") from None
                         outcomes.append(outcome)
                         if args.results is not None:
                             with args.results.open("a") as sink:
                                 sink.write(json.dumps(asdict(outcome)) + "\n")
-                        print(f"{label} {task.name} on {name}: "
+                        print(f"{outcome.client} {task.name} on {name}: "
                               f"{'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
                               f"{outcome.requests} requests, {outcome.prompt_tokens} prompt "
                               f"tokens, {outcome.seconds:.0f} s"

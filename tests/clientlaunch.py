@@ -46,24 +46,38 @@ class Ask:
     # and skills notes) turned off with its own switches, as docs/clients.md shows; its
     # own system prompt kept.
     trim: bool = False
+    # A user with a small model: the client's own system prompt (8-12k tokens for Codex and
+    # Qwen Code) replaced by SHORT_SYSTEM through the client's own switch (Codex
+    # model_instructions_file, Claude Code and Qwen Code --system-prompt, OpenCode's build
+    # agent prompt); cn and aider keep theirs (~2k and ~1k tokens).
+    short: bool = False
 
 
 ASK = Ask()
+# The short system prompt (`{cwd}`: the task's folder; Claude Code's and Qwen Code's file
+# tools take absolute paths, and without it the model guessed paths outside the folder).
+SHORT_SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use your tools to "
+                "read and write files; do not ask questions. When the task is done, say so in "
+                "one line.")
 # Codex CLI 0.171's switches for the tools a task needs none of (its multi_agent namespace
 # alone is ~11 kB of JSON in every request): ~4 kB of tools are left, from ~18.7 kB.
 CODEX_TRIM = [f"features.{k}=false" for k in ("multi_agent", "goals", "image_generation",
                                               "view_image")] + ['web_search="disabled"']
 # OpenCode 1.18's tools a task needs none of (its shell and file tools stay).
 OPENCODE_TRIM = {"tools": {name: False for name in ("skill", "task", "todowrite", "webfetch")}}
-# Qwen Code 0.24.4's settings that leave out its memory notes, its skills list and the tools
-# of its own beside its core ones (agents, goals, worktrees, messages).
+# Qwen Code 0.24.4's settings that leave out its memory notes, its skills list, the tools of
+# its own beside its core ones (agents, goals, worktrees, messages) and the core ones no task
+# needs (schedules, monitors, notebooks, MCP resources, the web, images): its file, search
+# and shell tools stay.
 QWEN_TRIM = {
     "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
     "skills": {"disabledLevels": ["project", "user", "extension", "bundled"]},
     "goals": {"modelProposed": "disabled"},
     "tools": {"disabled": ["agent", "list_agents", "get_goal", "update_goal", "skill",
                            "tool_search", "tool_call", "enter_worktree", "exit_worktree",
-                           "record_artifact", "report_findings", "send_message", "task_stop"]},
+                           "record_artifact", "report_findings", "send_message", "task_stop",
+                           "cron_create", "cron_delete", "cron_list", "loop_wakeup", "monitor",
+                           "notebook_edit", "read_mcp_resource", "web_fetch", "zoom_image"]},
 }
 
 
@@ -146,7 +160,12 @@ def _codex(tmp: Path, oss: bool, ask: Ask = ASK) -> Launch:
         argv += ["--oss", "--local-provider", "ollama", "-m", ask.model]
     if ask.trim:
         argv += [p for c in CODEX_TRIM for p in ("-c", c)]
-    return Launch([*argv, ask.prompt], env, {home / "config.toml": config})
+    files = {home / "config.toml": config}
+    if ask.short:
+        instructions = tmp / "instructions.md"
+        files[instructions] = SHORT_SYSTEM.format(cwd=tmp / "work") + "\n"
+        argv += ["-c", f"model_instructions_file={json.dumps(str(instructions))}"]
+    return Launch([*argv, ask.prompt], env, files)
 
 
 def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
@@ -173,6 +192,8 @@ def _claude(tmp: Path, extra: dict[str, str], ask: Ask = ASK) -> Launch:
                  "Bash,Read,Write,Edit,Glob,Grep,LS"]
     if ask.trim:
         argv += ["--tools", "Bash,Read,Write,Edit,Glob,Grep"]
+    if ask.short:
+        argv += ["--system-prompt", SHORT_SYSTEM.format(cwd=tmp / "work")]
     return Launch(argv, env, {})
 
 
@@ -192,6 +213,8 @@ def _opencode(tmp: Path, ask: Ask = ASK) -> Launch:
         settings["permission"] = {"edit": "allow", "bash": "allow", "webfetch": "deny"}
     if ask.trim:
         settings |= OPENCODE_TRIM
+    if ask.short:
+        settings["agent"] = {"build": {"prompt": SHORT_SYSTEM.format(cwd=tmp / "work")}}
     text = json.dumps(settings)
     env |= {"OPENCODE_CONFIG": str(config)} | {f"OPENCODE_DISABLE_{k}": "1" for k in (
         "AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE",
@@ -212,6 +235,8 @@ def _qwen(tmp: Path, ask: Ask = ASK) -> Launch:
     env |= {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "{PROXY}/v1", "OPENAI_MODEL": ask.model,
             "NODE_OPTIONS": f"--require {PRELOAD}"}
     argv = [_node(), str(qwen), "-p", ask.prompt, *(["--yolo"] if ask.act else [])]
+    if ask.short:
+        argv += ["--system-prompt", SHORT_SYSTEM.format(cwd=tmp / "work")]
     return Launch(argv, env, {settings: text})
 
 

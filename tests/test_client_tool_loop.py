@@ -33,6 +33,8 @@ from clientlaunch import (
     ASKED,
     CODEX_QUIET,
     CODEX_TRIM,
+    OPENCODE_TRIM,
+    SHORT_SYSTEM,
     Ask,
     Launch,
     Run,
@@ -57,15 +59,14 @@ CODEX_TASK = ("Use exec_command to run shell commands: print notes.txt with cat,
 # NOTE: the clients' own first prompts are 10k (Codex) to 20k (Claude Code) tokens; a
 # 7,366-token prompt took this model 377 s (bf16) to 504 s (f32) to read on 2 cores shared
 # with a full test run (load 8). Each client is given a short system prompt of its own
-# (Codex `model_instructions_file`, Claude Code `--system-prompt`) and Claude Code only the
-# Read and Write tools, so that a loop of three turns fits in minutes (first requests of
+# (SHORT_SYSTEM, tests/clientlaunch.py: Codex `model_instructions_file`, Claude Code
+# `--system-prompt`) and Claude Code only the Read and Write tools, so that a loop of
+# three turns fits in minutes (first requests of
 # ~5,200 tokens for Codex, all its tools kept, and ~1,200 for Claude Code; later turns
 # reuse the prefix cache): the requests keep each client's wire shape (tools, tool calls,
 # tool results, streaming). Claude Code's own prompt names the working directory (its
 # file tools take absolute paths): without it the model guessed paths outside it, which
 # the client refused.
-SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use your tools to read "
-          "and write files; do not ask questions. When the task is done, say so in one line.")
 CLIENT_TIMEOUT = 1500.0
 
 
@@ -193,7 +194,7 @@ def test_codex_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
     # features.unified_exec says (model metadata decides), so the task names the command.
     def args(folder: Path) -> list[str]:
         instructions = folder / "instructions.md"
-        instructions.write_text(SYSTEM.format(cwd=folder / "work") + "\n")
+        instructions.write_text(SHORT_SYSTEM.format(cwd=folder / "work") + "\n")
         overrides = [*CODEX_QUIET, *CODEX_TRIM,
                      f"model_instructions_file={json.dumps(str(instructions))}"]
         return ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
@@ -213,7 +214,7 @@ def test_claude_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
                                                      record_property: Any) -> None:
     def args(folder: Path) -> list[str]:
         return ["--tools", "Read,Write", "--permission-mode", "acceptEdits",
-                "--system-prompt", SYSTEM.format(cwd=folder / "work"), "-p", TASK]
+                "--system-prompt", SHORT_SYSTEM.format(cwd=folder / "work"), "-p", TASK]
 
     run, work = _loop(qwen, tmp_path, "claude-loop",
                       lambda folder: launched(folder, "claude", args(folder), model=AGENT),
@@ -231,8 +232,7 @@ def _chat_looped(bodies: list[Any]) -> bool:
 # OpenCode's trimmed config (Ask.trim) with its shell denied too: an allowed shell stays
 # offered whatever `tools` says.
 OPENCODE_FILES_ONLY = {
-    "tools": {name: False for name in ("bash", "glob", "grep", "skill", "task", "todowrite",
-                                       "webfetch")},
+    "tools": OPENCODE_TRIM["tools"] | {name: False for name in ("bash", "glob", "grep")},
     "permission": {"edit": "allow", "bash": "deny", "webfetch": "deny"},
 }
 
@@ -250,7 +250,7 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
         run = ASKED[client](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
                                         act=True, trim=True))
         if client == "opencode":
-            trim = OPENCODE_FILES_ONLY | {"agent": {"build": {"prompt": SYSTEM.format(
+            trim = OPENCODE_FILES_ONLY | {"agent": {"build": {"prompt": SHORT_SYSTEM.format(
                 cwd=folder / "work")}}}
             run.files = {path: json.dumps(json.loads(text) | trim)
                          for path, text in run.files.items()}
@@ -273,7 +273,7 @@ def test_qwen_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
     def launch(folder: Path) -> Launch:
         run = ASKED["qwen"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
                                         act=True, trim=True))
-        run.argv += ["--system-prompt", SYSTEM.format(cwd=folder / "work"),
+        run.argv += ["--system-prompt", SHORT_SYSTEM.format(cwd=folder / "work"),
                      "--core-tools", "read_file,write_file"]
         return run
 
