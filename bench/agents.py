@@ -21,7 +21,7 @@ minutes on 2 cores; later tasks of the same client reuse the prefix each server 
 `--trim` turns each client's extras off with its own switches, as a user with a small model
 would (tools no task needs, memory and skills notes; their system prompts stay). `--short`
 replaces a client's own system prompt (8-12k tokens for Codex and Qwen Code) with a short
-one of three sentences, through the client's own switch (tests/clientlaunch.py Ask.short).
+one of four sentences, through the client's own switch (tests/clientlaunch.py Ask.short).
 
 Success is judged by what the task left (files, programs run again, the one fact asked for
 in the output), never by the exit code alone. The model is the Qwen2.5-Coder-1.5B-Instruct

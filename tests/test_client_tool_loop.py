@@ -61,12 +61,11 @@ CODEX_TASK = ("Use exec_command to run shell commands: print notes.txt with cat,
 # with a full test run (load 8). Each client is given a short system prompt of its own
 # (SHORT_SYSTEM, tests/clientlaunch.py: Codex `model_instructions_file`, Claude Code
 # `--system-prompt`) and Claude Code only the Read and Write tools, so that a loop of
-# three turns fits in minutes (first requests of
-# ~5,200 tokens for Codex, all its tools kept, and ~1,200 for Claude Code; later turns
-# reuse the prefix cache): the requests keep each client's wire shape (tools, tool calls,
-# tool results, streaming). Claude Code's own prompt names the working directory (its
-# file tools take absolute paths): without it the model guessed paths outside it, which
-# the client refused.
+# three turns fits in minutes (first requests of ~5,200 tokens for Codex, all its tools
+# kept, and ~1,200 for Claude Code; later turns reuse the prefix cache): the requests keep
+# each client's wire shape (tools, tool calls, tool results, streaming). The short prompt
+# names the working directory (Claude Code's file tools take absolute paths): without it
+# the model guessed paths outside it, which the client refused.
 CLIENT_TIMEOUT = 1500.0
 
 
