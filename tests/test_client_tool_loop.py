@@ -241,17 +241,16 @@ def test_chat_client_reads_a_file_and_writes_another(qwen: Server, tmp_path: Pat
                                                      record_property: Any) -> None:
     """Continue's `cn` (OpenAI chat completions, its own prompt and tools, edits and commands
     allowed; ~2,300 tokens) and OpenCode, trimmed as a user with a small model would in its
-    config (OPENCODE_FILES_ONLY: a short prompt for its build agent, its file tools only; ~7,000
-    tokens otherwise, 423 s of a loaded CI run where the rest of its loop took a minute).
-    bench/agents.py's create-a-file task completed with cn here; on llama-server the call was
-    left as fenced text."""
+    config (Ask.short: a short prompt for its build agent; OPENCODE_FILES_ONLY: its file
+    tools only; ~7,000 tokens otherwise, 423 s of a loaded CI run where the rest of its loop
+    took a minute). bench/agents.py's create-a-file task completed with cn here; on
+    llama-server the call was left as fenced text."""
     def launch(folder: Path) -> Launch:
+        # NOTE: cn keeps its own prompt (Ask.short leaves it), OpenCode gets SHORT_SYSTEM.
         run = ASKED[client](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
-                                        act=True, trim=True))
+                                        act=True, trim=True, short=True))
         if client == "opencode":
-            trim = OPENCODE_FILES_ONLY | {"agent": {"build": {"prompt": SHORT_SYSTEM.format(
-                cwd=folder / "work")}}}
-            run.files = {path: json.dumps(json.loads(text) | trim)
+            run.files = {path: json.dumps(json.loads(text) | OPENCODE_FILES_ONLY)
                          for path, text in run.files.items()}
         return run
 
@@ -271,9 +270,8 @@ def test_qwen_code_reads_a_file_and_writes_another(qwen: Server, tmp_path: Path,
     `tool` results)."""
     def launch(folder: Path) -> Launch:
         run = ASKED["qwen"](folder, Ask(prompt=TASK, model=AGENT, context=32768, output=4096,
-                                        act=True, trim=True))
-        run.argv += ["--system-prompt", SHORT_SYSTEM.format(cwd=folder / "work"),
-                     "--core-tools", "read_file,write_file"]
+                                        act=True, trim=True, short=True))
+        run.argv += ["--core-tools", "read_file,write_file"]
         return run
 
     run, work = _loop(qwen, tmp_path, "qwen-loop", launch, _chat_looped, record_property)
