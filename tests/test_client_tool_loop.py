@@ -92,8 +92,10 @@ def _loop(qwen: Server, tmp: Path, name: str, launch: Callable[[Path], Launch],
         work = folder / "work"
         if _written(work) and looped(_answered(run.proxy)):
             return run, work
+        bodies = _answered(run.proxy)
         note("retried", f"{name}: run {attempt} of {ATTEMPTS} did not complete (exit "
-                        f"{run.rc}; {len(_answered(run.proxy))} turns; {work.parent})")
+                        f"{run.rc}; {len(bodies)} turns; {work.parent}; the model's calls: "
+                        f"{_calls_said(bodies)})")
     return run, work
 
 
@@ -140,6 +142,20 @@ def _calls(body: Any) -> list[str]:
                       for b in message["content"]
                       if isinstance(b, dict) and b.get("type") == "tool_use"]
     return calls
+
+
+def _calls_said(bodies: list[Any], most: int = 600) -> str:
+    """The calls the model made in a run that did not complete, and what the client sent
+    back for each (its last `most` characters): what a CI log shows of a failed run, whose
+    folder is gone by the time anyone looks."""
+    if not bodies:
+        return "none"
+    given = bodies[-1].get("input")
+    items = [i for i in given if isinstance(i, dict)] if isinstance(given, list) else []
+    said = [f"{i.get('name')} {i.get('arguments')}" if i.get("type") == "function_call"
+            else f"-> {str(i.get('output'))[:80]!r}" for i in items
+            if i.get("type") in ("function_call", "function_call_output")]
+    return "; ".join(said or _calls(bodies[-1]))[-most:] or "none"
 
 
 def _stuck(bodies: list[Any]) -> bool:
