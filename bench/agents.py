@@ -6,7 +6,7 @@ in one run.
 
     python bench/agents.py --llama-server PATH [--model-gguf PATH] [--clients codex,claude]
                            [--tasks read-and-answer,create-a-file] [--timeout 2400]
-                           [--trim] [--short] [--results FILE]
+                           [--trim] [--short] [--runs N] [--results FILE]
 
 The clients are the ones `make setup` installs into .clients/ (pinned in tests/clients/: the
 npm ones, and aider in a venv of its own), each started as tests/clientlaunch.py starts them
@@ -22,6 +22,8 @@ minutes on 2 cores; later tasks of the same client reuse the prefix each server 
 would (tools no task needs, memory and skills notes; their system prompts stay). `--short`
 replaces a client's own system prompt (8-12k tokens for Codex and Qwen Code) with a short
 one of four sentences, through the client's own switch (tests/clientlaunch.py Ask.short).
+`--runs N` runs each client, task and server N times (the clients sample, so one run is one
+draw of the model's choices), alternating the servers.
 
 Success is judged by what the task left (files, programs run again, the one fact asked for
 in the output), never by the exit code alone. The model is the Qwen2.5-Coder-1.5B-Instruct
@@ -40,6 +42,7 @@ client reads that client's prompt without a kept prefix, as the run's first part
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import shutil
@@ -83,6 +86,8 @@ class Outcome:
     # The product's commit the run was made with (`git describe --always --dirty`): parts of
     # one results file taken in several sessions say which code each part ran.
     commit: str = ""
+    # Which of the --runs repeats of this client, task and server (1 for a single run).
+    run: int = 1
 
 
 def product_commit() -> str:
@@ -122,9 +127,12 @@ def labelled(client: str, trim: bool, short: bool) -> str:
 
 def attempt(client: str, task: Task, server: str, url: str, root: Path,
             timeout: float, kept: Path | None, trim: bool = False,
-            short: bool = False) -> Outcome:
+            short: bool = False, repeat: int = 1) -> Outcome:
+    # NOTE: the folder's path is in the client's prompt: a first run's is the one earlier
+    # results were made with; a repeat's folder is named after its number.
     label = labelled(client, trim, short).replace("+", "-")
-    tmp = root / f"{label}-{task.name}-{server.split()[0]}"
+    tmp = root / (f"{label}-{task.name}-{server.split()[0]}"
+                  + (f"-{repeat}" if repeat > 1 else ""))
     work = tmp / "work"
     for name, text in task.files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +153,7 @@ def attempt(client: str, task: Task, server: str, url: str, root: Path,
     why = "" if done else said.replace(str(root), "<tmp>")[-300:].replace("\n", " | ")
     return Outcome(labelled(client, trim, short), server, task.name, done,
                    len(run.proxy.inference()), prompt_tokens(run), seconds, run.rc, why,
-                   product_commit())
+                   product_commit(), repeat)
 
 
 def recorded(results: Path | None) -> list[Outcome]:
@@ -157,7 +165,7 @@ def recorded(results: Path | None) -> list[Outcome]:
 
 def report(outcomes: list[Outcome], servers: list[str]) -> None:
     width = max([9, *(len(o.client) + 1 for o in outcomes)])
-    print(f"\n{'client':<{width}} server        tasks  requests  prompt tokens  wall s")
+    print(f"\n{'client':<{width}} server        done   requests  prompt tokens  wall s")
     for client in dict.fromkeys(o.client for o in outcomes):
         for server in servers:
             mine = [o for o in outcomes if o.client == client and o.server == server]
@@ -184,6 +192,9 @@ def main() -> None:
     ap.add_argument("--short", action="store_true", help="each client's own system prompt "
                     "replaced by a short one through its own switch (Ask.short; cn and aider "
                     "keep theirs); counted as CLIENT+short")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each client, task and "
+                    "server: the clients sample (their own parameters), so one run is one draw "
+                    "of the model's choices; the summary counts every run")
     ap.add_argument("--results", type=Path, help="a JSON-lines file of outcomes: appended "
                     "to as runs end, and the runs already in it are not run again")
     args = ap.parse_args()
@@ -192,12 +203,12 @@ def main() -> None:
     clients = [c for c in args.clients.split(",") if c]
     unknown = set(clients) - set(ASKED)
     tasks = [t for t in TASKS if t.name in args.tasks.split(",")]
-    if unknown or not tasks:
+    if unknown or not tasks or not 1 <= args.runs <= 100:
         raise SystemExit(f"clients: {', '.join(ASKED)}; tasks: "
-                         f"{', '.join(t.name for t in TASKS)}")
+                         f"{', '.join(t.name for t in TASKS)}; runs: 1-100")
     gguf = args.model_gguf or ensure(MODEL_CACHE)
     outcomes = recorded(args.results)
-    done_before = {(o.client, o.task, o.server) for o in outcomes}
+    done_before = {(o.client, o.task, o.server, o.run) for o in outcomes}
     with tempfile.TemporaryDirectory(prefix="npu-proxy-agents-") as tmp:
         root = Path(tmp)
         (root / "server").mkdir()
@@ -212,32 +223,36 @@ def main() -> None:
                 llama = LlamaServer(args.llama_server, gguf, 1, CONTEXT, 2,
                                     extra=["--jinja"]).start()
                 targets.append(("llama-server", llama.url))
-            for client in clients:
-                for task in tasks:
-                    for name, url in targets:
-                        if (labelled(client, args.trim, args.short), task.name,
-                                name) in done_before:
-                            continue
-                        try:
-                            outcome = attempt(client, task, name, url, root, args.timeout,
-                                              args.keep, args.trim, args.short)
-                        except pytest.skip.Exception as exc:
-                            raise SystemExit(f"{client}: {exc}") from None
-                        outcomes.append(outcome)
-                        if args.results is not None:
-                            with args.results.open("a") as sink:
-                                sink.write(json.dumps(asdict(outcome)) + "\n")
-                        print(f"{outcome.client} {task.name} on {name}: "
-                              f"{'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
-                              f"{outcome.requests} requests, {outcome.prompt_tokens} prompt "
-                              f"tokens, {outcome.seconds:.0f} s"
-                              + (f"; client said: {outcome.why}" if outcome.why else ""),
-                              flush=True)
+            for client, task, repeat, (name, url) in itertools.product(
+                    clients, tasks, range(1, args.runs + 1), targets):
+                if (labelled(client, args.trim, args.short), task.name, name,
+                        repeat) not in done_before:
+                    outcomes.append(run_one(args, client, task, name, url, root, repeat))
         finally:
             if llama is not None:
                 llama.stop()
             server.stop()
     report(outcomes, [name for name, _ in targets])
+
+
+def run_one(args: argparse.Namespace, client: str, task: Task, name: str, url: str,
+            root: Path, repeat: int) -> Outcome:
+    """One run, appended to the results file and printed as it ends."""
+    try:
+        outcome = attempt(client, task, name, url, root, args.timeout, args.keep, args.trim,
+                          args.short, repeat)
+    except pytest.skip.Exception as exc:
+        raise SystemExit(f"{client}: {exc}") from None
+    if args.results is not None:
+        with args.results.open("a") as sink:
+            sink.write(json.dumps(asdict(outcome)) + "\n")
+    print(f"{outcome.client} {task.name} on {name}"
+          + (f" (run {repeat})" if args.runs > 1 else "")
+          + f": {'done' if outcome.done else 'NOT done'} (exit {outcome.rc}), "
+          f"{outcome.requests} requests, {outcome.prompt_tokens} prompt tokens, "
+          f"{outcome.seconds:.0f} s" + (f"; client said: {outcome.why}" if outcome.why else ""),
+          flush=True)
+    return outcome
 
 
 if __name__ == "__main__":
