@@ -91,9 +91,15 @@ class Outcome:
 
 
 def product_commit() -> str:
-    done = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "describe",
-                           "--always", "--dirty"], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
+    """HEAD's commit, `-dirty` when a tracked file differs from it: bench/results/ left out,
+    as the run's own rows are appended there."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), *args],
+                              capture_output=True, text=True, check=False).stdout.strip()
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)bench/results")
+    return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
 
 
 def prompt_tokens(run: Run) -> int:
