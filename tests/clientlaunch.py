@@ -60,11 +60,9 @@ SHORT_SYSTEM = ("You are a coding agent. The current directory is {cwd}. Use you
                 "read and write files; do not ask questions. When the task is done, say so in "
                 "one line.")
 # Codex CLI 0.171's switches for the tools a task needs none of (its multi_agent namespace
-# alone is ~11 kB of JSON in every request): ~4 kB of tools are left, from ~18.7 kB. And for
-# its skills list (~2.2 kB of its permissions message; the model once called a listed skill).
+# alone is ~11 kB of JSON in every request): ~4 kB of tools are left, from ~18.7 kB.
 CODEX_TRIM = [f"features.{k}=false" for k in ("multi_agent", "goals", "image_generation",
-                                              "view_image")] + [
-    'web_search="disabled"', "skills.include_instructions=false", "skills.bundled.enabled=false"]
+                                              "view_image")] + ['web_search="disabled"']
 # OpenCode 1.18's tools a task needs none of (its shell and file tools stay).
 OPENCODE_TRIM = {"tools": {name: False for name in ("skill", "task", "todowrite", "webfetch")}}
 # Qwen Code 0.24.4's settings that leave out its memory notes, its skills list, the tools of
