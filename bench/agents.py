@@ -83,7 +83,7 @@ class Outcome:
     seconds: float
     rc: int
     why: str
-    # The product's commit the run was made with (`git describe --always --dirty`): parts of
+    # The product's commit the run was made with (product_commit: HEAD, -dirty): parts of
     # one results file taken in several sessions say which code each part ran.
     commit: str = ""
     # Which of the --runs repeats of this client, task and server (1 for a single run).
