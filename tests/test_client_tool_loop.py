@@ -90,9 +90,9 @@ def _loop(qwen: Server, tmp: Path, name: str, launch: Callable[[Path], Launch],
         folder.mkdir()
         run = _run_once(qwen, folder, name, launch(folder), looped)
         work = folder / "work"
-        if _written(work) and looped(_answered(run.proxy)):
-            return run, work
         bodies = _answered(run.proxy)
+        if _written(work) and looped(bodies):
+            return run, work
         note("retried", f"{name}: run {attempt} of {ATTEMPTS} did not complete (exit "
                         f"{run.rc}; {len(bodies)} turns; {work.parent}; the model's calls: "
                         f"{_calls_said(bodies)})")
@@ -130,32 +130,36 @@ def _run_once(qwen: Server, tmp: Path, name: str, launch: Launch,
 STUCK = 4
 
 
-def _calls(body: Any) -> list[str]:
+def _calls(body: Any, results: bool = False) -> list[str]:
     """The tool calls a request's history holds, in order (Responses `function_call` items,
-    Anthropic `tool_use` blocks)."""
+    Anthropic `tool_use` blocks); with `results`, each followed by what the client sent back
+    for it (`-> ` and its first 80 characters)."""
+    said: list[str] = []
     items = body.get("input") if isinstance(body.get("input"), list) else []
-    calls = [f"{i.get('name')} {i.get('arguments')}" for i in items
-             if isinstance(i, dict) and i.get("type") == "function_call"]
+    for item in (i for i in items if isinstance(i, dict)):
+        if item.get("type") == "function_call":
+            said.append(f"{item.get('name')} {item.get('arguments')}")
+        elif results and item.get("type") == "function_call_output":
+            said.append(f"-> {str(item.get('output'))[:80]!r}")
     for message in body.get("messages", []):
-        if isinstance(message, dict) and isinstance(message.get("content"), list):
-            calls += [f"{b.get('name')} {json.dumps(b.get('input'), sort_keys=True)}"
-                      for b in message["content"]
-                      if isinstance(b, dict) and b.get("type") == "tool_use"]
-    return calls
+        blocks = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(blocks, list):
+            continue
+        for block in (b for b in blocks if isinstance(b, dict)):
+            if block.get("type") == "tool_use":
+                given = json.dumps(block.get("input"), sort_keys=True)
+                said.append(f"{block.get('name')} {given}")
+            elif results and block.get("type") == "tool_result":
+                said.append(f"-> {str(block.get('content'))[:80]!r}")
+    return said
 
 
 def _calls_said(bodies: list[Any], most: int = 600) -> str:
-    """The calls the model made in a run that did not complete, and what the client sent
-    back for each (its last `most` characters): what a CI log shows of a failed run, whose
-    folder is gone by the time anyone looks."""
-    if not bodies:
-        return "none"
-    given = bodies[-1].get("input")
-    items = [i for i in given if isinstance(i, dict)] if isinstance(given, list) else []
-    said = [f"{i.get('name')} {i.get('arguments')}" if i.get("type") == "function_call"
-            else f"-> {str(i.get('output'))[:80]!r}" for i in items
-            if i.get("type") in ("function_call", "function_call_output")]
-    return "; ".join(said or _calls(bodies[-1]))[-most:] or "none"
+    """The calls the model made in a run that did not complete, and what came back for each
+    (the last `most` characters): what a CI log shows of a failed run, whose folder is gone
+    by the time anyone looks."""
+    said = _calls(bodies[-1], results=True) if bodies else []
+    return "; ".join(said)[-most:] or "none"
 
 
 def _stuck(bodies: list[Any]) -> bool:
