@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from installed import Builds
+from installed import SLOW, SLOW_REASON, Builds
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
@@ -166,11 +166,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByGroup(config, log)
 
 
+# Outside the slow tier's runs (tests/installed.py SLOW) its tests are skipped: a skipif, so
+# `_wanted` sees it and starts no build and no server for them.
+SLOW_TIER = pytest.mark.skipif(True, reason=SLOW_REASON)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In one process: the modules that use a packaging build run last, so the builds have
-    the whole run before them to take idle cycles in (`_early_builds`). On xdist's workers:
-    the shared groups first, and each module's group as its source says is the one its
-    fixtures say (or the run stops, naming the module)."""
+    """Outside CI the slow tier is skipped (SLOW_TIER). In one process: the modules that use
+    a packaging build run last, so the builds have the whole run before them to take idle
+    cycles in (`_early_builds`). On xdist's workers: the shared groups first, and each
+    module's group as its source says is the one its fixtures say (or the run stops, naming
+    the module)."""
+    if not SLOW:
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(SLOW_TIER)
     if not hasattr(config, "workerinput"):
         late = {item.module for item in items if isinstance(item, pytest.Function)
                 and set(PACKAGED) & set(item.fixturenames)}

@@ -18,8 +18,11 @@ import httpx
 from serverctl import stop_process, with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
-# The slow builds (PyInstaller, the .deb) run in CI or when asked for.
+# The slow tier (tests marked slow: the packaging builds, the real agent clients, the tests on
+# Qwen2.5-Coder) runs in CI or when asked for; elsewhere skipped for this reason
+# (tests/conftest.py SLOW_TIER).
 SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
+SLOW_REASON = "slow tier: runs in CI or with NPU_PROXY_SLOW_TESTS=1"
 
 
 def source_copy(dest: Path) -> Path:

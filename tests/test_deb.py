@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from installed import ROOT, SLOW, chat_and_embed, workers_ready
+from installed import ROOT, chat_and_embed, workers_ready
 from serverctl import alive, descendants, free_port, wait_for, with_parent
 
 PACKAGE = "npu-proxy"
@@ -41,9 +41,6 @@ TOOLS = ("dpkg", "dpkg-deb", "dpkg-shlibdeps", "chrpath", "lintian", "lintian-ex
 
 
 def _why_not() -> str:
-    if not SLOW:
-        return "builds the PyInstaller folder and a .deb (minutes); runs in CI or with " \
-               "NPU_PROXY_SLOW_TESTS=1"
     if os.geteuid() != 0:
         return "installs a package: needs root"
     missing = [t for t in TOOLS if not shutil.which(t)]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import tomli_w
 import yaml
-from installed import SLOW, Builds, chat_and_embed, clean_env, workers_ready
+from installed import Builds, chat_and_embed, clean_env, workers_ready
 from serverctl import MODEL_CACHE, alive, descendants, free_port, kill_all, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +120,6 @@ def test_frozen_entry_point_runs_children_as_python_would(args: list[str],
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(not SLOW, reason="builds the PyInstaller folder (minutes); runs in CI "
-                    "or with NPU_PROXY_SLOW_TESTS=1")
 def test_pyinstaller_folder_serves_the_embedded_models(frozen_folder: Path,
                                                       tmp_path: Path) -> None:
     exe = frozen_folder / "npu-proxy"

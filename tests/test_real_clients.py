@@ -41,9 +41,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "clients" / "shapes"
 PINNED = json.loads((Path(__file__).parent / "clients" / "package.json").read_text())[
     "dependencies"]
 # NOTE: opencode, qwen-code and cn send prompts that fit the context, so the model reads
-# 2-8k tokens and answers: tens of seconds each on a loaded 2-core machine. They run in CI or
-# with NPU_PROXY_SLOW_TESTS=1 (as tests/test_packaging.py's slow tier).
-SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
+# 2-8k tokens and answers: tens of seconds each on a loaded 2-core machine. Their tests are
+# in the slow tier (marked slow: CI or NPU_PROXY_SLOW_TESTS=1, tests/conftest.py SLOW_TIER).
 SLOW_CLIENTS = frozenset({"opencode", "qwen", "cn"})
 REFRESH = bool(os.environ.get("NPU_PROXY_REFRESH_CLIENT_SHAPES"))
 # NOTE: generous for a loaded 2-core machine; a client that hangs fails here, not the suite.
@@ -61,8 +60,6 @@ def client_run(tmp_path_factory: pytest.TempPathFactory,
                base_url: str) -> Iterator[Callable[[str], Run]]:
     """Runs a client once per module (its outcome and its shape test share the run)."""
     def run(name: str) -> Run:
-        if name in SLOW_CLIENTS and not SLOW:
-            pytest.skip(f"{name} answers a real prompt (slow): set NPU_PROXY_SLOW_TESTS=1")
         if name not in _RUNS:
             tmp = tmp_path_factory.mktemp(name)
             _RUNS[name] = execute(name, (BUILDERS | LAUNCHED)[name](tmp), tmp, base_url,
@@ -209,7 +206,8 @@ def _key(request: dict[str, Any]) -> tuple[str, str, str]:
             json.dumps(signature(request["body"]), sort_keys=True))
 
 
-@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n in SLOW_CLIENTS else n for n in BUILDERS])
 def test_request_shapes_match_the_fixture(name: str, client_run: Callable[[str], Run]) -> None:
     """What the pinned client sends is what tests/fixtures/clients/shapes/<name>.json recorded: the
     same requests (method, path) and, for each body, the same structure (keys, types, roles,
