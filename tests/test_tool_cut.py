@@ -123,3 +123,24 @@ def test_an_optional_argument_sent_as_null_is_dropped() -> None:
                                                      "note": None, "free": None}})
     _, calls = parse_calls(text, [tool])
     assert calls[0].arguments == {"cmd": None, "note": None, "free": None}
+
+
+def test_a_whole_number_written_with_a_fraction_is_sent_as_an_integer() -> None:
+    """Codex refused a call with `session_id: 3870000.0` for an integer ("invalid type:
+    floating point"): a whole number where the schema says integer goes out as an integer;
+    a fraction, a number the schema takes as a number, or one too large for a float to hold
+    exactly stays as written."""
+    from npu_proxy.gateway.content.tools.parsing import parse_calls
+
+    params = {"type": "object", "properties": {
+        "session_id": {"type": "integer"}, "timeout": {"type": ["integer", "null"]},
+        "ratio": {"type": "number"}, "half": {"type": "integer"}, "huge": {"type": "integer"},
+        "cmd": {"type": "string"}}}
+    tool = Tool("exec", "", params)
+    text = ('{"name": "exec", "arguments": {"session_id": 3870000.0, "timeout": -2.0, '
+            '"ratio": 2.0, "half": 1.5, "huge": 8e+69, "cmd": "ls"}}')
+    _, calls = parse_calls(text, [tool])
+    sent = json.loads(json.dumps(calls[0].arguments))
+    assert sent == {"session_id": 3870000, "timeout": -2, "ratio": 2.0, "half": 1.5,
+                    "huge": 8e+69, "cmd": "ls"}
+    assert json.dumps(calls[0].arguments).startswith('{"session_id": 3870000, "timeout": -2,')

@@ -59,7 +59,8 @@ def _as_call(obj: Any, tools: dict[str, Tool]) -> ToolCall | None:
         args = _arguments_text(args.strip())
     if not isinstance(args, dict):
         return None
-    return ToolCall(name=tool.name, arguments=_without_null_options(args, tool),
+    return ToolCall(name=tool.name, arguments=_whole_integers(_without_null_options(args, tool),
+                                                              tool),
                     namespace=tool.namespace, kind=tool.kind)
 
 
@@ -75,6 +76,37 @@ def _arguments_text(text: str) -> Any:
         return literal[0] if literal is not None and literal[1] == len(text) else None
 
 
+def _properties(tool: Tool) -> dict[str, Any]:
+    props = tool.parameters.get("properties")
+    return props if isinstance(props, dict) else {}
+
+
+# The largest integer a float holds exactly: a bigger one was not written as a whole number.
+_EXACT = 2 ** 53
+
+
+def _whole_integers(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
+    """The arguments with a whole number the model wrote with a fraction (`3870000.0`) where
+    the tool's schema says integer, as an integer: JSON Schema counts it one, but Codex
+    refused such a call ("invalid type: floating point", issue 42). Other values stay as
+    written, for the client to refuse or correct."""
+    props = _properties(tool)
+
+    def integral(key: str, value: Any) -> bool:
+        schema = props.get(key)
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        kinds = kind if isinstance(kind, list) else [kind]
+        return ("integer" in kinds and "number" not in kinds and isinstance(value, float)
+                and value.is_integer() and abs(value) <= _EXACT)
+
+    mended = {k for k, v in args.items() if integral(k, v)}
+    if not mended:
+        return args
+    log.info("tool call %s: whole numbers written with a fraction sent as integers: %s",
+             tool.name, ", ".join(sorted(mended)))
+    return {k: int(v) if k in mended else v for k, v in args.items()}
+
+
 def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
     """The arguments without an optional one the model sent as null where the tool's schema
     does not take null (Codex refused a call whose optional integer was null: issue 42); a
@@ -82,8 +114,7 @@ def _without_null_options(args: dict[str, Any], tool: Tool) -> dict[str, Any]:
     nulls = [k for k, v in args.items() if v is None]
     if not nulls:
         return args
-    props = tool.parameters.get("properties")
-    props = props if isinstance(props, dict) else {}
+    props = _properties(tool)
     required = tool.parameters.get("required")
     required = set(required) if isinstance(required, list) else set()
 
