@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from installed import SLOW, SLOW_REASON, Builds
+from installed import SLOW, SLOW_REASON, Builds, known_skips
 from serverctl import MODEL_CACHE, Server
 
 # Removes the run's temporary folders when pytest exits, even by SIGKILL (tests/reaper.py);
@@ -201,9 +201,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _wanted(session: pytest.Session, fixture: str) -> bool:
     """Does a test of this run that is not skipped already (a skipif whose condition is
     known) use `fixture`?"""
-    return any(fixture in getattr(item, "fixturenames", ()) and not any(
-        m.args and m.args[0] is True for m in item.iter_markers("skipif"))
-        for item in session.items)
+    return any(fixture in getattr(item, "fixturenames", ()) and not known_skips(item)
+               for item in session.items)
 
 
 def _start_builds(request: pytest.FixtureRequest,

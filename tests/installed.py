@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 from serverctl import stop_process, with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # (tests/conftest.py SLOW_TIER).
 SLOW = bool(os.environ.get("CI") or os.environ.get("NPU_PROXY_SLOW_TESTS"))
 SLOW_REASON = "slow tier: runs in CI or with NPU_PROXY_SLOW_TESTS=1"
+
+
+def known_skips(item: pytest.Item) -> list[str]:
+    """The reasons of a test's skipif marks whose condition is already known true (SLOW_TIER's
+    among them): a test skipped before it runs."""
+    return [str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")
+            if m.args and m.args[0] is True]
 
 
 def source_copy(dest: Path) -> Path:

@@ -353,6 +353,12 @@ class Server:
                 time.sleep(0.3)
                 continue
             workers = [c for c in kids.values() if c["role"] != "gateway"]
+            # NOTE: a failed worker is one the supervisor gave up restarting: it stays so until
+            # an operator starts it, so the wait ends now rather than at its timeout.
+            failed = [c["name"] for c in workers if c["state"] == "failed"]
+            if failed:
+                raise RuntimeError(f"{', '.join(failed)} failed before the server was ready:"
+                                   f"\n{self.logs()}")
             # NOTE: a lazy worker is idle (not loaded) until a request needs it.
             if all(c["state"] in ("ready", "busy", "idle") for c in workers):
                 if self.worker_only or self.config.worker_only:

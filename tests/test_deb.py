@@ -51,7 +51,8 @@ def _why_not() -> str:
     return ""
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+WHY_NOT = _why_not()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
 
 
 def _run(*args: str, timeout: float = 900) -> str:

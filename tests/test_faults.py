@@ -270,6 +270,20 @@ def test_hung_load_is_killed_and_crash_loop_ends_failed(tmp_path: Path) -> None:
     assert server.proc is not None and not alive(server.proc.pid)
 
 
+def test_a_start_ends_when_a_worker_has_failed(tmp_path: Path) -> None:
+    """A worker the supervisor gave up restarting stays failed until an operator acts: the
+    tests' wait for a ready server ends there with the logs, not at its timeout (a CI run's
+    minutes), as it did when a worker crashed at every load."""
+    server = Server(tmp_path, workers=[
+        {"name": "bad", "role": "llm", "max_restarts": 1, "faults": {"crash_in_load": True}},
+    ], backoff_initial=0.2, restart_window=600.0, models=small_llm())
+    try:
+        with pytest.raises(RuntimeError, match="bad failed before the server was ready"):
+            server.start(timeout=3600)
+    finally:
+        assert server.stop() == set()
+
+
 def test_stalled_worker_ends_the_stream_with_an_error(tmp_path: Path) -> None:
     """A worker that still heartbeats but stopped generating cannot hang a client."""
     server = Server(tmp_path, workers=[

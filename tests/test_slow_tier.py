@@ -5,12 +5,7 @@ and are skipped, with the reason, in a plain `make test` (tests/conftest.py SLOW
 from __future__ import annotations
 
 import pytest
-from installed import SLOW, SLOW_REASON
-
-
-def _tier_skips(item: pytest.Item) -> bool:
-    return any(m.args and m.args[0] is True and m.kwargs.get("reason") == SLOW_REASON
-               for m in item.iter_markers("skipif"))
+from installed import SLOW, SLOW_REASON, known_skips
 
 
 def test_the_slow_tier_runs_only_where_asked(request: pytest.FixtureRequest) -> None:
@@ -18,5 +13,5 @@ def test_the_slow_tier_runs_only_where_asked(request: pytest.FixtureRequest) -> 
     marked = [item.nodeid for item in items if item.get_closest_marker("slow") is not None]
     loops = [item.nodeid for item in items if "test_client_tool_loop.py" in item.nodeid]
     assert set(loops) <= set(marked)
-    skipped = [item.nodeid for item in items if _tier_skips(item)]
+    skipped = [item.nodeid for item in items if SLOW_REASON in known_skips(item)]
     assert skipped == ([] if SLOW else marked)
