@@ -50,12 +50,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 NOTES = "alpha bravo charlie\nsecond line\n"
 TASK = ("Read the file notes.txt in the current directory, then write its first line, "
         "upper-cased, to a new file out.txt in the current directory.")
-# NOTE: the command named: told to "read notes.txt", the greedy model once ran bash's `read
+# NOTE: the commands named: told to "read notes.txt", the greedy model once ran bash's `read
 # notes.txt` and, given its error, the same call again 40 times (until the client's timeout).
-# Told to run `cat notes.txt`, it did, then called write_stdin (0 of 3 runs); this wording
-# completed 7 of 7 runs here, with folders of 52-103 characters.
-CODEX_TASK = ("Use exec_command to run shell commands: print notes.txt with cat, then write "
-              "its first line in upper case to out.txt.")
+# Told to "print notes.txt with cat, then write its first line ... to out.txt", it ran cat,
+# then sent the file's text to write_stdin (a session it never opened: "write" names that
+# tool): the first run failed so in both CI runs of 2026-12-08 (AMD EPYC, no AMX) and all
+# three runs on an AMX Xeon. Told to put the line in with echo and >, it completed the first
+# run in 4 of 6 tries on the Xeon (AMX, and oneDNN held to AVX-512 bf16; folders of 4 CI-like
+# paths) and the second in the other 2, whose first call carried a `justification` without
+# `sandbox_permissions: require_escalated`, which Codex refuses.
+CODEX_TASK = ("Use exec_command to run shell commands: print notes.txt with cat, then put "
+              "its first line in upper case into out.txt with echo and >.")
 # NOTE: the clients' own first prompts are 10k (Codex) to 20k (Claude Code) tokens; a
 # 7,366-token prompt took this model 377 s (bf16) to 504 s (f32) to read on 2 cores shared
 # with a full test run (load 8). Each client is given a short system prompt of its own
@@ -75,7 +80,8 @@ CLIENT_TIMEOUT = 1500.0
 # ran bash's `read notes.txt`, and given its error the same call 40 times, a task it had
 # completed in 13 runs before and 12 after. Each run's prompt names its own folder, so a
 # second run is another prompt; a run that failed is shown after the test run (budget.py).
-ATTEMPTS = 3
+# A fourth run costs time only where three failed, which would fail the CI run.
+ATTEMPTS = 4
 
 
 def _loop(qwen: Server, tmp: Path, name: str, launch: Callable[[Path], Launch],
