@@ -87,6 +87,14 @@ def test_unclosed_action_is_text_and_trims_still_work() -> None:
     "a {\n" * (SIZE // 4),
     "a" + '{ \t\n  "na' * (SIZE // 8),
     "a " + '{\n "name"' * (SIZE // 10),
+    # Calls written as XML elements: openers with no head, heads with no JSON or unclosed
+    # JSON, over and over (the elements looked for are capped), a head never ending.
+    "a <function" * (SIZE // 11),
+    """<function name="get_weather" arguments='""" + "[" * SIZE,
+    """a <function name="get_weather" arguments='{"city": """ * (SIZE // 50),
+    "<function name=\"get_weather\" arguments='{\"city\": \"" + "x" * SIZE,
+    "<function=get_weather>" * (SIZE // 22),
+    "<function name=\"" + "x" * SIZE,
 ])
 def test_pathological_model_output_is_parsed(output: str) -> None:
     text, calls = parse_calls(output, TOOLS)

@@ -90,6 +90,13 @@ TOOLS = [Tool("get_weather", "", WEATHER_SCHEMA)]
     "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}",
     # Its arguments as a string holding a Python dict.
     '{"name": "get_weather", "arguments": "{\'city\': \'Paris\'}"}',
+    # An XML element, as it wrote an exec_command call under Codex CLI (issue 42), and as
+    # llama-server passed one on, inside the wrapper its template lists tools in.
+    """<function name="get_weather" arguments='{"city": "Paris"}'>""",
+    """<tools>\n<function name="get_weather" arguments='{"city": "Paris"}'>\n</function>\n"""
+    "</tools>",
+    # Llama 3.1's form for tools of the user's own.
+    '<function=get_weather>{"city": "Paris"}</function>',
 ])
 def test_parser_finds_the_call(text: str) -> None:
     parser = CallParser(TOOLS)
@@ -121,6 +128,8 @@ def test_parser_finds_calls_followed_by_text() -> None:
      '"arguments": {"city": "Paris"}}}\n</tools>', "Let me look. "),
     ("Let me look. `{'name': 'get_weather', 'arguments': {'city': 'Paris'}}` Done.",
      "Let me look. Done."),
+    ("""Let me look. <function name="get_weather" arguments='{"city": "Paris"}'></function>"""
+     " Done.", "Let me look. Done."),
     # Pretty-printed in a fence, as it wrote a MultiEdit call under cn.
     ('Let me look.\n```json\n{\n    "name": "get_weather",\n    "arguments": {\n'
      '        "city": "Paris"\n    }\n}\n```\nDone.', "Let me look.\nDone."),
@@ -150,6 +159,10 @@ def test_parser_finds_a_call_after_text(text: str, before: str) -> None:
     "{'name': 'get_weather', 'arguments': {'city': 1e999}}",
     'A package.json:\n```json\n{\n  "name": "get-weather",\n  "version": "1.0.0"\n}\n```\nOK.',
     '{"name": "get_weather", "arguments": {"city": "Par',  # cut short by max_tokens
+    # Elements that are no call: no such tool, arguments that are no JSON, not closed.
+    """<function name="unknown_tool" arguments='{}'> then text.""",
+    """<function name="get_weather" arguments='city=Paris'>""",
+    """<function name="get_weather" arguments='{"city": "Paris"}' and on""",
 ])
 def test_parser_leaves_text_alone(text: str) -> None:
     parser = CallParser(TOOLS)
@@ -168,6 +181,9 @@ def test_parser_leaves_text_alone(text: str) -> None:
     "Use `{'name': 'get_weather', 'arguments': {'city': b'Paris'}}` then go on.",
     "[1] Smith's paper, then more text.",
     "{it's an aside\nthat goes on.",
+    "A <functional> style, then more text.",
+    "Write a <function> element\nand more text.",
+    "<function" + " name" * 80 + " and more text.",
 ])
 def test_text_that_is_no_call_flows_before_the_end(text: str) -> None:
     """What looked like the start of a call flows as text as soon as it is known to be none
@@ -446,6 +462,8 @@ WRITTEN = {
     "python": ("", "`{'name': 'get_weather', 'arguments': {'city': 'Paris', 'unit': 'celsius'}}`"),
     "pretty": ("Here:", 'Here:\n```json\n{\n  "name": "get_weather",\n  "arguments": '
                         '{"city": "Paris", "unit": "celsius"}\n}\n```'),
+    "element": ("Here:", """Here: <function name="get_weather" arguments='{"city": "Paris", """
+                         """"unit": "celsius"}'>"""),
 }
 
 
@@ -453,7 +471,8 @@ WRITTEN = {
 @pytest.mark.parametrize("form", sorted(WRITTEN))
 def test_a_call_written_loosely_is_a_call(oai: openai.OpenAI, stream: bool, form: str) -> None:
     """Qwen2.5-Coder-1.5B under cn wrote calls as a Python dict in inline code, and
-    pretty-printed in a fence after text (issue 42): the client gets a call it can run, not
+    pretty-printed in a fence after text, under Codex CLI as an XML element (issue 42): the
+    client gets a call it can run, not
     the call as text. The output is forced to that form by a regex (vLLM's
     structured_outputs), tools offered under tool_choice auto."""
     text, said = WRITTEN[form]

@@ -42,9 +42,12 @@ object or a JSON string; `{"function": "<name>", "arguments"}` too; a Python dic
 offered tool, in a code fence or inline code or bare;
 bare calls the output begins with are calls and any text after them stays text; so is a call
 begun `{"name"` after text, bare or fenced (the tool grammar holds it to the schema under
-tool_choice auto). Anything else is text. Streaming and non-streaming responses use the same
-parser, so they agree: a stream holds what may be a call only until it is known to be none
-(its JSON value or tag closed around no call, its fence opened on no value; streaming.py).
+tool_choice auto). A call written as an XML element, `<function name="<name>"
+arguments='{...}'>` or Llama 3.1's `<function=<name>>{...}</function>`, is a call wherever it
+stands (parsed, not constrained; streamed, held from its head on). Anything else is text.
+Streaming and non-streaming responses use the same parser, so they agree: a stream holds
+what may be a call only until it is known to be none (its JSON value or tag closed around no
+call, its fence opened on no value; streaming.py).
 """
 
 from npu_proxy.gateway.content.json_size import ToolBudget

@@ -24,7 +24,23 @@ WRAP_CLOSE = "</tools>"
 MISTRAL = "[TOOL_CALLS]"
 # A call written as a Python dict (pyliteral.py): parsed, not constrained.
 PY_CALL = "{'name'"
-OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL)
+# NOTE: Qwen2.5-Coder-1.5B under Codex CLI (its short prompt) wrote a call as an XML element,
+# `<function name="exec_command" arguments='{"cmd": ...}'>` (on llama-server too, inside
+# `<tools>`); Llama 3.1 writes calls of its own tools as `<function=NAME>{...}</function>`.
+# Both are read (parsed, not constrained) wherever they stand, as tagged calls are.
+FUNCTION_OPEN = "<function"
+OPENERS = (TAG_OPEN, BARE_CALL, WRAP_OPEN, PY_CALL, FUNCTION_OPEN)
+# Such a call's head, up to its arguments' JSON: the element's `name` and `arguments` (or
+# `parameters`) attributes and the quote the JSON is in, or Llama's `=NAME>`.
+_FUNCTION_HEAD = re.compile(
+    r"""<function(?:[ \t]+name[ \t]*=[ \t]*(["'])([^"'<>\n]{1,256})\1[ \t]+"""
+    r"""(?:arguments|parameters)[ \t]*=[ \t]*(["'])|=([^<>\s]{1,256})>)""")
+# A head is never longer: held this far without one, a `<function` is text.
+FUNCTION_HEAD_MAX = 320
+_FUNCTION_END = re.compile(r"[ \t]*/?>")
+_FUNCTION_CLOSE = re.compile(r"\s*</function>")
+# Calls looked for as elements in one output, at most.
+_FUNCTION_TRIES = 64
 # A call pretty-printed after text (`{`, a line break, `"name"`): Qwen2.5-Coder-1.5B under cn
 # wrote its MultiEdit call so, fenced (issue 42). Parsed, not constrained (prompting.auto_tags
 # says why); the text from it on is held as from the openers above (streaming.py).
@@ -204,16 +220,75 @@ def _leading_calls(text: str, names: dict[str, Tool]) -> tuple[list[ToolCall], s
         pos = decoded[1]
 
 
+def function_head(text: str, pos: int) -> bool:
+    """Whether a call written as an XML element (FUNCTION_OPEN) begins at `pos`."""
+    return _FUNCTION_HEAD.match(text, pos) is not None
+
+
+def _function_call(text: str, pos: int, names: dict[str, Tool]) -> tuple[ToolCall, int] | None:
+    """The call written as an XML element at `pos`, and its end (its `</function>` too,
+    where one follows); None when there is none."""
+    head = _FUNCTION_HEAD.match(text, pos)
+    if head is None:
+        return None
+    at = head.end()
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    decoded = decode_at(text, at)
+    if decoded is None:
+        return None
+    args, end = decoded
+    quote = head.group(3)
+    if quote:  # the attribute's closing quote, then the element's `>`
+        closed = _FUNCTION_END.match(text, end + 1) if text.startswith(quote, end) else None
+        if closed is None:
+            return None
+        end = closed.end()
+    close = _FUNCTION_CLOSE.match(text, end)
+    call = _as_call({"name": head.group(2) or head.group(4), "arguments": args}, names)
+    return (call, close.end() if close else end) if call is not None else None
+
+
+def _function_calls(text: str, names: dict[str, Tool]) -> tuple[str, list[ToolCall]]:
+    """The calls written as XML elements in the text, and the text around them."""
+    rest: list[str] = []
+    calls: list[ToolCall] = []
+    pos, at = 0, text.find(FUNCTION_OPEN)
+    for _ in range(_FUNCTION_TRIES):
+        if at < 0:
+            break
+        found = _function_call(text, at, names)
+        if found is None:
+            at = text.find(FUNCTION_OPEN, at + 1)
+            continue
+        rest.append(text[pos:at])
+        calls.append(found[0])
+        pos = found[1]
+        at = text.find(FUNCTION_OPEN, pos)
+    rest.append(text[pos:])
+    return "".join(rest), calls
+
+
+def tagged_calls(inner: str, names: dict[str, Tool]) -> list[ToolCall] | None:
+    """The calls a tag holds: JSON, or elements and nothing else."""
+    found = json_calls(inner, names)
+    if found is not None or FUNCTION_OPEN not in inner:
+        return found
+    rest, calls = _function_calls(inner, names)
+    return calls if calls and not rest.strip() else None
+
+
 def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
     """Split a finished output into text and calls (see the package docstring): calls in
-    tags, or calls it begins with (fenced or not) and text after them."""
+    tags, or calls it begins with (fenced or not) and text after them, or calls written as
+    XML elements."""
     names = {t.name: t for t in tools}
     if TAG_OPEN in text or WRAP_OPEN in text:
         rest: list[str] = []
         calls: list[ToolCall] = []
         pos = 0
         for match in _TAGGED.finditer(text):
-            found = json_calls(match.group(2), names)
+            found = tagged_calls(match.group(2), names)
             rest.append(text[pos:match.start()])
             if found is None:
                 rest.append(match.group(0))
@@ -227,7 +302,13 @@ def parse_calls(text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
     # NOTE: Qwen2.5-Coder-1.5B (greedy, Claude Code's tools) wrote two bare calls and then a
     # line of prose: calls it begins with stay calls, the prose stays text.
     leading = _calls_then_text(text, names)
-    return (leading[1], leading[0]) if leading is not None else (text, [])
+    if leading is not None:
+        return leading[1], leading[0]
+    if FUNCTION_OPEN in text:
+        said, calls = _function_calls(text, names)
+        if calls:
+            return said.strip(), calls
+    return text, []
 
 
 def partial_call(text: str, tools: list[Tool]) -> ToolCall | None:

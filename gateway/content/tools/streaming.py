@@ -10,6 +10,8 @@ from npu_proxy.gateway.content.tools.brackets import Brackets
 from npu_proxy.gateway.content.tools.definitions import Tool, ToolCall
 from npu_proxy.gateway.content.tools.parsing import (
     FENCE_INFO,
+    FUNCTION_HEAD_MAX,
+    FUNCTION_OPEN,
     MISTRAL,
     OPENERS,
     PRETTY,
@@ -18,9 +20,10 @@ from npu_proxy.gateway.content.tools.parsing import (
     WRAP_CLOSE,
     WRAP_OPEN,
     decode_at,
-    json_calls,
+    function_head,
     parse_calls,
     partial_call,
+    tagged_calls,
     value_calls,
 )
 
@@ -128,6 +131,8 @@ class CallParser:
         lead = self._lead
         if held.startswith((TAG_OPEN, WRAP_OPEN), lead):
             return self._tag_end(held, lead)
+        if held.startswith(FUNCTION_OPEN, lead):
+            return self._element_end(held, lead)
         if self._value is None:
             if self._at < 0:
                 body = _body_start(held, lead)
@@ -161,10 +166,22 @@ class CallParser:
         if at < 0:
             self._searched = len(held)
             return None
-        if json_calls(held[inner:at], self._names) is not None:
+        if tagged_calls(held[inner:at], self._names) is not None:
             self._called = True
             return None
         return at + len(close)
+
+    def _element_end(self, held: str, lead: int) -> int | None:
+        """A held `<function`: a call once its head is seen (held to the end, as any call),
+        text once its head can no longer come (a `>` or a line break first, or too long)."""
+        if function_head(held, lead):
+            self._called = True
+            return None
+        window = held[lead + len(FUNCTION_OPEN):lead + FUNCTION_HEAD_MAX]
+        if ">" in window or "\n" in window or len(window) + len(FUNCTION_OPEN) >= \
+                FUNCTION_HEAD_MAX:
+            return lead + len(FUNCTION_OPEN)
+        return None
 
     def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """The rest and the calls; `cut`: the output ended at max_tokens or the deadline,
